@@ -1,0 +1,25 @@
+"""Worker system on Ray: Cluster, placement, Worker/WorkerGroup, typed Channel, process groups.
+
+Knows nothing of RL; everything above builds on it.
+"""
+
+from rlinf_like.scheduler.channel import Channel
+from rlinf_like.scheduler.cluster import Cluster, ClusterConfig, NodeInfo
+from rlinf_like.scheduler.comm import PeerGroup
+from rlinf_like.scheduler.errors import (
+    ChannelClosed,
+    ChannelTimeout,
+    GroupTimeoutError,
+    PlacementError,
+    WorkerDiedError,
+    WorkerError,
+)
+from rlinf_like.scheduler.placement import Device, Placement, PlacementMode, plan_placement
+from rlinf_like.scheduler.worker import Worker
+from rlinf_like.scheduler.worker_group import GroupResult, WorkerGroup, connect_groups, wait_all
+
+__all__ = [
+    "Channel", "ChannelClosed", "ChannelTimeout", "Cluster", "ClusterConfig", "Device", "GroupResult",
+    "GroupTimeoutError", "NodeInfo", "PeerGroup", "Placement", "PlacementError", "PlacementMode", "Worker",
+    "WorkerDiedError", "WorkerError", "WorkerGroup", "connect_groups", "plan_placement", "wait_all",
+]

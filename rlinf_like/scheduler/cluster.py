@@ -1,0 +1,184 @@
+"""Cluster: an explicit handle on a Ray instance (started here or joined), its nodes and devices.
+
+Not a process-wide singleton: make one, pass it around, shut it down (or use `with`).
+Devices are reserved lazily, one single-bundle placement group per device pinned to its node,
+so workers always go through Ray's resource accounting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from rlinf_like.scheduler.placement import Device, Placement, plan_placement
+
+log = logging.getLogger(__name__)
+
+# Every Ray worker process of the job inherits these.
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+@dataclass
+class ClusterConfig:
+    address: str | None = None  # None: $RAY_ADDRESS if set, else start a local Ray instance
+    num_cpus: int | None = None  # only for a local instance; None: all of this machine's CPUs
+    num_gpus: int | None = None  # only for a local instance
+    object_store_memory_mb: int | None = 600  # only for a local instance
+    namespace: str = "rlinf_like"
+    collective_timeout_s: float = 300.0  # every torch.distributed group and collective
+    reserve_timeout_s: float = 60.0  # waiting for Ray to grant a device
+    env_vars: dict[str, str] = field(default_factory=dict)  # forwarded to every worker
+
+
+def _driver_pythonpath() -> str:
+    """The driver's own source directories (cwd, script and test folders, not installed packages),
+    so worker classes defined in a script or test module import inside Ray workers too."""
+    installed = {*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix, sys.exec_prefix}
+    paths = [os.getcwd()]
+    for p in sys.path:
+        p = os.path.abspath(p or os.getcwd())
+        if os.path.isdir(p) and not any(p.startswith(i) for i in installed) and p not in paths:
+            paths.append(p)
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
+    return os.pathsep.join(paths)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    rank: int
+    node_id: str
+    ip: str
+    num_cpus: int
+    num_gpus: int
+    is_head: bool
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig | None = None, **overrides):
+        self.config = config or ClusterConfig(**overrides)
+        if ray.is_initialized():
+            raise RuntimeError(
+                "Ray is already initialized in this process; a Cluster owns its Ray connection. "
+                "Shut the other Cluster (or ray.shutdown()) down first."
+            )
+        address = self.config.address or os.environ.get("RAY_ADDRESS")
+        env_vars = {**WORKER_ENV, "PYTHONPATH": _driver_pythonpath(), **self.config.env_vars}
+        init_kwargs: dict = dict(
+            namespace=self.config.namespace,
+            runtime_env={"env_vars": env_vars},
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+        )
+        if address:
+            init_kwargs["address"] = address
+        else:
+            init_kwargs.update(
+                num_cpus=self.config.num_cpus,
+                num_gpus=self.config.num_gpus,
+                include_dashboard=False,
+                object_store_memory=(
+                    self.config.object_store_memory_mb * 2**20 if self.config.object_store_memory_mb else None
+                ),
+            )
+        self.is_local = not address
+        ray.init(**init_kwargs)
+        self._reservations: dict[tuple[str, int], PlacementGroup] = {}
+        self.nodes = self._read_nodes()
+        self.devices = self._enumerate_devices(self.nodes)
+        log.info("cluster: %s", self.describe())
+
+    # --- topology -------------------------------------------------------------------------
+    @staticmethod
+    def _read_nodes() -> list[NodeInfo]:
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        head_first = sorted(
+            alive,
+            key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"], n["NodeID"]),
+        )
+        return [
+            NodeInfo(
+                rank=i,
+                node_id=n["NodeID"],
+                ip=n["NodeManagerAddress"],
+                num_cpus=int(n["Resources"].get("CPU", 0)),
+                num_gpus=int(n["Resources"].get("GPU", 0)),
+                is_head="node:__internal_head__" in n["Resources"],
+            )
+            for i, n in enumerate(head_first)
+        ]
+
+    @staticmethod
+    def _enumerate_devices(nodes: list[NodeInfo]) -> dict[str, list[Device]]:
+        devices: dict[str, list[Device]] = {"gpu": [], "cpu": []}
+        for node in nodes:
+            for kind, count in (("gpu", node.num_gpus), ("cpu", node.num_cpus)):
+                for _ in range(count):
+                    devices[kind].append(
+                        Device(kind, len(devices[kind]), node.rank, node.node_id, node.ip)
+                    )
+        return devices
+
+    @property
+    def num_cpus(self) -> int:
+        return sum(n.num_cpus for n in self.nodes)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(n.num_gpus for n in self.nodes)
+
+    def describe(self) -> str:
+        parts = [f"{n.ip}({'head, ' if n.is_head else ''}{n.num_cpus} CPU, {n.num_gpus} GPU)" for n in self.nodes]
+        return f"{len(self.nodes)} node(s): " + ", ".join(parts)
+
+    def place(self, component_placement: Mapping[str, str], known_components: Iterable[str] | None = None) -> Placement:
+        """Plan a placement on this cluster's devices (see scheduler/placement.py for the grammar)."""
+        return plan_placement(component_placement, self.devices, known_components)
+
+    # --- device reservations --------------------------------------------------------------
+    def reservation(self, device: Device) -> PlacementGroup:
+        """The placement group holding `device`; created (and waited for) on first use."""
+        key = (device.kind, device.index)
+        if key not in self._reservations:
+            bundle = {"GPU": 1.0} if device.kind == "gpu" else {"CPU": 1.0}
+            pg = placement_group(
+                [bundle],
+                strategy="STRICT_PACK",
+                name=f"{self.config.namespace}-{device.kind}{device.index}",
+                bundle_label_selector=[{NODE_ID_LABEL: device.node_id}],
+            )
+            try:
+                ray.get(pg.ready(), timeout=self.config.reserve_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                remove_placement_group(pg)
+                raise TimeoutError(
+                    f"Ray did not grant {device.kind} device {device.index} (node {device.node_ip}) within "
+                    f"{self.config.reserve_timeout_s:g}s; available resources: {ray.available_resources()}"
+                ) from None
+            self._reservations[key] = pg
+        return self._reservations[key]
+
+    def release_reservations(self) -> None:
+        for pg in self._reservations.values():
+            remove_placement_group(pg)
+        self._reservations.clear()
+
+    # --- lifetime ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if not ray.is_initialized():
+            return
+        self.release_reservations()
+        ray.shutdown()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

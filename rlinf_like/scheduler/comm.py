@@ -1,0 +1,113 @@
+"""torch.distributed process groups for workers: gloo on CPU, NCCL on GPU, always with a timeout.
+
+Two kinds, both created eagerly (at launch / when asked for) and checked with a barrier so a
+broken rendezvous fails at creation, never at first use:
+
+* the group's own group: each worker process's default group (`torch.distributed.group.WORLD`),
+  so FSDP / device meshes work on it unchanged;
+* a peer group spanning two worker groups (e.g. actor -> rollout weights). A process has
+  only one default group, so this one is a stand-alone ProcessGroup object on its own store,
+  wrapped in `PeerGroup` (ranks of the first group come first).
+
+Rendezvous: the first rank of a group binds a TCPStore on a free port (port 0, so no race)
+and reports (ip, port); the others connect to it. 127.0.0.1 when every member is on one node.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def backend_for(device_kind: str) -> str:
+    return "nccl" if device_kind == "gpu" else "gloo"
+
+
+def rendezvous_host(member_ips: list[str], store_ip: str) -> str:
+    return "127.0.0.1" if all(ip == store_ip for ip in member_ips) else store_ip
+
+
+def host_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Bind a TCPStore server on a free port of this node (read it back from `.port`)."""
+    return dist.TCPStore(
+        host, 0, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def connect_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def init_default_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("default/", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    dist.barrier()
+
+
+def _make_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float) -> dist.ProcessGroup:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world_size, options)
+
+
+@dataclass
+class PeerGroup:
+    """A process group over the ranks of two worker groups; `ranks[group]` are its members' peer ranks."""
+
+    name: str
+    rank: int
+    world_size: int
+    ranks: dict[str, list[int]]
+    backend: str
+    timeout_s: float
+    _pg: dist.ProcessGroup
+    _store: dist.Store  # keep the store (and its server on the first rank) alive with the group
+
+    @classmethod
+    def join(
+        cls, name: str, store: dist.Store, rank: int, ranks: dict[str, list[int]], backend: str, timeout_s: float
+    ) -> PeerGroup:
+        world_size = sum(len(r) for r in ranks.values())
+        pg = _make_group(dist.PrefixStore(f"peer/{name}/", store), rank, world_size, backend, timeout_s)
+        group = cls(name, rank, world_size, ranks, backend, timeout_s, pg, store)
+        group.barrier()
+        return group
+
+    def _wait(self, work) -> None:
+        work.wait(datetime.timedelta(seconds=self.timeout_s))
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._wait(self._pg.broadcast([tensor], opts))
+        return tensor
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._wait(self._pg.allreduce([tensor]))
+        return tensor
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self._wait(self._pg.send([tensor], dst, tag))
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+        self._wait(self._pg.recv([tensor], src, tag))
+        return tensor
+
+    def barrier(self) -> None:
+        # An all-reduce of one element: works the same on gloo and NCCL, and honours the timeout.
+        device = "cuda" if self.backend == "nccl" else "cpu"
+        self.all_reduce(torch.zeros(1, device=device))
+
+    def __reduce__(self):
+        raise TypeError(f"peer group {self.name!r} lives in its worker process and cannot be pickled")

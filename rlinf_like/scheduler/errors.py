@@ -1,0 +1,42 @@
+"""Errors raised at the caller when something goes wrong inside or around a worker."""
+
+from __future__ import annotations
+
+
+class WorkerError(RuntimeError):
+    """A worker method raised. Carries the group, rank, method and the remote traceback."""
+
+    def __init__(self, group: str, rank: int, method: str, remote_traceback: str, cause: BaseException | None):
+        self.group, self.rank, self.method, self.cause = group, rank, method, cause
+        self.remote_traceback = remote_traceback
+        super().__init__(f"worker {group}[rank {rank}] raised in {method}():\n{remote_traceback}")
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process is gone (killed, crashed, out of memory)."""
+
+    def __init__(self, group: str, rank: int, method: str, detail: str):
+        self.group, self.rank, self.method = group, rank, method
+        super().__init__(f"worker {group}[rank {rank}] died during {method}(): {detail}")
+
+
+class GroupTimeoutError(TimeoutError):
+    """Some ranks did not answer in time."""
+
+    def __init__(self, group: str, method: str, pending_ranks: list[int], timeout: float):
+        self.group, self.method, self.pending_ranks = group, method, pending_ranks
+        super().__init__(
+            f"worker group {group!r}: ranks {pending_ranks} did not finish {method}() within {timeout:g}s"
+        )
+
+
+class PlacementError(ValueError):
+    """A component_placement entry is malformed, overlaps, is out of range or names an unknown component."""
+
+
+class ChannelClosed(Exception):
+    """The channel was closed and holds no more items (end of stream), or a put came after close()."""
+
+
+class ChannelTimeout(TimeoutError):
+    """A put or get did not complete within its timeout."""

@@ -1,0 +1,205 @@
+"""Map each component's ranks to devices, from a small config grammar.
+
+    component_placement:
+      "actor,rollout": "0-3"      # collocated: both components on devices 0..3, one rank per device
+      "env": "cpu:0-1"            # env on CPU slots 0..1 (on a GPU cluster, where devices are GPUs)
+      "reward": "all"             # every device of the default kind
+
+Devices are numbered globally, node by node (head node first). On a cluster without GPUs
+the default kind is "cpu" and a device is one CPU slot. Each rank asks Ray for its share of
+a device: 1 / (number of ranks placed on that device), so collocated ranks split it.
+
+The mode is derived, never configured: collocated (all components on the same device set),
+disaggregated (pairwise disjoint), hybrid (anything else).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rlinf_like.scheduler.errors import PlacementError
+
+DEVICE_KINDS = ("gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One schedulable device: a GPU, or on CPU-only nodes (or with the `cpu:` prefix) a CPU slot."""
+
+    kind: str  # "gpu" | "cpu"
+    index: int  # global index among devices of this kind
+    node_rank: int
+    node_id: str
+    node_ip: str
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    rank: int
+    device: Device
+    share: float  # fraction of the device this rank reserves from Ray
+
+
+@dataclass(frozen=True)
+class ComponentPlacement:
+    name: str
+    ranks: tuple[RankPlacement, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def device_kind(self) -> str:
+        return self.ranks[0].device.kind
+
+    @property
+    def devices(self) -> frozenset[tuple[str, int]]:
+        return frozenset((r.device.kind, r.device.index) for r in self.ranks)
+
+
+class PlacementMode(enum.Enum):
+    COLLOCATED = "collocated"
+    DISAGGREGATED = "disaggregated"
+    HYBRID = "hybrid"
+
+
+def relation(a: ComponentPlacement, b: ComponentPlacement) -> PlacementMode:
+    if a.devices == b.devices:
+        return PlacementMode.COLLOCATED
+    if not a.devices & b.devices:
+        return PlacementMode.DISAGGREGATED
+    return PlacementMode.HYBRID
+
+
+@dataclass(frozen=True)
+class Placement:
+    components: Mapping[str, ComponentPlacement]
+
+    def __getitem__(self, name: str) -> ComponentPlacement:
+        if name not in self.components:
+            raise PlacementError(
+                f"component {name!r} has no placement; placed components: {sorted(self.components)}"
+            )
+        return self.components[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.components
+
+    def relation(self, a: str, b: str) -> PlacementMode:
+        return relation(self[a], self[b])
+
+    @property
+    def mode(self) -> PlacementMode:
+        comps = list(self.components.values())
+        pairs = [relation(a, b) for i, a in enumerate(comps) for b in comps[i + 1 :]]
+        if all(p is PlacementMode.COLLOCATED for p in pairs):
+            return PlacementMode.COLLOCATED
+        if all(p is PlacementMode.DISAGGREGATED for p in pairs):
+            return PlacementMode.DISAGGREGATED
+        return PlacementMode.HYBRID
+
+    def describe(self) -> str:
+        lines = [f"placement mode: {self.mode.value}"]
+        for c in self.components.values():
+            idx = [r.device.index for r in c.ranks]
+            lines.append(f"  {c.name}: {c.world_size} ranks on {c.device_kind} {idx} (share {c.ranks[0].share:g})")
+        return "\n".join(lines)
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def split_device_kind(text: str, component: str) -> tuple[str | None, str]:
+    """"cpu:0-1" -> ("cpu", "0-1"); "0-1" -> (None, "0-1")."""
+    body = str(text).strip()
+    if ":" not in body:
+        return None, body
+    kind, body = (s.strip() for s in body.split(":", 1))
+    if kind not in DEVICE_KINDS:
+        raise PlacementError(
+            f"component {component!r}: device kind {kind!r} in {text!r} is not one of {list(DEVICE_KINDS)}"
+        )
+    return kind, body
+
+
+def parse_device_range(text: str, num_devices: int, component: str) -> list[int]:
+    """Parse "all | 0-3 | 0,2,5-6" (no kind prefix) into sorted device indices."""
+    body = str(text).strip()
+    if body == "all":
+        return list(range(num_devices))
+    indices: list[int] = []
+    for part in body.split(","):
+        m = _RANGE.match(part)
+        if not m:
+            raise PlacementError(
+                f"component {component!r}: cannot parse device range {text!r}; "
+                "expected 'all', 'N', 'N-M' or a comma list of those"
+            )
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise PlacementError(f"component {component!r}: range {part.strip()!r} in {text!r} is descending")
+        indices.extend(range(lo, hi + 1))
+    duplicated = sorted(i for i, n in Counter(indices).items() if n > 1)
+    if duplicated:
+        raise PlacementError(f"component {component!r}: range {text!r} lists devices {duplicated} twice")
+    return sorted(indices)
+
+
+def plan_placement(
+    spec: Mapping[str, str],
+    devices: Mapping[str, list[Device]],
+    known_components: Iterable[str] | None = None,
+) -> Placement:
+    """Turn a component_placement mapping into a Placement over the cluster's devices.
+
+    `devices` maps a kind ("gpu"/"cpu") to that kind's devices in global order; the default
+    kind is "gpu" when the cluster has GPUs, else "cpu".
+    `known_components`, when given, is the set of component names a runner understands.
+    """
+    known = set(known_components) if known_components is not None else None
+    default_kind = "gpu" if devices.get("gpu") else "cpu"
+    assigned: dict[str, tuple[str, list[int], str]] = {}
+    for key, value in spec.items():
+        names = [n.strip() for n in str(key).split(",")]
+        if any(not n for n in names):
+            raise PlacementError(f"placement key {key!r} has an empty component name")
+        for name in names:
+            if known is not None and name not in known:
+                raise PlacementError(
+                    f"unknown component {name!r} in placement key {key!r}; known components: {sorted(known)}"
+                )
+            if name in assigned:
+                raise PlacementError(
+                    f"component {name!r} is placed twice: {assigned[name][2]!r} and {value!r} (key {key!r})"
+                )
+            kind, body = split_device_kind(value, name)
+            kind = kind or default_kind
+            pool = devices.get(kind, [])
+            indices = parse_device_range(body, len(pool), name)
+            if not indices:
+                raise PlacementError(f"component {name!r}: range {value!r} selects no {kind} devices")
+            out_of_range = [i for i in indices if i >= len(pool)]
+            if out_of_range:
+                raise PlacementError(
+                    f"component {name!r}: range {value!r} uses {kind} devices {out_of_range}, "
+                    f"but the cluster has {len(pool)} {kind} device(s) (valid: 0-{len(pool) - 1})"
+                    if pool
+                    else f"component {name!r}: range {value!r} asks for {kind} devices, but the cluster has none"
+                )
+            assigned[name] = (kind, indices, str(value))
+
+    load = Counter((kind, i) for kind, indices, _ in assigned.values() for i in indices)
+    components = {}
+    for name, (kind, indices, _) in assigned.items():
+        pool = devices[kind]
+        ranks = tuple(
+            RankPlacement(rank=r, device=pool[i], share=1.0 / load[(kind, i)]) for r, i in enumerate(indices)
+        )
+        components[name] = ComponentPlacement(name=name, ranks=ranks)
+    return Placement(components=components)

@@ -1,0 +1,147 @@
+"""Worker: the base class of every role (actor, rollout, env, ...), run as a Ray actor.
+
+A subclass is an ordinary class; `MyWorker.create_group(*args).launch(cluster, placement, name)`
+starts one Ray actor per rank. Inside, `self.rank`, `self.world_size`, `self.device` and the
+group's process group are available already in `__init__`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from rlinf_like.scheduler import comm
+from rlinf_like.scheduler.placement import Device
+from rlinf_like.utils.threads import limit_threads
+
+if TYPE_CHECKING:
+    from rlinf_like.scheduler.worker_group import WorkerGroup
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    group_name: str
+    rank: int
+    world_size: int
+    device: Device
+    collective_timeout_s: float
+
+
+class Worker:
+    """Subclass and add methods; call them on the group returned by `create_group(...).launch(...)`."""
+
+    _ctx: WorkerContext
+
+    @classmethod
+    def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroup:
+        from rlinf_like.scheduler.worker_group import WorkerGroup
+
+        return WorkerGroup(cls, args, kwargs)
+
+    # --- identity --------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._ctx.world_size
+
+    @property
+    def group_name(self) -> str:
+        return self._ctx.group_name
+
+    @property
+    def device(self) -> Device:
+        return self._ctx.device
+
+    @property
+    def torch_device(self) -> str:
+        # Ray sets CUDA_VISIBLE_DEVICES to this worker's GPU, so it is always cuda:0 here.
+        return "cuda:0" if self._ctx.device.kind == "gpu" else "cpu"
+
+    @property
+    def name(self) -> str:
+        return f"{self.group_name}[rank {self.rank}]"
+
+    # --- communication ---------------------------------------------------------------------
+    @property
+    def process_group(self):
+        """The group's own torch.distributed group (the default group of this process)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(f"{self.name}: launched with init_process_group=False, so it has no process group")
+        return dist.group.WORLD
+
+    def peer_group(self, name: str) -> comm.PeerGroup:
+        groups = getattr(self, "_peer_groups", {})
+        if name not in groups:
+            raise KeyError(f"{self.name} is in no peer group {name!r}; it is in {sorted(groups)}")
+        return groups[name]
+
+
+class _WorkerHost:
+    """The Ray actor behind one rank: builds the user's Worker and runs its methods.
+
+    Keeping this generic (rather than decorating each Worker subclass) gives one place for
+    rendezvous, thread limits and error context, and keeps user classes plain Python.
+    """
+
+    def __init__(self, worker_cls: type[Worker], ctx: WorkerContext, args: tuple, kwargs: dict):
+        limit_threads()
+        if ctx.device.kind == "gpu":
+            import torch
+
+            torch.cuda.set_device(0)
+        self._ctx = ctx
+        self._stores: dict[str, Any] = {}
+        # Bind the context before __init__ so subclasses can use self.rank there without super().
+        self.worker = worker_cls.__new__(worker_cls)
+        self.worker._ctx = ctx
+        self.worker._peer_groups = {}
+        self._args, self._kwargs = args, kwargs
+
+    def construct(self) -> None:
+        self.worker.__init__(*self._args, **self._kwargs)
+        del self._args, self._kwargs
+
+    def node_info(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), os.getpid()
+
+    def host_store(self, key: str, host: str, world_size: int) -> int:
+        store = comm.host_store(host, world_size, self._ctx.collective_timeout_s)
+        self._stores[key] = store
+        return store.port
+
+    def _store(self, key: str, host: str, port: int, world_size: int):
+        if key in self._stores:
+            return self._stores.pop(key)
+        return comm.connect_store(host, port, world_size, self._ctx.collective_timeout_s)
+
+    def init_process_group(self, host: str, port: int) -> None:
+        ctx = self._ctx
+        store = self._store("default", host, port, ctx.world_size)
+        comm.init_default_group(
+            store, ctx.rank, ctx.world_size, comm.backend_for(ctx.device.kind), ctx.collective_timeout_s
+        )
+
+    def join_peer_group(self, name: str, host: str, port: int, rank: int, ranks: dict[str, list[int]]) -> None:
+        world_size = sum(len(r) for r in ranks.values())
+        store = self._store(f"peer/{name}", host, port, world_size)
+        backend = comm.backend_for(self._ctx.device.kind)
+        self.worker._peer_groups[name] = comm.PeerGroup.join(
+            name, store, rank, ranks, backend, self._ctx.collective_timeout_s
+        )
+
+    def execute(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,217 @@
+"""WorkerGroup: the ranks of one component, launched on a placement, called as one.
+
+    group = MyWorker.create_group(arg).launch(cluster, placement, name="actor")
+    group.train_step(batch).wait()               # every rank, results in rank order
+    group.on_ranks(0).save(path).wait()          # a subset
+    results = await group.train_step(batch)      # async form
+
+`wait()` returns as soon as every rank answered, and raises as soon as any rank failed:
+a worker exception becomes WorkerError (group, rank, remote traceback), a dead worker process
+becomes WorkerDiedError, and a `timeout` becomes GroupTimeoutError naming the pending ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlinf_like.scheduler import comm
+from rlinf_like.scheduler.cluster import Cluster
+from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
+from rlinf_like.scheduler.placement import Placement
+from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost
+
+
+def _convert(err: Exception, group: str, rank: int, method: str) -> Exception:
+    if isinstance(err, ray.exceptions.RayActorError):
+        return WorkerDiedError(group, rank, method, str(err) or type(err).__name__)
+    if isinstance(err, ray.exceptions.RayTaskError):
+        cause = err.cause if isinstance(err.cause, BaseException) else None
+        return WorkerError(group, rank, method, str(err), cause)
+    return err
+
+
+@dataclass(eq=False)  # hashable by identity, so asyncio.gather accepts it
+class GroupResult:
+    """Pending results of one method call on some ranks of a group."""
+
+    group: str
+    method: str
+    ranks: list[int]
+    refs: list[ray.ObjectRef]
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Results in rank order; raises on the first failing rank, without waiting for the others."""
+        return wait_all([self], timeout)[0]
+
+    async def wait_async(self) -> list[Any]:
+        async def one(ref: ray.ObjectRef, rank: int) -> Any:
+            try:
+                return await ref
+            except Exception as err:
+                raise _convert(err, self.group, rank, self.method) from None
+
+        tasks = [asyncio.ensure_future(one(ref, rank)) for ref, rank in zip(self.refs, self.ranks)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def __await__(self):
+        return self.wait_async().__await__()
+
+
+def wait_all(results: Sequence[GroupResult], timeout: float | None = None) -> list[list[Any]]:
+    """Wait for several pending calls together; the first failure anywhere raises at once."""
+    owner = {ref: (res, rank) for res in results for ref, rank in zip(res.refs, res.ranks)}
+    values: dict[ray.ObjectRef, Any] = {}
+    pending = list(owner)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+        if not ready:
+            res, _ = owner[pending[0]]
+            late = sorted(rank for ref, (r, rank) in owner.items() if r is res and ref in pending)
+            raise GroupTimeoutError(res.group, res.method, late, timeout)
+        ref = ready[0]
+        try:
+            values[ref] = ray.get(ref)
+        except Exception as err:
+            res, rank = owner[ref]
+            raise _convert(err, res.group, rank, res.method) from None
+    return [[values[ref] for ref in res.refs] for res in results]
+
+
+class WorkerGroup:
+    def __init__(self, worker_cls: type[Worker], args: tuple, kwargs: dict):
+        self.worker_cls, self._args, self._kwargs = worker_cls, args, kwargs
+        self.name: str = ""
+        self._hosts: list[ray.actor.ActorHandle] = []
+        self._ranks: list[int] = []
+        self.node_ips: list[str] = []
+        self.pids: list[int] = []
+
+    # --- launch --------------------------------------------------------------------------------
+    def launch(
+        self,
+        cluster: Cluster,
+        placement: Placement,
+        name: str,
+        *,
+        init_process_group: bool = True,
+        timeout: float | None = None,
+    ) -> WorkerGroup:
+        """Start one Ray actor per rank of `placement[name]`, construct the workers, make the group's
+        process group (eagerly, barrier-checked); everything bounded by `timeout` (default: the
+        cluster's collective timeout)."""
+        if self._hosts:
+            raise RuntimeError(f"worker group {self.name!r} is already launched")
+        component = placement[name]
+        timeout = cluster.config.collective_timeout_s if timeout is None else timeout
+        self.name = name
+        self._ranks = list(range(component.world_size))
+        host_cls = ray.remote(_WorkerHost)
+        for rp in component.ranks:
+            ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s)
+            resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
+            handle = host_cls.options(
+                name=f"{name}-{rp.rank}",
+                namespace=cluster.config.namespace,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    cluster.reservation(rp.device), placement_group_bundle_index=0
+                ),
+                max_restarts=0,
+                **resources,
+            ).remote(self.worker_cls, ctx, self._args, self._kwargs)
+            self._hosts.append(handle)
+        try:
+            info = self._call_hosts("node_info", self._ranks).wait(timeout)
+            self.node_ips = [ip for ip, _ in info]
+            self.pids = [pid for _, pid in info]
+            if init_process_group:
+                host = comm.rendezvous_host(self.node_ips, self.node_ips[0])
+                [port] = self._call_hosts("host_store", [0], "default", host, component.world_size).wait(timeout)
+                self._call_hosts("init_process_group", self._ranks, host, port).wait(timeout)
+            self._call_hosts("construct", self._ranks).wait(timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    # --- calls -----------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self._ranks)
+
+    def _call_hosts(self, host_method: str, ranks: Sequence[int], *args: Any) -> GroupResult:
+        refs = [getattr(self._hosts[r], host_method).remote(*args) for r in ranks]
+        return GroupResult(self.name, host_method, list(ranks), refs)
+
+    def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> GroupResult:
+        """Run `method(*args, **kwargs)` on `ranks` (default: all) without waiting."""
+        if not self._hosts:
+            raise RuntimeError(f"worker group of {self.worker_cls.__name__} is not launched (or shut down)")
+        if not callable(getattr(self.worker_cls, method, None)):
+            raise AttributeError(f"{self.worker_cls.__name__} (group {self.name!r}) has no method {method!r}")
+        ranks = self._ranks if ranks is None else list(ranks)
+        bad = [r for r in ranks if r not in self._ranks]
+        if bad:
+            raise IndexError(f"worker group {self.name!r} has ranks 0-{self.world_size - 1}; asked for {bad}")
+        refs = [self._hosts[r].execute.remote(method, args, kwargs) for r in ranks]
+        return GroupResult(self.name, method, ranks, refs)
+
+    def on_ranks(self, *ranks: int) -> _RankSubset:
+        return _RankSubset(self, list(ranks))
+
+    def __getattr__(self, method: str):
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda *args, **kwargs: self.call(method, *args, **kwargs)
+
+    # --- lifetime --------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill every rank's process (their device shares go back to Ray)."""
+        for handle in self._hosts:
+            ray.kill(handle, no_restart=True)
+        self._hosts = []
+
+    def actor_handles(self) -> list[ray.actor.ActorHandle]:
+        return list(self._hosts)
+
+
+class _RankSubset:
+    def __init__(self, group: WorkerGroup, ranks: list[int]):
+        self._group, self._ranks = group, ranks
+
+    def __getattr__(self, method: str):
+        return lambda *args, **kwargs: self._group.call(method, *args, ranks=self._ranks, **kwargs)
+
+
+def connect_groups(first: WorkerGroup, second: WorkerGroup, name: str, timeout: float | None = None) -> None:
+    """Create peer group `name` over all ranks of `first` then `second`, eagerly and barrier-checked.
+
+    Inside a worker: `self.peer_group(name)`; peer ranks of `first` are 0..n1-1, of `second` n1.. .
+    """
+    ranks = {
+        first.name: list(range(first.world_size)),
+        second.name: list(range(first.world_size, first.world_size + second.world_size)),
+    }
+    if first.name == second.name:
+        raise ValueError(f"peer group {name!r}: both sides are group {first.name!r}")
+    world_size = first.world_size + second.world_size
+    host = comm.rendezvous_host(first.node_ips + second.node_ips, first.node_ips[0])
+    [port] = first._call_hosts("host_store", [0], f"peer/{name}", host, world_size).wait(timeout)
+    calls = [
+        group._call_hosts("join_peer_group", [rank], name, host, port, ranks[group.name][rank], ranks)
+        for group in (first, second)
+        for rank in group._ranks
+    ]
+    wait_all(calls, timeout)

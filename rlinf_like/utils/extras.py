@@ -1,0 +1,30 @@
+"""Lazy imports of optional, GPU-first stacks with an error that names the extra to install."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module to import -> (extra that provides it, what to install)
+OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
+    "megatron.core": ("megatron", "pip install --no-deps 'rlinf_like[megatron]'"),
+    "transformer_engine": ("megatron", "pip install transformer-engine (GPU only)"),
+    "sglang": ("sglang", "pip install 'rlinf_like[sglang]' (GPU only)"),
+}
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; the message names the extra."""
+
+
+def require(module: str) -> ModuleType:
+    """Import `module`, or raise MissingExtraError naming the extra that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        extra, hint = OPTIONAL_MODULES.get(module, (None, None))
+        if extra is None:
+            raise
+        raise MissingExtraError(
+            f"'{module}' is not installed; it comes with the [{extra}] extra: {hint}"
+        ) from err

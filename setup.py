@@ -1,0 +1,25 @@
+from setuptools import find_packages, setup
+
+# torch is listed as a range that the CPU build 2.13.0 satisfies: install torch first
+# (scripts/setup.sh does), or pip will fetch a CUDA build of gigabytes.
+setup(
+    name="rlinf_like",
+    version="0.1.0",
+    description="Reinforcement-learning post-training for LLMs and embodied policies on Ray",
+    packages=find_packages(include=["rlinf_like", "rlinf_like.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "ray>=2.49,<3",  # bundle_label_selector with the ray.io/node-id label
+        "hydra-core>=1.3,<1.4",
+        "omegaconf>=2.3",
+        "numpy",
+        "tqdm",
+        "tensorboard",
+    ],
+    extras_require={
+        "megatron": ["megatron-core>=0.16,<0.17", "packaging"],  # install with --no-deps on CPU
+        "sglang": ["sglang"],  # GPU only
+        "dev": ["pytest>=8", "pytest-timeout"],
+    },
+)

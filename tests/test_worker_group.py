@@ -1,0 +1,158 @@
+"""Worker / WorkerGroup on a real Ray instance with real gloo groups."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlinf_like.scheduler import (
+    GroupTimeoutError,
+    Worker,
+    WorkerDiedError,
+    WorkerError,
+    connect_groups,
+    wait_all,
+)
+
+
+class Probe(Worker):
+    def __init__(self, base: int):
+        # rank and world size are already known in __init__
+        self.value = base * 100 + self.rank * 10 + self.world_size
+
+    def identity(self):
+        return {"rank": self.rank, "world": self.world_size, "group": self.group_name,
+                "device": (self.device.kind, self.device.index), "value": self.value,
+                "omp": os.environ.get("OMP_NUM_THREADS"), "pid": os.getpid()}
+
+    def add(self, x, y=0):
+        return self.value + x + y
+
+    def all_reduce_ranks(self):
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t, group=self.process_group)
+        return t.item()
+
+    def fail(self):
+        raise ValueError(f"bad batch on rank {self.rank}")
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self.rank
+
+    def barrier_then(self):
+        dist.barrier()
+        return self.rank
+
+    def peer_broadcast(self, name, src):
+        pg = self.peer_group(name)
+        t = torch.full((4,), float(pg.rank)) if pg.rank == src else torch.zeros(4)
+        pg.broadcast(t, src)
+        return t.tolist()
+
+    def peer_ranks(self, name):
+        pg = self.peer_group(name)
+        return pg.rank, pg.world_size, pg.ranks
+
+
+@pytest.fixture(scope="module")
+def groups(cluster):
+    """Two collocated 2-rank groups on the two CPU slots (each rank reserves half a slot)."""
+    placement = cluster.place({"actor,rollout": "0-1"})
+    actor = Probe.create_group(1).launch(cluster, placement, "actor")
+    rollout = Probe.create_group(2).launch(cluster, placement, "rollout")
+    connect_groups(actor, rollout, "weights")
+    yield actor, rollout
+    actor.shutdown()
+    rollout.shutdown()
+
+
+def test_ranks_know_their_context(groups):
+    actor, _ = groups
+    ids = actor.identity().wait()
+    assert [i["rank"] for i in ids] == [0, 1]
+    assert {i["world"] for i in ids} == {2} and {i["group"] for i in ids} == {"actor"}
+    assert [i["device"] for i in ids] == [("cpu", 0), ("cpu", 1)]
+    assert [i["value"] for i in ids] == [102, 112]
+    assert {i["omp"] for i in ids} == {"1"}
+    assert len({i["pid"] for i in ids}) == 2  # one process per rank
+
+
+def test_fan_out_subset_and_kwargs(groups):
+    actor, rollout = groups
+    assert actor.add(1, y=2).wait() == [105, 115]
+    assert rollout.on_ranks(1).add(5).wait() == [217]
+    assert actor.call("add", 0, ranks=[1, 0]).wait() == [112, 102]
+
+
+def test_async_form(groups):
+    actor, rollout = groups
+
+    async def both():
+        return await asyncio.gather(actor.add(0), rollout.add(0))
+
+    assert asyncio.run(both()) == [[102, 112], [202, 212]]
+
+
+def test_group_process_group_is_eager_and_exact(groups):
+    actor, rollout = groups
+    assert actor.all_reduce_ranks().wait() == [3.0, 3.0]
+    assert rollout.all_reduce_ranks().wait() == [3.0, 3.0]
+
+
+def test_peer_group_spans_both_groups(groups):
+    actor, rollout = groups
+    a, r = wait_all([actor.peer_ranks("weights"), rollout.peer_ranks("weights")])
+    assert [x[0] for x in a + r] == [0, 1, 2, 3]
+    assert a[0][2] == {"actor": [0, 1], "rollout": [2, 3]}
+    # actor rank 0 (peer rank 0) -> everyone, then rollout rank 1 (peer rank 3) -> everyone
+    for src in (0, 3):
+        a, r = wait_all([actor.peer_broadcast("weights", src), rollout.peer_broadcast("weights", src)])
+        assert a + r == [[float(src)] * 4] * 4
+
+
+def test_unknown_peer_group_and_method(groups):
+    actor, _ = groups
+    with pytest.raises(WorkerError, match="no peer group 'nope'"):
+        actor.peer_broadcast("nope", 0).wait()
+    with pytest.raises(AttributeError, match="no method 'trian'"):
+        actor.trian()
+    with pytest.raises(IndexError, match="ranks 0-1; asked for \\[5\\]"):
+        actor.on_ranks(5).add(1)
+
+
+def test_worker_exception_names_group_rank_and_traceback(groups):
+    actor, _ = groups
+    with pytest.raises(WorkerError) as err:
+        actor.on_ranks(1).fail().wait()
+    e = err.value
+    assert (e.group, e.rank, e.method) == ("actor", 1, "fail")
+    assert "actor[rank 1]" in str(e) and "bad batch on rank 1" in str(e)
+    assert "in fail" in e.remote_traceback  # the frame that raised
+    assert isinstance(e.cause, ValueError)
+    assert actor.add(0).wait() == [102, 112]  # the group keeps serving
+
+
+def test_wait_timeout_names_pending_ranks(groups):
+    actor, _ = groups
+    handle = actor.call("sleep", 3.0, ranks=[0, 1])
+    t0 = time.monotonic()
+    with pytest.raises(GroupTimeoutError) as err:
+        handle.wait(timeout=0.5)
+    assert time.monotonic() - t0 < 2.0
+    assert err.value.pending_ranks == [0, 1] and "'actor'" in str(err.value)
+    assert handle.wait() == [0, 1]  # the calls themselves finish
+
+
+def test_device_accounting_goes_through_ray(cluster, groups):
+    # Both CPU slots are half-held by actor and half by rollout; a rank that wants a whole slot
+    # must not be started beside them.
+    placement = cluster.place({"greedy": "0"})
+    t0 = time.monotonic()
+    with pytest.raises(GroupTimeoutError, match="'greedy'"):
+        Probe.create_group(0).launch(cluster, placement, "greedy", timeout=3)
+    assert time.monotonic() - t0 < 15
