@@ -28,6 +28,9 @@ from rlinf_like.scheduler.placement import Placement
 from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost
 
 
+DEATH_GRACE_S = 3.0
+
+
 def _convert(err: Exception, group: str, rank: int, method: str) -> Exception:
     if isinstance(err, ray.exceptions.RayActorError):
         return WorkerDiedError(group, rank, method, str(err) or type(err).__name__)
@@ -86,8 +89,30 @@ def wait_all(results: Sequence[GroupResult], timeout: float | None = None) -> li
             values[ref] = ray.get(ref)
         except Exception as err:
             res, rank = owner[ref]
-            raise _convert(err, res.group, rank, res.method) from None
+            first = _convert(err, res.group, rank, res.method)
+            raise _root_cause(first, pending, owner) from None
     return [[values[ref] for ref in res.refs] for res in results]
+
+
+def _root_cause(first: Exception, pending: list, owner: dict, grace_s: float = DEATH_GRACE_S) -> Exception:
+    """When one rank fails, a peer's death is often the cause (a collective sees "connection
+    closed" before Ray reports the dead process). Report the death if one shows up shortly."""
+    if isinstance(first, WorkerDiedError) or not pending:
+        return first
+    deadline = time.monotonic() + grace_s
+    while pending and time.monotonic() < deadline:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                res, rank = owner[ref]
+                died = _convert(err, res.group, rank, res.method)
+                died.add_note(f"meanwhile: {str(first).splitlines()[0]}")
+                return died
+            except Exception:
+                pass
+    return first
 
 
 class WorkerGroup:
