@@ -36,6 +36,8 @@ class ClusterConfig:
     collective_timeout_s: float = 300.0  # every torch.distributed group and collective
     reserve_timeout_s: float = 60.0  # waiting for Ray to grant a device
     env_vars: dict[str, str] = field(default_factory=dict)  # forwarded to every worker
+    # component name(s) -> device range; grammar in scheduler/placement.py
+    component_placement: dict[str, str] = field(default_factory=dict)
 
 
 def _driver_pythonpath() -> str:
@@ -138,9 +140,13 @@ class Cluster:
         parts = [f"{n.ip}({'head, ' if n.is_head else ''}{n.num_cpus} CPU, {n.num_gpus} GPU)" for n in self.nodes]
         return f"{len(self.nodes)} node(s): " + ", ".join(parts)
 
-    def place(self, component_placement: Mapping[str, str], known_components: Iterable[str] | None = None) -> Placement:
-        """Plan a placement on this cluster's devices (see scheduler/placement.py for the grammar)."""
-        return plan_placement(component_placement, self.devices, known_components)
+    def place(
+        self, component_placement: Mapping[str, str] | None = None, known_components: Iterable[str] | None = None
+    ) -> Placement:
+        """Plan a placement on this cluster's devices (grammar in scheduler/placement.py);
+        by default the config's `component_placement`."""
+        spec = self.config.component_placement if component_placement is None else component_placement
+        return plan_placement(spec, self.devices, known_components)
 
     # --- device reservations --------------------------------------------------------------
     def reservation(self, device: Device) -> PlacementGroup:

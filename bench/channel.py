@@ -1,0 +1,154 @@
+"""Channel put->get between two workers versus raw Ray between the same two actors.
+
+Throughput: 1 MiB and 64 MiB tensor items, the same number of items in flight on both paths
+(raw: ray.put + an actor call that ray.gets the ref). Latency: small-message ping-pong A->B->A,
+over two channels versus one raw actor call A->B. Repetitions alternate between the two
+paths; medians are compared. Last line: one JSON object, ratios are ours / raw.
+
+    python bench/channel.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import ray
+import torch
+
+from rlinf_like.scheduler import Channel, Cluster, ClusterConfig, Worker
+
+
+@dataclass
+class Item:
+    index: int
+    data: torch.Tensor
+
+
+@dataclass
+class Ping:
+    index: int
+    note: str = "ping"
+
+
+class Peer(Worker):
+    """Rank of group "a" sends; rank of group "b" receives / echoes."""
+
+    # --- receiver side ---------------------------------------------------------------------
+    def take_ref(self, refs: list) -> int:
+        return ray.get(refs[0]).data.numel()
+
+    def echo(self, msg: Ping) -> Ping:
+        return msg
+
+    def drain(self, ch: Channel, n: int) -> int:
+        return sum(ch.get().data.numel() for _ in range(n))
+
+    def serve_pings(self, inbox: Channel, outbox: Channel, n: int) -> None:
+        for _ in range(n):
+            outbox.put(inbox.get())
+
+    # --- sender side -----------------------------------------------------------------------
+    def send_raw(self, peer, n: int, numel: int, window: int) -> float:
+        item = Item(0, torch.ones(numel))
+        t0 = time.perf_counter()
+        inflight = []
+        for i in range(n):
+            ref = ray.put(Item(i, item.data))
+            inflight.append(peer.execute.remote("take_ref", ([ref],), {}))
+            if len(inflight) >= window:
+                ray.get(inflight.pop(0))
+        ray.get(inflight)
+        return time.perf_counter() - t0
+
+    def send_channel(self, ch: Channel, peer, n: int, numel: int) -> float:
+        item = Item(0, torch.ones(numel))
+        t0 = time.perf_counter()
+        done = peer.execute.remote("drain", (ch, n), {})
+        for i in range(n):
+            ch.put(Item(i, item.data))
+        ray.get(done)
+        return time.perf_counter() - t0
+
+    def ping_raw(self, peer, n: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            ray.get(peer.execute.remote("echo", (Ping(i),), {}))
+        return (time.perf_counter() - t0) / n
+
+    def ping_channel(self, outbox: Channel, inbox: Channel, peer, n: int) -> float:
+        served = peer.execute.remote("serve_pings", (outbox, inbox, n), {})
+        outbox.put(Ping(-1))  # warm both stores and the server loop
+        inbox.get()
+        t0 = time.perf_counter()
+        for i in range(n - 1):
+            outbox.put(Ping(i))
+            inbox.get()
+        elapsed = (time.perf_counter() - t0) / (n - 1)
+        ray.get(served)
+        return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke run)")
+    args = parser.parse_args()
+    reps = 2 if args.quick else 5
+    window = 4
+    sizes = {"1MiB": (1 << 20, 64 if not args.quick else 16), "64MiB": (64 << 20, 8 if not args.quick else 3)}
+    n_pings = 100 if args.quick else 300
+
+    with Cluster(ClusterConfig(num_cpus=2, object_store_memory_mb=1024)) as cluster:
+        placement = cluster.place({"a": "0", "b": "1"})
+        a = Peer.create_group().launch(cluster, placement, "a", init_process_group=False)
+        b = Peer.create_group().launch(cluster, placement, "b", init_process_group=False)
+        peer = b.actor_handles()[0]
+        results: dict = {}
+        for label, (nbytes, n) in sizes.items():
+            numel = nbytes // 4
+            raw_t, ch_t = [], []
+            for rep in range(reps):
+                ch = Channel.create(f"bench-{label}-{rep}", item_type=Item, maxsize=window)
+                ch.qsize()  # store is up before timing
+                raw_t.append(a.send_raw(peer, n, numel, window).wait()[0])
+                ch_t.append(a.send_channel(ch, peer, n, numel).wait()[0])
+                ch.destroy()
+            raw_mib_s = n * nbytes / 2**20 / statistics.median(raw_t)
+            ch_mib_s = n * nbytes / 2**20 / statistics.median(ch_t)
+            results[label] = {"raw_mib_s": round(raw_mib_s, 1), "channel_mib_s": round(ch_mib_s, 1),
+                              "ratio": round(ch_mib_s / raw_mib_s, 3)}
+            print(f"throughput {label:>6}: channel {ch_mib_s:8.1f} MiB/s   raw ray {raw_mib_s:8.1f} MiB/s   "
+                  f"ratio {ch_mib_s / raw_mib_s:.3f}")
+
+        raw_l, ch_l = [], []
+        for rep in range(reps):
+            ab = Channel.create(f"ping-ab-{rep}", item_type=Ping)
+            ba = Channel.create(f"ping-ba-{rep}", item_type=Ping)
+            ab.qsize(), ba.qsize()
+            raw_l.append(a.ping_raw(peer, n_pings).wait()[0])
+            ch_l.append(a.ping_channel(ab, ba, peer, n_pings).wait()[0])
+            ab.destroy(), ba.destroy()
+        raw_ms, ch_ms = statistics.median(raw_l) * 1e3, statistics.median(ch_l) * 1e3
+        print(f"round trip (small message): channel {ch_ms:.3f} ms   raw ray actor call {raw_ms:.3f} ms   "
+              f"ratio {ch_ms / raw_ms:.2f}")
+        a.shutdown()
+        b.shutdown()
+
+    summary = {
+        "bench": "channel",
+        "throughput_ratio": min(r["ratio"] for r in results.values()),
+        "latency_ratio": round(ch_ms / raw_ms, 3),
+        "throughput": results,
+        "round_trip_ms": {"channel": round(ch_ms, 3), "raw": round(raw_ms, 3)},
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
