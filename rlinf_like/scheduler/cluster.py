@@ -83,6 +83,8 @@ class Cluster:
             init_kwargs["address"] = address
         else:
             init_kwargs.update(
+                # "local": always a new instance, never the last `ray start` cluster recorded in /tmp/ray
+                address="local",
                 num_cpus=self.config.num_cpus,
                 num_gpus=self.config.num_gpus,
                 include_dashboard=False,

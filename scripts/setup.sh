@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv and install rlinf_like for CPU, idempotently.
+# torch goes first (2.13.0: the CPU build on these machines; elsewhere set
+# PIP_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU wheel), then the package with torch
+# pinned by constraints-cpu.txt so nothing can swap it for a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip
+.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -c constraints-cpu.txt -e ".[dev]"
+.venv/bin/python -c "import torch, ray, hydra, rlinf_like; print(f'rlinf_like ready: torch {torch.__version__}, ray {ray.__version__}')"

@@ -1,0 +1,60 @@
+"""ray_launch.sh: a local head starts, reports, is joined by a Cluster, and stops only itself."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(*args, env):
+    return subprocess.run([str(ROOT / "ray_launch.sh"), *args], env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_start_status_join_stop(tmp_path):
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "RLINF_RAY_STATE_DIR": str(tmp_path / "state"), "PYTHON": sys.executable,
+           "RAY": os.path.join(bin_dir, "ray"), "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+    env.pop("RAY_ADDRESS", None)
+    port = free_port()
+    started = launch("start", "head", "--port", str(port), "--num-cpus", "1", "--expect-nodes", "1", env=env)
+    try:
+        assert started.returncode == 0, started.stderr + started.stdout
+        assert f"127.0.0.1:{port}" in started.stdout and "1 node(s) up" in started.stdout
+        again = launch("start", "head", "--port", str(port), env=env)
+        assert again.returncode != 0 and "already running" in again.stderr
+
+        status = launch("status", env=env)
+        assert status.returncode == 0 and "Active:" in status.stdout
+
+        join = subprocess.run(
+            [sys.executable, "-c",
+             "import json; from rlinf_like.scheduler import Cluster, ClusterConfig\n"
+             f"with Cluster(ClusterConfig(address='127.0.0.1:{port}')) as c:\n"
+             "    print(json.dumps([c.num_cpus, c.is_local, len(c.nodes)]))"],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert join.returncode == 0, join.stderr[-2000:]
+        assert json.loads(join.stdout.strip().splitlines()[-1]) == [1, False, 1]
+    finally:
+        stopped = launch("stop", env=env)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+    assert launch("status", env=env).returncode == 1
+    with socket.socket() as s:  # the head's port is free again
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_bad_usage_is_explained(tmp_path):
+    env = {**os.environ, "RLINF_RAY_STATE_DIR": str(tmp_path / "state")}
+    out = launch("start", "worker", env=env)
+    assert out.returncode != 0 and "needs --address" in out.stderr
+    out = launch("start", "head", "--bogus", "1", env=env)
+    assert out.returncode != 0 and "unknown option '--bogus'" in out.stderr
