@@ -96,8 +96,13 @@ cmd_stop() {
 }
 
 cmd_status() {
-  running_pid >/dev/null || { echo "no Ray node started by this script is running"; return 1; }
-  RAY_ADDRESS="$(cat "$STATE_DIR/address")" "$RAY" status
+  local pid address
+  pid=$(running_pid) || { echo "no Ray node started by this script is running"; return 1; }
+  address="$(cat "$STATE_DIR/address")"
+  echo "Ray node started by ray_launch.sh: pid $pid, cluster $address"
+  wait_for_nodes "$address" 1 30
+  # Ray's own report (its autoscaler publishes it a few seconds after start-up)
+  RAY_ADDRESS="$address" "$RAY" status || true
 }
 
 case "${1:-}" in

@@ -34,7 +34,8 @@ def test_start_status_join_stop(tmp_path):
         assert again.returncode != 0 and "already running" in again.stderr
 
         status = launch("status", env=env)
-        assert status.returncode == 0 and "Active:" in status.stdout
+        assert status.returncode == 0, status.stderr
+        assert f"cluster 127.0.0.1:{port}" in status.stdout and "1 node(s) up" in status.stdout
 
         join = subprocess.run(
             [sys.executable, "-c",
