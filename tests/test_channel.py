@@ -188,6 +188,16 @@ def test_duplicate_name_and_connect(cluster):
         Channel.connect("missing")
 
 
+def test_a_dead_store_is_reported_by_channel_name(cluster):
+    ch = new_channel()
+    ch.put(small(1))
+    ch.destroy()
+    with pytest.raises(ChannelClosed, match=f"channel '{ch.name}': its store actor is gone"):
+        ch.get(timeout=5)
+    with pytest.raises(ChannelClosed, match=ch.name):
+        ch.put(small(2))
+
+
 class Producer(Worker):
     def produce(self, ch: Channel, n: int, numel: int):
         for i in range(n):

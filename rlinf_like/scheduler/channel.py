@@ -176,6 +176,19 @@ class Channel(Generic[T]):
             raise KeyError(f"no channel named {name!r}") from None
         return cls(name, cloudpickle.loads(ray.get(store.item_type.remote())), store)
 
+    # --- store calls ---------------------------------------------------------------------------
+    def _result(self, ref: ray.ObjectRef) -> Any:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            raise ChannelClosed(f"channel {self.name!r}: its store actor is gone ({type(err).__name__})") from err
+
+    async def _result_async(self, ref: ray.ObjectRef) -> Any:
+        try:
+            return await ref
+        except ray.exceptions.RayActorError as err:
+            raise ChannelClosed(f"channel {self.name!r}: its store actor is gone ({type(err).__name__})") from err
+
     # --- put -------------------------------------------------------------------------------------
     def _encode(self, item: T) -> tuple:
         if not isinstance(item, self.item_type):
@@ -192,10 +205,10 @@ class Channel(Generic[T]):
 
     def put(self, item: T, key: str = DEFAULT_KEY, weight: float = 1.0, timeout: float | None = None) -> None:
         """Blocks while the channel is full; ChannelTimeout after `timeout` s, ChannelClosed after close()."""
-        self._check_put(ray.get(self._put_ref(item, key, weight, timeout)), key, timeout)
+        self._check_put(self._result(self._put_ref(item, key, weight, timeout)), key, timeout)
 
     async def put_async(self, item: T, key: str = DEFAULT_KEY, weight: float = 1.0, timeout: float | None = None):
-        self._check_put(await self._put_ref(item, key, weight, timeout), key, timeout)
+        self._check_put(await self._result_async(self._put_ref(item, key, weight, timeout)), key, timeout)
 
     def _check_put(self, status: str, key: str, timeout: float | None) -> None:
         if status == _CLOSED:
@@ -229,25 +242,25 @@ class Channel(Generic[T]):
             raise ChannelTimeout(f"channel {self.name!r} had no item under key {key!r} within {timeout:g}s")
 
     def get(self, key: str = DEFAULT_KEY, timeout: float | None = None) -> T:
-        status, payload = ray.get(self._store.get.remote(key, timeout))
+        status, payload = self._result(self._store.get.remote(key, timeout))
         self._check_get(status, key, timeout)
         return self._decode(payload)
 
     async def get_async(self, key: str = DEFAULT_KEY, timeout: float | None = None) -> T:
-        status, payload = await self._store.get.remote(key, timeout)
+        status, payload = await self._result_async(self._store.get.remote(key, timeout))
         self._check_get(status, key, timeout)
         return await self._decode_async(payload)
 
     def get_batch(self, target_weight: float, key: str = DEFAULT_KEY, timeout: float | None = None) -> list[T]:
         """Items until their summed weights reach `target_weight` (fewer only once the channel is closed)."""
         ref = self._store.get_batch.remote(key, target_weight, timeout)
-        status, payloads = ray.get(ref)
+        status, payloads = self._result(ref)
         self._check_get(status, key, timeout)
         return [self._decode(p) for p in payloads]
 
     async def get_batch_async(self, target_weight: float, key: str = DEFAULT_KEY, timeout: float | None = None):
         ref = self._store.get_batch.remote(key, target_weight, timeout)
-        status, payloads = await ref
+        status, payloads = await self._result_async(ref)
         self._check_get(status, key, timeout)
         return [await self._decode_async(p) for p in payloads]
 
@@ -261,14 +274,14 @@ class Channel(Generic[T]):
 
     # --- state -----------------------------------------------------------------------------------
     def qsize(self, key: str | None = None) -> int:
-        return ray.get(self._store.qsize.remote(key))
+        return self._result(self._store.qsize.remote(key))
 
     def close(self) -> None:
-        ray.get(self._store.close.remote())
+        self._result(self._store.close.remote())
 
     @property
     def closed(self) -> bool:
-        return ray.get(self._store.is_closed.remote())
+        return self._result(self._store.is_closed.remote())
 
     def destroy(self) -> None:
         """Kill the store (and with it any items still queued)."""
