@@ -70,7 +70,7 @@ def test_large_payload_is_not_copied_into_the_store(cluster):
     ch = new_channel()
     item = Sample(0, torch.zeros(1 << 20))
     kind, data = ch._encode(item)
-    assert kind == "ref"
+    assert kind == "packed"
     # What travels to the store is the reference only, not the 4 MiB.
     assert len(pickle.dumps(data[0].hex())) < 1024
     assert ch._encode(small(1))[0] == "inline"
@@ -236,3 +236,19 @@ def test_workers_exchange_tensors_over_a_channel(cluster):
     finally:
         producers.shutdown()
         consumers.shutdown()
+
+
+@dataclass
+class WithRef:
+    ref: object
+    data: torch.Tensor
+
+
+def test_items_holding_object_refs_keep_rays_serializer(cluster):
+    import ray
+
+    ch = new_channel(item_type=WithRef)
+    inner = ray.put(torch.arange(5))
+    ch.put(WithRef(inner, torch.zeros(1 << 16)))
+    out = ch.get()
+    assert torch.equal(ray.get(out.ref), torch.arange(5)) and out.data.numel() == 1 << 16

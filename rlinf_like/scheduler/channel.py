@@ -8,7 +8,8 @@
 
 The queue state lives in one small Ray actor (the channel's store). Payloads never pass through
 it as data: an item carrying tensors or arrays is `ray.put` once by the producer and only the
-reference crosses the store; the consumer
+reference crosses the store (tensors packed as out-of-band buffers, scheduler/serialization.py, so
+they enter the object store with one copy); the consumer
 then reads it straight from the object store. The producer owns that object (Ray 2.56 removed
 `ray.put(_owner=...)`): if the producer process dies before the item is read, the get raises an
 error naming the channel. Small tensor-free items travel inline as bytes,
@@ -32,6 +33,7 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from rlinf_like.scheduler.errors import ChannelClosed, ChannelTimeout
+from rlinf_like.scheduler.serialization import UsesRaySerializer, pack, unpack
 
 T = TypeVar("T")
 DEFAULT_KEY = "default"
@@ -198,7 +200,10 @@ class Channel(Generic[T]):
             )
         if payload_nbytes(item) < INLINE_MAX_TENSOR_BYTES:
             return ("inline", cloudpickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
-        return ("ref", [ray.put(item)])
+        try:
+            return ("packed", [ray.put(pack(item))])
+        except UsesRaySerializer:  # e.g. the item holds ObjectRefs: Ray must track them
+            return ("ref", [ray.put(item)])
 
     def _put_ref(self, item: T, key: str, weight: float, timeout: float | None) -> ray.ObjectRef:
         return self._store.put.remote(key, self._encode(item), weight, timeout)
@@ -222,18 +227,20 @@ class Channel(Generic[T]):
         if kind == "inline":
             return pickle.loads(data)
         try:
-            return ray.get(data[0])
+            value = ray.get(data[0])
         except ray.exceptions.ObjectLostError as err:
             raise RuntimeError(f"channel {self.name!r}: an item was lost with its producer: {err}") from None
+        return unpack(value) if kind == "packed" else value
 
     async def _decode_async(self, payload: tuple) -> T:
         kind, data = payload
         if kind == "inline":
             return pickle.loads(data)
         try:
-            return await data[0]
+            value = await data[0]
         except ray.exceptions.ObjectLostError as err:
             raise RuntimeError(f"channel {self.name!r}: an item was lost with its producer: {err}") from None
+        return unpack(value) if kind == "packed" else value
 
     def _check_get(self, status: str, key: str, timeout: float | None) -> None:
         if status == _CLOSED:
