@@ -290,9 +290,17 @@ class Channel(Generic[T]):
     def closed(self) -> bool:
         return self._result(self._store.is_closed.remote())
 
-    def destroy(self) -> None:
-        """Kill the store (and with it any items still queued)."""
+    def destroy(self, timeout: float = 30.0) -> None:
+        """Kill the store (and with it any items still queued); returns once it no longer answers."""
         ray.kill(self._store, no_restart=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # ray.kill is asynchronous
+            try:
+                ray.get(self._store.is_closed.remote())
+            except ray.exceptions.RayActorError:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"channel {self.name!r}: the store was still answering {timeout:g}s after kill")
 
     def __reduce__(self):
         return (Channel, (self.name, self.item_type, self._store))

@@ -29,6 +29,7 @@ from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost
 
 
 DEATH_GRACE_S = 3.0
+_RemoteHost = ray.remote(_WorkerHost)  # one actor class for every worker type (exported once)
 
 
 def _convert(err: Exception, group: str, rank: int, method: str) -> Exception:
@@ -143,11 +144,10 @@ class WorkerGroup:
         timeout = cluster.config.collective_timeout_s if timeout is None else timeout
         self.name = name
         self._ranks = list(range(component.world_size))
-        host_cls = ray.remote(_WorkerHost)
         for rp in component.ranks:
             ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s)
             resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
-            handle = host_cls.options(
+            handle = _RemoteHost.options(
                 name=f"{name}-{rp.rank}",
                 namespace=cluster.config.namespace,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
