@@ -28,7 +28,7 @@ from rlinf_like.scheduler.placement import Placement
 from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost
 
 
-DEATH_GRACE_S = 3.0
+DEATH_GRACE_S = 5.0
 _RemoteHost = ray.remote(_WorkerHost)  # one actor class for every worker type (exported once)
 
 
