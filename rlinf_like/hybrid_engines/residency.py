@@ -1,0 +1,176 @@
+"""Offload / onload of parameters, gradients and optimizer state, in place.
+
+Collocated actor and rollout take turns on a device, so each must be able to give its memory
+back and take it again without rebuilding anything. We work on *storages*, not tensors:
+
+* offload copies each storage's bytes into a host buffer, then `resize_(0)`s the storage, so
+  the device memory is freed while every Parameter, `.grad` and optimizer-state tensor object
+  (and every reference the optimizer or FSDP holds to them) stays valid;
+* onload resizes the storage back and copies the bytes in, bit-exact.
+
+Working per storage handles tied weights, views and FSDP2's DTensor shards the same way, and a
+storage shared by several tensors moves once. Host buffers are allocated on first use and
+reused afterwards (pinned when the device is a GPU), so offload never holds two host copies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+PARTS = ("params", "grads", "optimizer")
+
+
+@dataclass
+class MoveStats:
+    part: str
+    direction: str  # "offload" | "onload"
+    bytes: int
+    seconds: float
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / 1e9 / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class _Slot:
+    storage: torch.UntypedStorage
+    nbytes: int
+    host: torch.Tensor | None = None  # uint8 host copy, allocated once
+
+
+@dataclass
+class _Part:
+    slots: dict[int, _Slot] = field(default_factory=dict)
+    offloaded: bool = False
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns this rank's bytes (a DTensor's local shard)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+class ResidencyManager:
+    """Moves the parts of one model (and optionally its optimizer) between device and host."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, pin_memory: bool | None = None):
+        self.model, self.optimizer = model, optimizer
+        self.pin_memory = pin_memory
+        self._parts = {p: _Part() for p in PARTS}
+        self.history: list[MoveStats] = []
+
+    # --- what belongs to each part ------------------------------------------------------------------
+    def _tensors(self, part: str) -> Iterator[torch.Tensor]:
+        if part == "params":
+            for p in self.model.parameters():
+                yield _local(p.data)
+            for b in self.model.buffers():
+                yield b
+        elif part == "grads":
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    yield _local(p.grad)
+        elif part == "optimizer" and self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        yield _local(value)
+
+    def _collect(self, part: str) -> dict[int, _Slot]:
+        """Storages of `part` keyed by their identity; cached slots keep their host buffers."""
+        known = self._parts[part].slots
+        slots: dict[int, _Slot] = {}
+        for t in self._tensors(part):
+            storage = t.untyped_storage()
+            key = storage._cdata  # identity of the storage itself, stable across resize_
+            if key in slots or storage.nbytes() == 0:
+                continue
+            slot = known.get(key)
+            if slot is None or slot.nbytes != storage.nbytes():
+                slot = _Slot(storage, storage.nbytes())
+            slots[key] = slot
+        return slots
+
+    # --- moving ---------------------------------------------------------------------------------------
+    def offload(self, parts: Iterable[str] = PARTS) -> list[MoveStats]:
+        return [self._offload(p) for p in self._check(parts)]
+
+    def onload(self, parts: Iterable[str] = PARTS) -> list[MoveStats]:
+        return [self._onload(p) for p in self._check(parts)]
+
+    def is_offloaded(self, part: str) -> bool:
+        return self._parts[self._check([part])[0]].offloaded
+
+    def _check(self, parts: Iterable[str]) -> list[str]:
+        parts = [parts] if isinstance(parts, str) else list(parts)
+        unknown = [p for p in parts if p not in PARTS]
+        if unknown:
+            raise ValueError(f"unknown residency part(s) {unknown}; allowed: {list(PARTS)}")
+        return parts
+
+    def _offload(self, part: str) -> MoveStats:
+        state = self._parts[part]
+        if state.offloaded:
+            return self._record(part, "offload", 0, 0.0)
+        start = time.perf_counter()
+        state.slots = self._collect(part)
+        copied = 0
+        for slot in state.slots.values():
+            if slot.host is None:
+                pin = self.pin_memory if self.pin_memory is not None else slot.storage.device.type == "cuda"
+                slot.host = torch.empty(slot.nbytes, dtype=torch.uint8, pin_memory=pin)
+            slot.host.copy_(_byte_view(slot.storage), non_blocking=True)
+            copied += slot.nbytes
+        self._sync(state)
+        for slot in state.slots.values():  # free only once every copy has landed
+            slot.storage.resize_(0)
+        state.offloaded = True
+        return self._record(part, "offload", copied, time.perf_counter() - start)
+
+    def _onload(self, part: str) -> MoveStats:
+        state = self._parts[part]
+        if not state.offloaded:
+            return self._record(part, "onload", 0, 0.0)
+        start = time.perf_counter()
+        copied = 0
+        for slot in state.slots.values():
+            slot.storage.resize_(slot.nbytes)
+            _byte_view(slot.storage).copy_(slot.host, non_blocking=True)
+            copied += slot.nbytes
+        self._sync(state)
+        state.offloaded = False
+        return self._record(part, "onload", copied, time.perf_counter() - start)
+
+    @staticmethod
+    def _sync(state: _Part) -> None:
+        if any(s.storage.device.type == "cuda" for s in state.slots.values()):
+            torch.cuda.current_stream().synchronize()
+
+    def _record(self, part: str, direction: str, nbytes: int, seconds: float) -> MoveStats:
+        stats = MoveStats(part, direction, nbytes, seconds)
+        self.history.append(stats)
+        return stats
+
+    # --- reporting ------------------------------------------------------------------------------------
+    def device_bytes(self, part: str) -> int:
+        """Bytes `part` holds on its device right now (0 after offload)."""
+        seen, total = set(), 0
+        for t in self._tensors(part):
+            storage = t.untyped_storage()
+            if storage._cdata not in seen:
+                seen.add(storage._cdata)
+                total += storage.nbytes()
+        return total
+
+    def host_bytes(self) -> int:
+        return sum(s.host.numel() for part in self._parts.values() for s in part.slots.values() if s.host is not None)
