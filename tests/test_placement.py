@@ -103,3 +103,19 @@ def test_missing_component_lookup_names_placed_ones():
     p = plan_placement({"actor": "0"}, devices())
     with pytest.raises(PlacementError, match="'critic' has no placement.*'actor'"):
         p["critic"]
+
+
+def test_several_ranks_per_device():
+    p = plan_placement({"env": "cpu:0-1*3", "actor": "0"}, devices())
+    env = p["env"]
+    assert env.world_size == 6 and env.device_kind == "cpu"
+    assert [r.device.index for r in env.ranks] == [0, 0, 0, 1, 1, 1]
+    assert all(r.share == pytest.approx(1 / 3) for r in env.ranks)
+    both = plan_placement({"rollout": "1*3", "actor": "1"}, devices(gpus_per_node=(0, 0)))
+    assert both["rollout"].ranks[0].share == 0.25 and both["actor"].ranks[0].share == 0.25
+
+
+@pytest.mark.parametrize("text", ["0-1*0", "0-1*x", "0*"])
+def test_bad_ranks_per_device(text):
+    with pytest.raises(PlacementError, match="'env'.*positive integer"):
+        plan_placement({"env": text}, devices())

@@ -84,24 +84,32 @@ class PeerGroup:
         group.barrier()
         return group
 
-    def _wait(self, work) -> None:
+    def wait(self, work) -> None:
+        """Wait for a posted operation, within the group's timeout."""
         work.wait(datetime.timedelta(seconds=self.timeout_s))
+
+    def post_send(self, tensor: torch.Tensor, dst: int, tag: int = 0):
+        """Start a send and return its work handle; many may be in flight (no ordering deadlocks)."""
+        return self._pg.send([tensor], dst, tag)
+
+    def post_recv(self, tensor: torch.Tensor, src: int, tag: int = 0):
+        return self._pg.recv([tensor], src, tag)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
-        self._wait(self._pg.broadcast([tensor], opts))
+        self.wait(self._pg.broadcast([tensor], opts))
         return tensor
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._wait(self._pg.allreduce([tensor]))
+        self.wait(self._pg.allreduce([tensor]))
         return tensor
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self._wait(self._pg.send([tensor], dst, tag))
+        self.wait(self.post_send(tensor, dst, tag))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
-        self._wait(self._pg.recv([tensor], src, tag))
+        self.wait(self.post_recv(tensor, src, tag))
         return tensor
 
     def barrier(self) -> None:

@@ -4,6 +4,7 @@
       "actor,rollout": "0-3"      # collocated: both components on devices 0..3, one rank per device
       "env": "cpu:0-1"            # env on CPU slots 0..1 (on a GPU cluster, where devices are GPUs)
       "reward": "all"             # every device of the default kind
+      "env": "cpu:0-1*4"          # 4 ranks on each of CPU slots 0..1 (8 ranks: 0-3 on slot 0, 4-7 on slot 1)
 
 Devices are numbered globally, node by node (head node first). On a cluster without GPUs
 the default kind is "cpu" and a device is one CPU slot. Each rank asks Ray for its share of
@@ -127,8 +128,18 @@ def split_device_kind(text: str, component: str) -> tuple[str | None, str]:
     return kind, body
 
 
+def split_ranks_per_device(text: str, component: str) -> tuple[str, int]:
+    """"0-1*4" -> ("0-1", 4); "0-1" -> ("0-1", 1)."""
+    body, sep, count = str(text).partition("*")
+    if not sep:
+        return body, 1
+    if not count.strip().isdigit() or int(count) < 1:
+        raise PlacementError(f"component {component!r}: ranks per device in {text!r} must be a positive integer")
+    return body, int(count)
+
+
 def parse_device_range(text: str, num_devices: int, component: str) -> list[int]:
-    """Parse "all | 0-3 | 0,2,5-6" (no kind prefix) into sorted device indices."""
+    """Parse "all | 0-3 | 0,2,5-6" (no kind prefix, no *N) into sorted device indices."""
     body = str(text).strip()
     if body == "all":
         return list(range(num_devices))
@@ -179,6 +190,7 @@ def plan_placement(
                     f"component {name!r} is placed twice: {assigned[name][2]!r} and {value!r} (key {key!r})"
                 )
             kind, body = split_device_kind(value, name)
+            body, per_device = split_ranks_per_device(body, name)
             kind = kind or default_kind
             pool = devices.get(kind, [])
             indices = parse_device_range(body, len(pool), name)
@@ -192,7 +204,7 @@ def plan_placement(
                     if pool
                     else f"component {name!r}: range {value!r} asks for {kind} devices, but the cluster has none"
                 )
-            assigned[name] = (kind, indices, str(value))
+            assigned[name] = (kind, [i for i in indices for _ in range(per_device)], str(value))
 
     load = Counter((kind, i) for kind, indices, _ in assigned.values() for i in indices)
     components = {}

@@ -2,7 +2,8 @@
 
 Each backend describes its tensors as `TensorLayout`s (which box of the global tensor every rank
 holds); `plan_reshard` intersects source and target boxes and returns the `Transfer`s each target
-rank needs; `bucketize` groups them for sending. No per-model merge code, no "TP must divide".
+rank needs; `bucketize` groups them for sending; `sync` moves them between worker groups with
+versions (`WeightSender.publish` / `WeightReceiver.apply`). No per-model merge code, no "TP must divide".
 """
 
 from rlinf_like.hybrid_engines.reshard.layout import (
@@ -11,6 +12,13 @@ from rlinf_like.hybrid_engines.reshard.layout import (
     replicated,
     sharded,
     split_bounds,
+)
+from rlinf_like.hybrid_engines.reshard.sync import (
+    SyncPlan,
+    WeightReceiver,
+    WeightSender,
+    WeightSyncError,
+    dtensor_layout,
 )
 from rlinf_like.hybrid_engines.reshard.planner import (
     NameMap,
@@ -24,4 +32,5 @@ from rlinf_like.hybrid_engines.reshard.planner import (
 __all__ = [
     "Box", "NameMap", "ReshardError", "TensorLayout", "Transfer", "apply_in_process", "bucketize",
     "plan_reshard", "replicated", "sharded", "split_bounds",
+    "SyncPlan", "WeightReceiver", "WeightSender", "WeightSyncError", "dtensor_layout",
 ]

@@ -40,6 +40,7 @@ class TensorLayout:
     name: str
     shape: tuple[int, ...]
     boxes: tuple[Box, ...]  # boxes[rank]
+    dtype: str = "torch.float32"
 
     def __post_init__(self):
         for rank, box in enumerate(self.boxes):
@@ -60,12 +61,17 @@ def full_box(shape: tuple[int, ...]) -> Box:
     return tuple((0, n) for n in shape)
 
 
-def replicated(name: str, shape: tuple[int, ...], world_size: int) -> TensorLayout:
-    return TensorLayout(name, tuple(shape), tuple(full_box(shape) for _ in range(world_size)))
+def replicated(name: str, shape: tuple[int, ...], world_size: int, dtype: str = "torch.float32") -> TensorLayout:
+    return TensorLayout(name, tuple(shape), tuple(full_box(shape) for _ in range(world_size)), dtype)
 
 
 def sharded(
-    name: str, shape: tuple[int, ...], world_size: int, dim: int, mode: Literal["chunk", "balanced"] = "balanced"
+    name: str,
+    shape: tuple[int, ...],
+    world_size: int,
+    dim: int,
+    mode: Literal["chunk", "balanced"] = "balanced",
+    dtype: str = "torch.float32",
 ) -> TensorLayout:
     """Split along `dim` (FSDP: dim 0, "chunk"; TP column-parallel: dim 0; row-parallel: dim 1)."""
     shape = tuple(shape)
@@ -74,4 +80,4 @@ def sharded(
         box = list(full_box(shape))
         box[dim] = (lo, hi)
         boxes.append(tuple(box))
-    return TensorLayout(name, shape, tuple(boxes))
+    return TensorLayout(name, shape, tuple(boxes), dtype)

@@ -31,7 +31,7 @@ class Transfer:
     src_box: Box  # in the source rank's local coordinates
     dst_box: Box  # in the target rank's local coordinates
     numel: int
-    itemsize: int = 4
+    itemsize: int
 
     @property
     def nbytes(self) -> int:
@@ -88,10 +88,7 @@ def _unique_regions(layout: TensorLayout) -> dict[Box, list[int]]:
 
 
 def plan_reshard(
-    sources: Sequence[TensorLayout],
-    targets: Sequence[TensorLayout],
-    name_map: NameMap | None = None,
-    itemsize: Mapping[str, int] | None = None,
+    sources: Sequence[TensorLayout], targets: Sequence[TensorLayout], name_map: NameMap | None = None
 ) -> list[Transfer]:
     """Transfers that give every target rank exactly its box of every target tensor."""
     name_map = name_map or NameMap()
@@ -106,6 +103,11 @@ def plan_reshard(
             raise ReshardError(
                 f"tensor {target.name!r}: source {source.name!r} has shape {source.shape}, target {target.shape}"
             )
+        if source.dtype != target.dtype:
+            raise ReshardError(
+                f"tensor {target.name!r}: source {source.name!r} is {source.dtype}, target wants {target.dtype}"
+            )
+        itemsize = torch.empty(0, dtype=getattr(torch, source.dtype.removeprefix("torch."))).element_size()
         regions = _unique_regions(source)
         for dst_rank, dst_box in enumerate(target.boxes):
             for src_box, holders in regions.items():
@@ -115,8 +117,7 @@ def plan_reshard(
                 src_rank = dst_rank if dst_rank in holders else holders[dst_rank % len(holders)]
                 transfers.append(Transfer(
                     source.name, target.name, src_rank, dst_rank,
-                    _relative(overlap, src_box), _relative(overlap, dst_box), _numel(overlap),
-                    (itemsize or {}).get(source.name, 4),
+                    _relative(overlap, src_box), _relative(overlap, dst_box), _numel(overlap), itemsize,
                 ))
     return transfers
 
