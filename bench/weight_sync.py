@@ -1,0 +1,137 @@
+"""Reshard + weight sync versus one raw broadcast of the same bytes over the same process group.
+
+Actor: FSDP-style dp=2 (DTensor Shard(0)); rollout: Megatron-style tp=2 (column-parallel q/k/v/
+gate/up, row-parallel o/down). About 100M fp32 parameters laid out like Llama layers. Both paths
+run over the same gloo peer group of the 4 processes; repetitions alternate; medians compared.
+Last line: one JSON object, ratio = ours / raw (lower is better; target <= 1.2).
+
+    python bench/weight_sync.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+
+from rlinf_like.hybrid_engines.reshard import (
+    SyncPlan, WeightReceiver, WeightSender, dtensor_layout, replicated, sharded,
+)
+from rlinf_like.scheduler import Cluster, ClusterConfig, Worker, connect_groups, wait_all
+
+COLUMN = ("q", "k", "v", "gate", "up")  # split output features (dim 0) under TP
+ROW = ("o", "down")  # split input features (dim 1)
+
+
+def model_shapes(hidden: int, ffn: int, layers: int) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for i in range(layers):
+        for n in ("q", "k", "v", "o"):
+            shapes[f"layers.{i}.{n}"] = (hidden, hidden)
+        shapes[f"layers.{i}.gate"] = shapes[f"layers.{i}.up"] = (ffn, hidden)
+        shapes[f"layers.{i}.down"] = (hidden, ffn)
+        shapes[f"layers.{i}.norm"] = (hidden,)
+    return shapes
+
+
+def rollout_layouts(shapes, tp):
+    out = []
+    for name, shape in shapes.items():
+        kind = name.rsplit(".", 1)[1]
+        if kind in COLUMN:
+            out.append(sharded(name, shape, tp, dim=0))
+        elif kind in ROW:
+            out.append(sharded(name, shape, tp, dim=1))
+        else:
+            out.append(replicated(name, shape, tp))
+    return out
+
+
+class Actor(Worker):
+    def __init__(self, shapes):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        from rlinf_like.hybrid_engines.reshard import split_bounds
+
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        self.tensors = {}
+        for name, shape in shapes.items():
+            lo, hi = split_bounds(shape[0], self.world_size, "chunk")[self.rank]
+            local = torch.randn((hi - lo, *shape[1:]))
+            self.tensors[name] = DTensor.from_local(local, mesh, [Shard(0)], shape=shape,
+                                                    stride=torch.empty(shape, device="meta").stride())
+
+    def layouts(self):
+        return [dtensor_layout(n, t) for n, t in self.tensors.items()]
+
+    def init(self, plan):
+        self.sender = WeightSender(self.peer_group("weights"), plan, self.rank)
+
+    def publish(self, version):
+        return self.sender.publish(version, self.tensors)
+
+    def raw_broadcast(self, nbytes):
+        buffer = torch.ones(nbytes, dtype=torch.uint8)
+        self.peer_group("weights").broadcast(buffer, src=0)
+
+
+class Rollout(Worker):
+    def __init__(self, shapes):
+        self.layouts_ = rollout_layouts(shapes, self.world_size)
+        self.tensors = {l.name: torch.empty(l.local_shape(self.rank)) for l in self.layouts_}
+
+    def init(self, plan):
+        self.receiver = WeightReceiver(self.peer_group("weights"), plan, self.rank, self.tensors)
+
+    def apply(self, version):
+        return self.receiver.apply(version)
+
+    def raw_broadcast(self, nbytes):
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.peer_group("weights").broadcast(buffer, src=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    hidden, ffn, layers, reps = (512, 1408, 4, 2) if args.quick else (1024, 2816, 8, 3)
+    shapes = model_shapes(hidden, ffn, layers)
+    n_params = sum(torch.Size(s).numel() for s in shapes.values())
+    with Cluster(ClusterConfig(num_cpus=2, collective_timeout_s=600)) as cluster:
+        placement = cluster.place({"actor,rollout": "0-1"})
+        actor = Actor.create_group(shapes).launch(cluster, placement, "actor")
+        rollout = Rollout.create_group(shapes).launch(cluster, placement, "rollout")
+        connect_groups(actor, rollout, "weights")
+        [src] = actor.on_ranks(0).layouts().wait()
+        plan = SyncPlan.build(src, rollout_layouts(shapes, 2), "actor", "rollout", bucket_bytes=128 << 20)
+        wait_all([actor.init(plan), rollout.init(plan)])
+        total = n_params * 4
+        ours, raw = [], []
+        for version in range(1, reps + 1):
+            t0 = time.perf_counter()
+            wait_all([actor.raw_broadcast(total), rollout.raw_broadcast(total)])
+            raw.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            wait_all([actor.publish(version), rollout.apply(version)])
+            ours.append(time.perf_counter() - t0)
+        actor.shutdown()
+        rollout.shutdown()
+    ours_s, raw_s = statistics.median(ours), statistics.median(raw)
+    print(f"{n_params / 1e6:.0f}M params ({total / 2**20:.0f} MiB), dp=2 -> tp=2, {len(plan.buckets)} buckets, "
+          f"{plan.nbytes / 2**20:.0f} MiB moved by the plan")
+    print(f"reshard + sync {ours_s:.2f} s ({plan.nbytes / ours_s / 1e9:.2f} GB/s)   "
+          f"raw broadcast of {total / 2**20:.0f} MiB {raw_s:.2f} s   ratio {ours_s / raw_s:.3f}")
+    print(json.dumps({"bench": "weight_sync", "ratio": round(ours_s / raw_s, 3), "bytes": total,
+                      "plan_bytes": plan.nbytes, "params": n_params}))
+
+
+if __name__ == "__main__":
+    main()
