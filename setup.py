@@ -16,6 +16,8 @@ setup(
         "numpy",
         "tqdm",
         "tensorboard",
+        "transformers>=4.45",  # HF causal LMs in the model managers
+        "safetensors",
     ],
     extras_require={
         "megatron": ["megatron-core>=0.16,<0.17", "packaging"],  # install with --no-deps on CPU

@@ -1,0 +1,3 @@
+from rlinf_like.hybrid_engines.fsdp.manager import FSDPConfig, FSDPModelManager
+
+__all__ = ["FSDPConfig", "FSDPModelManager"]

@@ -1,0 +1,197 @@
+"""FSDPModelManager: FSDP2 (`fully_shard`) over a data-parallel mesh of the worker group.
+
+Runs inside a worker whose default process group is initialized (gloo on CPU, NCCL on GPU).
+Every nn.ModuleList item (e.g. HF decoder layers) becomes its own FSDP unit, then the root.
+bf16 compute with fp32 gradient reduction on GPU; fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
+from rlinf_like.hybrid_engines.model_manager import (
+    Batch,
+    LossFn,
+    ManagerStatus,
+    ModelManager,
+    OptimConfig,
+    token_logprobs,
+    token_nll_loss,
+)
+from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
+from rlinf_like.hybrid_engines.reshard.sync import dtensor_layout
+from rlinf_like.hybrid_engines.residency import PARTS, ResidencyManager
+
+
+@dataclass
+class FSDPConfig:
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    activation_checkpointing: bool = False
+    reshard_after_forward: bool = True
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+def _is_hf(model: nn.Module) -> bool:
+    return hasattr(model, "config") and hasattr(model.config, "model_type") and hasattr(model, "save_pretrained")
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    return [block for module in model.modules() if isinstance(module, nn.ModuleList) for block in module]
+
+
+class FSDPModelManager(ModelManager):
+    def __init__(self, model: nn.Module, config: FSDPConfig | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPModelManager needs an initialized process group (launch it inside a Worker)")
+        self.config = config or FSDPConfig()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.is_hf = _is_hf(model)
+
+        if self.config.activation_checkpointing:
+            if not self.is_hf:
+                raise ValueError("activation_checkpointing is supported for HF models (gradient_checkpointing_enable)")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(self.device)
+        bf16 = self.config.precision == "bf16" or (self.config.precision == "auto" and self.device.type == "cuda")
+        shard_kwargs: dict[str, Any] = dict(mesh=self.mesh, reshard_after_forward=self.config.reshard_after_forward)
+        if bf16:
+            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in _blocks(model):
+            fully_shard(block, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)
+        self.model = model
+
+        o = self.config.optim
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(self.config.scheduler))
+        self.residency = ResidencyManager(model, self.optimizer)
+        self.step = 0
+
+    # --- training ---------------------------------------------------------------------------------
+    def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def forward_backward(
+        self, batch: Batch, loss_fn: LossFn | None = None, *, loss_scale: float = 1.0, sync_gradients: bool = True
+    ) -> dict[str, float]:
+        self.model.train()
+        # Non-last micro-batches accumulate unsharded gradients locally; the last one reduce-scatters.
+        self.model.set_requires_gradient_sync(sync_gradients)
+        loss, metrics = (loss_fn or token_nll_loss)(self.model, self._to_device(batch))
+        (loss * loss_scale).backward()
+        return {"loss": loss.item(), **metrics}
+
+    def optim_step(self) -> dict[str, float]:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.optim.clip_grad if self.config.optim.clip_grad is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not np.isfinite(norm)
+        if not skipped:  # a NaN/inf gradient never reaches the weights
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, "lr": lr, "skipped": float(skipped)}
+
+    def clear_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+        self.model.eval()
+        return token_logprobs(self.model, self._to_device(batch), temperature).cpu()
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Sharded checkpoint of model, optimizer, scheduler, step and RNG; written to a temporary
+        folder and renamed, so an interrupted save never replaces the previous checkpoint."""
+        final, tmp = Path(path), Path(f"{path}.tmp")
+        if self.rank == 0 and tmp.exists():
+            shutil.rmtree(tmp)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+        extra = {
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        }
+        torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
+        dist.barrier()
+        if self.rank == 0:
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(Path(path) / f"extra_rank{self.rank}.pt", weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.step = extra["step"]
+        torch.set_rng_state(extra["rng"]["torch"])
+        random.setstate(extra["rng"]["python"])
+        np.random.set_state(extra["rng"]["numpy"])
+
+    def export_hf(self, path: str) -> None:
+        """Full weights to `path` as safetensors (with config.json for HF models), written by rank 0."""
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            if self.is_hf:
+                self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
+            else:
+                from safetensors.torch import save_file
+
+                save_file({k: v.contiguous() for k, v in full.items()}, str(Path(path) / "model.safetensors"))
+        dist.barrier()
+
+    # --- weight sync, introspection ---------------------------------------------------------------
+    def named_shards(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters())
+
+    def shard_layouts(self) -> list[TensorLayout]:
+        return [dtensor_layout(name, p) for name, p in self.model.named_parameters()]
+
+    def get_config(self) -> dict[str, Any]:
+        return {"backend": "fsdp2", "world_size": self.world_size, "device": str(self.device), **asdict(self.config)}
+
+    def get_status(self) -> ManagerStatus:
+        return ManagerStatus(
+            step=self.step,
+            lr=self.optimizer.param_groups[0]["lr"],
+            world_size=self.world_size,
+            offloaded={p: self.residency.is_offloaded(p) for p in PARTS},
+            device_bytes={p: self.residency.device_bytes(p) for p in PARTS},
+            last_moves=self.residency.history[-len(PARTS):],
+        )
