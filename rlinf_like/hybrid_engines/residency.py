@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rlinf_like.hybrid_engines.tensors import local_tensor
+
 PARTS = ("params", "grads", "optimizer")
 
 
@@ -50,12 +52,6 @@ class _Part:
     offloaded: bool = False
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor that owns this rank's bytes (a DTensor's local shard)."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
-
-
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
@@ -73,18 +69,18 @@ class ResidencyManager:
     def _tensors(self, part: str) -> Iterator[torch.Tensor]:
         if part == "params":
             for p in self.model.parameters():
-                yield _local(p.data)
+                yield local_tensor(p.data)
             for b in self.model.buffers():
                 yield b
         elif part == "grads":
             for p in self.model.parameters():
                 if p.grad is not None:
-                    yield _local(p.grad)
+                    yield local_tensor(p.grad)
         elif part == "optimizer" and self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
-                        yield _local(value)
+                        yield local_tensor(value)
 
     def _collect(self, part: str) -> dict[int, _Slot]:
         """Storages of `part` keyed by their identity; cached slots keep their host buffers."""

@@ -10,7 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 Box = tuple[tuple[int, int], ...]
+
+
+def box_slices(box: Box) -> tuple[slice, ...]:
+    """Index a tensor by a box: `t[box_slices(box)]`."""
+    return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """"torch.bfloat16" (as `str(dtype)` writes it) -> torch.bfloat16."""
+    return getattr(torch, name.removeprefix("torch."))
 
 
 def split_bounds(size: int, parts: int, mode: Literal["chunk", "balanced"] = "balanced") -> list[tuple[int, int]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout
+from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slices, dtype_from_name
 
 
 class ReshardError(ValueError):
@@ -107,7 +107,7 @@ def plan_reshard(
             raise ReshardError(
                 f"tensor {target.name!r}: source {source.name!r} is {source.dtype}, target wants {target.dtype}"
             )
-        itemsize = torch.empty(0, dtype=getattr(torch, source.dtype.removeprefix("torch."))).element_size()
+        itemsize = torch.empty(0, dtype=dtype_from_name(source.dtype)).element_size()
         regions = _unique_regions(source)
         for dst_rank, dst_box in enumerate(target.boxes):
             for src_box, holders in regions.items():
@@ -137,10 +137,6 @@ def bucketize(transfers: Sequence[Transfer], bucket_bytes: int) -> dict[tuple[in
     return dict(out)
 
 
-def _slices(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
 def apply_in_process(
     transfers: Sequence[Transfer],
     src_shards: Mapping[int, Mapping[str, torch.Tensor]],
@@ -149,7 +145,7 @@ def apply_in_process(
     """The in-process transport: copy every planned slice. Returns the bytes copied."""
     copied = 0
     for t in transfers:
-        piece = src_shards[t.src_rank][t.src_name][_slices(t.src_box)]
-        dst_shards[t.dst_rank][t.dst_name][_slices(t.dst_box)].copy_(piece)
+        piece = src_shards[t.src_rank][t.src_name][box_slices(t.src_box)]
+        dst_shards[t.dst_rank][t.dst_name][box_slices(t.dst_box)].copy_(piece)
         copied += piece.numel() * piece.element_size()
     return copied

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, split_bounds
+from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slices, split_bounds
 from rlinf_like.hybrid_engines.reshard.planner import NameMap, Transfer, bucketize, plan_reshard
+from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.scheduler.comm import PeerGroup
 
 
@@ -48,19 +49,6 @@ def dtensor_layout(name: str, tensor) -> TensorLayout:
                 raise ValueError(f"tensor {name!r}: placement {placement} cannot be synced (reduce it first)")
         boxes[int(mesh[coord])] = tuple((lo, hi) for lo, hi in box)
     return TensorLayout(name, shape, tuple(boxes), str(tensor.dtype))
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
-
-
-def _slices(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.removeprefix("torch."))
 
 
 @dataclass(frozen=True)
@@ -150,8 +138,8 @@ class WeightSender(_Endpoint):
         for bucket in self.mine:
             pieces = []
             for t in bucket.transfers:
-                local = _local(tensors[t.src_name]).detach()
-                pieces.append(local[_slices(t.src_box)].contiguous().reshape(-1).view(torch.uint8))
+                local = local_tensor(tensors[t.src_name]).detach()
+                pieces.append(local[box_slices(t.src_box)].contiguous().reshape(-1).view(torch.uint8))
             buffer = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
             buffers.append(buffer)  # keep alive until the send completes
             works.append(self.group.post_send(buffer, self._peer(self.plan.dst_group, bucket.dst_rank), bucket.tag))
@@ -190,10 +178,10 @@ class WeightReceiver(_Endpoint):
         for bucket, buffer in zip(self.mine, buffers):  # everything arrived: now write the weights
             offset = 0
             for t in bucket.transfers:
-                target = _local(self.tensors[t.dst_name])
+                target = local_tensor(self.tensors[t.dst_name])
                 piece = buffer[offset : offset + t.nbytes].view(target.dtype)
                 with torch.no_grad():
-                    target[_slices(t.dst_box)].copy_(piece.view(tuple(hi - lo for lo, hi in t.dst_box)))
+                    target[box_slices(t.dst_box)].copy_(piece.view(tuple(hi - lo for lo, hi in t.dst_box)))
                 offset += t.nbytes
         self.version = version
         return sum(b.numel() for b in buffers)
