@@ -158,3 +158,98 @@ def test_logprobs_export_and_residency(trainers, tmp_path):
     assert off == {"params": True, "grads": True, "optimizer": True} and set(device_bytes.values()) == {0}
     assert back == {"params": False, "grads": False, "optimizer": False}
     assert config["backend"] == "fsdp2" and config["world_size"] == 2 and config["optim"]["lr"] == 1e-2
+
+
+def policy_loss(model, batch):
+    """An embodied-style loss on a plain module: regress actions from observations."""
+    pred = model(batch["obs"])
+    loss = (pred - batch["action"]).pow(2).mean()
+    return loss, {"abs_err": (pred - batch["action"]).abs().mean().item()}
+
+
+def policy_batch(step, rank=None, world=2):
+    g = torch.Generator().manual_seed(step)
+    obs = torch.randn(8, 6, generator=g)
+    batch = {"obs": obs, "action": obs[:, :3].tanh()}
+    return batch if rank is None else {k: v[rank * 4:(rank + 1) * 4] for k, v in batch.items()}
+
+
+def tiny_policy():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+class PolicyTrainer(Worker):
+    def __init__(self):
+        self.manager = FSDPModelManager(tiny_policy(), FSDPConfig(optim=OptimConfig(lr=1e-2, clip_grad=None)))
+
+    def train(self, steps):
+        out = []
+        for step in range(steps):
+            out.append(self.manager.forward_backward(policy_batch(step, self.rank), policy_loss)["loss"])
+            self.manager.optim_step()
+        return out
+
+    def sync_setup(self, plan):
+        from rlinf_like.hybrid_engines.reshard import WeightSender
+
+        self.sender = WeightSender(self.peer_group("w"), plan, self.rank)
+
+    def layouts(self):
+        return self.manager.shard_layouts()
+
+    def publish(self, version):
+        return self.sender.publish(version, self.manager.named_shards())
+
+    def full_params(self):
+        return {n: p.full_tensor() for n, p in self.manager.model.named_parameters()}
+
+
+class PolicyRollout(Worker):
+    def __init__(self):
+        self.tensors = {n: torch.zeros_like(p) for n, p in tiny_policy().named_parameters()}
+
+    def sync_setup(self, plan):
+        from rlinf_like.hybrid_engines.reshard import WeightReceiver
+
+        self.receiver = WeightReceiver(self.peer_group("w"), plan, self.rank, self.tensors)
+
+    def apply(self, version):
+        self.receiver.apply(version)
+        return self.tensors
+
+
+def test_plain_module_with_custom_loss_trains_and_syncs_to_a_rollout(cluster):
+    from rlinf_like.hybrid_engines.reshard import SyncPlan, replicated
+    from rlinf_like.scheduler import connect_groups, wait_all
+
+    placement = cluster.place({"policy": "0-1", "policy_rollout": "0"})
+    actor = PolicyTrainer.create_group().launch(cluster, placement, "policy")
+    rollout = PolicyRollout.create_group().launch(cluster, placement, "policy_rollout")
+    try:
+        losses = actor.train(5).wait(timeout=120)
+        reference = tiny_policy()
+        opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0)
+        for step in range(5):
+            loss, _ = policy_loss(reference, policy_batch(step))
+            assert (losses[0][step] + losses[1][step]) / 2 == pytest.approx(loss.item(), rel=1e-6)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        assert losses[0][-1] < losses[0][0]
+
+        connect_groups(actor, rollout, "w")
+        [layouts] = actor.on_ranks(0).layouts().wait()
+        targets = [replicated(l.name, l.shape, 1, l.dtype) for l in layouts]
+        plan = SyncPlan.build(layouts, targets, "policy", "policy_rollout")
+        wait_all([actor.sync_setup(plan), rollout.sync_setup(plan)])
+        _, [weights] = wait_all([actor.publish(1), rollout.apply(1)])
+        full = actor.full_params().wait()[0]
+        assert weights.keys() == full.keys()
+        for name in full:
+            assert torch.equal(weights[name], full[name]), name
+            torch.testing.assert_close(full[name], dict(reference.named_parameters())[name].detach(),
+                                       rtol=1e-5, atol=1e-6)
+    finally:
+        actor.shutdown()
+        rollout.shutdown()
