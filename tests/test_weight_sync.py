@@ -54,7 +54,10 @@ class Actor(Worker):
     def init_sender(self, name, plan):
         self.sender[name] = WeightSender(self.peer_group(name), plan, self.rank)
 
-    def publish(self, name, version):
+    def publish(self, name, version, fail_rank=None):
+        if self.rank == fail_rank:  # this rank dies after the handshake, before sending anything
+            self.sender[name]._handshake(version)
+            raise RuntimeError("actor rank lost mid-sync")
         return self.sender[name].publish(version, self.tensors)
 
     def full(self):
@@ -77,8 +80,8 @@ class Rollout(Worker):
     def init_receiver(self, name, plan):
         self.receiver = WeightReceiver(self.peer_group(name), plan, self.rank, self.tensors)
 
-    def apply(self, version):
-        return self.receiver.apply(version)
+    def apply(self, version, timeout_s=None):
+        return self.receiver.apply(version, timeout_s)
 
     def local(self):
         return self.tensors, self.receiver.version
@@ -178,3 +181,25 @@ def test_dtensor_layout_matches_local_shards(actors):
     assert boxes["0.weight"] == (((0, 5), (0, 7)), ((5, 10), (0, 7)))
     assert boxes["1.weight"] == (((0, 4), (0, 10)), ((4, 7), (0, 10)))  # chunk: 4 + 3
     assert all(l.dtype == "torch.float32" for l in layouts)
+
+
+def test_a_partial_round_raises_and_keeps_the_previous_weights(actors):
+    groups, rollouts = actors
+    actor, rollout = groups["tp"], rollouts[1]
+    name = "sync-partial"
+    setup_pair(actor, rollout, name)
+    sync(actor, rollout, name, 1)
+    before, _ = rollout.local().wait()[0]
+    actor.scale(3.0).wait()
+    try:
+        # rank 0 sends its buckets, rank 1 never does: the rollout gets only part of version 2
+        sending = actor.publish(name, 2, fail_rank=1)
+        with pytest.raises(WorkerError, match="did not complete"):
+            rollout.apply(2, timeout_s=3).wait(timeout=60)
+        with pytest.raises(WorkerError, match="actor rank lost mid-sync"):
+            sending.wait(timeout=60)
+    finally:
+        actor.scale(1 / 3.0).wait()
+    after, version = rollout.local().wait()[0]
+    assert version == 1
+    assert all(torch.equal(before[n], after[n]) for n in before)  # nothing of version 2 was written

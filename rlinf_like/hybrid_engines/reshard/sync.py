@@ -17,6 +17,7 @@ Only the slices a target rank needs travel, packed per (sender, receiver) pair i
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -117,10 +118,13 @@ class _Endpoint:
     def _check(self, sent_version: int) -> str | None:
         return None
 
-    def _wait_all(self, works, what: str) -> None:
+    def _wait_all(self, works, what: str, timeout_s: float | None) -> None:
         try:
             for work in works:
-                self.group.wait(work)
+                if timeout_s is None:
+                    self.group.wait(work)
+                else:
+                    work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as err:
             raise WeightSyncError(f"peer group {self.group.name!r}: {what} did not complete: {err}") from err
 
@@ -131,8 +135,9 @@ class WeightSender(_Endpoint):
         self.rank = rank
         self.mine = [b for b in plan.buckets if b.src_rank == rank]
 
-    def publish(self, version: int, tensors: Mapping[str, torch.Tensor]) -> int:
-        """Send this rank's slices of `tensors` (local shards or DTensors) as `version`; returns bytes sent."""
+    def publish(self, version: int, tensors: Mapping[str, torch.Tensor], timeout_s: float | None = None) -> int:
+        """Send this rank's slices of `tensors` (local shards or DTensors) as `version`; returns bytes sent.
+        `timeout_s` bounds the data phase (default: the peer group's timeout)."""
         self._handshake(version)
         buffers, works = [], []
         for bucket in self.mine:
@@ -143,7 +148,7 @@ class WeightSender(_Endpoint):
             buffer = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
             buffers.append(buffer)  # keep alive until the send completes
             works.append(self.group.post_send(buffer, self._peer(self.plan.dst_group, bucket.dst_rank), bucket.tag))
-        self._wait_all(works, f"sending version {version}")
+        self._wait_all(works, f"sending version {version}", timeout_s)
         return sum(b.numel() for b in buffers)
 
 
@@ -165,8 +170,9 @@ class WeightReceiver(_Endpoint):
             return f"stale weight version {sent_version}: rollout rank {self.rank} already holds version {self.version}"
         return None
 
-    def apply(self, version: int) -> int:
-        """Receive `version` into this rank's tensors; returns bytes received."""
+    def apply(self, version: int, timeout_s: float | None = None) -> int:
+        """Receive `version` into this rank's tensors; returns bytes received. If any bucket does not
+        arrive (within `timeout_s`, default the peer group's timeout), raises and keeps the old weights."""
         self._requested = version
         self._handshake(version)
         buffers, works = [], []
@@ -174,7 +180,7 @@ class WeightReceiver(_Endpoint):
             buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
             buffers.append(buffer)
             works.append(self.group.post_recv(buffer, self._peer(self.plan.src_group, bucket.src_rank), bucket.tag))
-        self._wait_all(works, f"receiving version {version}")
+        self._wait_all(works, f"receiving version {version}", timeout_s)
         for bucket, buffer in zip(self.mine, buffers):  # everything arrived: now write the weights
             offset = 0
             for t in bucket.transfers:
