@@ -159,6 +159,8 @@ def test_get_batch_by_weight(cluster):
     assert [s.idx for s in ch.get_batch(10)] == [5]  # closed: the remainder
     with pytest.raises(ChannelClosed):
         ch.get_batch(1)
+    with pytest.raises(ValueError, match="target_weight > 0"):
+        ch.get_batch(0)
 
 
 def test_async_put_and_get(cluster):

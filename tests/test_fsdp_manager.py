@@ -122,7 +122,8 @@ def test_dp2_training_matches_unsharded_reference_and_accumulation(trainers, tmp
     trainers.load(str(tmp_path / "ckpt")).wait()
     again = trainers.train(2, start=4).wait()
     assert first == again
-    assert not (tmp_path / "ckpt.tmp").exists()
+    trainers.save(str(tmp_path / "ckpt")).wait()  # overwriting leaves exactly one checkpoint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
 def test_accumulation_equals_one_big_micro_batch(cluster):

@@ -258,14 +258,20 @@ class Channel(Generic[T]):
         self._check_get(status, key, timeout)
         return await self._decode_async(payload)
 
+    def _check_target(self, target_weight: float) -> None:
+        if not target_weight > 0:
+            raise ValueError(f"channel {self.name!r}: get_batch needs target_weight > 0, got {target_weight}")
+
     def get_batch(self, target_weight: float, key: str = DEFAULT_KEY, timeout: float | None = None) -> list[T]:
         """Items until their summed weights reach `target_weight` (fewer only once the channel is closed)."""
+        self._check_target(target_weight)
         ref = self._store.get_batch.remote(key, target_weight, timeout)
         status, payloads = self._result(ref)
         self._check_get(status, key, timeout)
         return [self._decode(p) for p in payloads]
 
     async def get_batch_async(self, target_weight: float, key: str = DEFAULT_KEY, timeout: float | None = None):
+        self._check_target(target_weight)
         ref = self._store.get_batch.remote(key, target_weight, timeout)
         status, payloads = await self._result_async(ref)
         self._check_get(status, key, timeout)

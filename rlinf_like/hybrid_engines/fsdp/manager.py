@@ -130,8 +130,9 @@ class FSDPModelManager(ModelManager):
 
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        """Sharded checkpoint of model, optimizer, scheduler, step and RNG; written to a temporary
-        folder and renamed, so an interrupted save never replaces the previous checkpoint."""
+        """Sharded checkpoint of model, optimizer, scheduler, step and RNG; written to `path.tmp` and
+        renamed into place, so an interrupted save never destroys the previous checkpoint (it stays
+        under `path`, or under `path.old` during the swap)."""
         final, tmp = Path(path), Path(f"{path}.tmp")
         if self.rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
@@ -145,10 +146,15 @@ class FSDPModelManager(ModelManager):
         }
         torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
         dist.barrier()
-        if self.rank == 0:
+        if self.rank == 0:  # at every moment one complete checkpoint exists under `path` or `path.old`
+            old = Path(f"{path}.old")
+            if old.exists():
+                shutil.rmtree(old)
             if final.exists():
-                shutil.rmtree(final)
+                os.replace(final, old)
             os.replace(tmp, final)
+            if old.exists():
+                shutil.rmtree(old)
         dist.barrier()
 
     def load(self, path: str) -> None:
