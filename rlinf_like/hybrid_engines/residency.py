@@ -16,6 +16,7 @@ reused afterwards (pinned when the device is a GPU), so offload never holds two 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from torch import nn
 from rlinf_like.hybrid_engines.tensors import local_tensor
 
 PARTS = ("params", "grads", "optimizer")
+HISTORY = 64  # moves kept; a long run offloads every step
 
 
 @dataclass
@@ -63,7 +65,7 @@ class ResidencyManager:
         self.model, self.optimizer = model, optimizer
         self.pin_memory = pin_memory
         self._parts = {p: _Part() for p in PARTS}
-        self.history: list[MoveStats] = []
+        self.history: deque[MoveStats] = deque(maxlen=HISTORY)  # recent moves, for the step log
 
     # --- what belongs to each part ------------------------------------------------------------------
     def _tensors(self, part: str) -> Iterator[torch.Tensor]:
@@ -82,14 +84,20 @@ class ResidencyManager:
                     if isinstance(value, torch.Tensor):
                         yield local_tensor(value)
 
-    def _collect(self, part: str) -> dict[int, _Slot]:
-        """Storages of `part` keyed by their identity; cached slots keep their host buffers."""
-        known = self._parts[part].slots
-        slots: dict[int, _Slot] = {}
+    def _storages(self, part: str) -> dict[int, torch.UntypedStorage]:
+        """The distinct storages behind `part`, keyed by identity (stable across resize_)."""
+        storages: dict[int, torch.UntypedStorage] = {}
         for t in self._tensors(part):
             storage = t.untyped_storage()
-            key = storage._cdata  # identity of the storage itself, stable across resize_
-            if key in slots or storage.nbytes() == 0:
+            storages.setdefault(storage._cdata, storage)
+        return storages
+
+    def _collect(self, part: str) -> dict[int, _Slot]:
+        """Non-empty storages of `part` as slots; cached slots keep their host buffers."""
+        known = self._parts[part].slots
+        slots: dict[int, _Slot] = {}
+        for key, storage in self._storages(part).items():
+            if storage.nbytes() == 0:
                 continue
             slot = known.get(key)
             if slot is None or slot.nbytes != storage.nbytes():
@@ -160,13 +168,7 @@ class ResidencyManager:
     # --- reporting ------------------------------------------------------------------------------------
     def device_bytes(self, part: str) -> int:
         """Bytes `part` holds on its device right now (0 after offload)."""
-        seen, total = set(), 0
-        for t in self._tensors(part):
-            storage = t.untyped_storage()
-            if storage._cdata not in seen:
-                seen.add(storage._cdata)
-                total += storage.nbytes()
-        return total
+        return sum(storage.nbytes() for storage in self._storages(part).values())
 
     def host_bytes(self) -> int:
         return sum(s.host.numel() for part in self._parts.values() for s in part.slots.values() if s.host is not None)

@@ -179,17 +179,23 @@ class Channel(Generic[T]):
         return cls(name, cloudpickle.loads(ray.get(store.item_type.remote())), store)
 
     # --- store calls ---------------------------------------------------------------------------
+    def _store_gone(self, err: Exception) -> ChannelClosed:
+        return ChannelClosed(f"channel {self.name!r}: its store actor is gone ({type(err).__name__})")
+
+    def _item_lost(self, err: Exception) -> RuntimeError:
+        return RuntimeError(f"channel {self.name!r}: an item was lost with its producer: {err}")
+
     def _result(self, ref: ray.ObjectRef) -> Any:
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            raise ChannelClosed(f"channel {self.name!r}: its store actor is gone ({type(err).__name__})") from err
+            raise self._store_gone(err) from err
 
     async def _result_async(self, ref: ray.ObjectRef) -> Any:
         try:
             return await ref
         except ray.exceptions.RayActorError as err:
-            raise ChannelClosed(f"channel {self.name!r}: its store actor is gone ({type(err).__name__})") from err
+            raise self._store_gone(err) from err
 
     # --- put -------------------------------------------------------------------------------------
     def _encode(self, item: T) -> tuple:
@@ -229,7 +235,7 @@ class Channel(Generic[T]):
         try:
             value = ray.get(data[0])
         except ray.exceptions.ObjectLostError as err:
-            raise RuntimeError(f"channel {self.name!r}: an item was lost with its producer: {err}") from None
+            raise self._item_lost(err) from None
         return unpack(value) if kind == "packed" else value
 
     async def _decode_async(self, payload: tuple) -> T:
@@ -239,7 +245,7 @@ class Channel(Generic[T]):
         try:
             value = await data[0]
         except ray.exceptions.ObjectLostError as err:
-            raise RuntimeError(f"channel {self.name!r}: an item was lost with its producer: {err}") from None
+            raise self._item_lost(err) from None
         return unpack(value) if kind == "packed" else value
 
     def _check_get(self, status: str, key: str, timeout: float | None) -> None:

@@ -84,9 +84,9 @@ class PeerGroup:
         group.barrier()
         return group
 
-    def wait(self, work) -> None:
-        """Wait for a posted operation, within the group's timeout."""
-        work.wait(datetime.timedelta(seconds=self.timeout_s))
+    def wait(self, work, timeout_s: float | None = None) -> None:
+        """Wait for a posted operation, within `timeout_s` (default: the group's timeout)."""
+        work.wait(datetime.timedelta(seconds=self.timeout_s if timeout_s is None else timeout_s))
 
     def post_send(self, tensor: torch.Tensor, dst: int, tag: int = 0):
         """Start a send and return its work handle; many may be in flight (no ordering deadlocks)."""

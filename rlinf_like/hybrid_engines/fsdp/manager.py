@@ -199,5 +199,5 @@ class FSDPModelManager(ModelManager):
             world_size=self.world_size,
             offloaded={p: self.residency.is_offloaded(p) for p in PARTS},
             device_bytes={p: self.residency.device_bytes(p) for p in PARTS},
-            last_moves=self.residency.history[-len(PARTS):],
+            last_moves=list(self.residency.history)[-len(PARTS):],
         )

@@ -6,7 +6,7 @@
 
 Both calls are collective over the two groups and follow the same plan, computed identically on
 every rank from the two layouts. A round has three phases:
-1. actor rank 0 broadcasts (version, number of buckets);
+1. actor rank 0 broadcasts the version;
 2. every rank votes: receivers reject a version that is not the one they asked for or is not newer
    than the one they hold; any rejection makes every rank raise (no one is left waiting);
 3. each sender posts one send per bucket it owns, each receiver one recv per bucket it needs,
@@ -17,7 +17,6 @@ Only the slices a target rank needs travel, packed per (sender, receiver) pair i
 
 from __future__ import annotations
 
-import datetime
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -103,8 +102,8 @@ class _Endpoint:
     def _peer(self, side: str, rank: int) -> int:
         return self.group.ranks[side][rank]
 
-    def _handshake(self, version: int) -> int:
-        header = torch.tensor([version, len(self.plan.buckets)], dtype=torch.int64)
+    def _handshake(self, version: int) -> None:
+        header = torch.tensor([version], dtype=torch.int64)
         self.group.broadcast(header, src=self._peer(self.plan.src_group, 0))
         sent_version = int(header[0])
         reject_reason = self._check(sent_version)
@@ -113,7 +112,6 @@ class _Endpoint:
             raise WeightSyncError(
                 reject_reason or f"weight version {sent_version} was rejected by {int(rejections[0])} rollout rank(s)"
             )
-        return sent_version
 
     def _check(self, sent_version: int) -> str | None:
         return None
@@ -121,10 +119,7 @@ class _Endpoint:
     def _wait_all(self, works, what: str, timeout_s: float | None) -> None:
         try:
             for work in works:
-                if timeout_s is None:
-                    self.group.wait(work)
-                else:
-                    work.wait(datetime.timedelta(seconds=timeout_s))
+                self.group.wait(work, timeout_s)
         except RuntimeError as err:
             raise WeightSyncError(f"peer group {self.group.name!r}: {what} did not complete: {err}") from err
 
