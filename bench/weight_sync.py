@@ -3,7 +3,8 @@
 Actor: FSDP-style dp=2 (DTensor Shard(0)); rollout: Megatron-style tp=2 (column-parallel q/k/v/
 gate/up, row-parallel o/down). About 100M fp32 parameters laid out like Llama layers. Both paths
 run over the same gloo peer group of the 4 processes; repetitions alternate; medians compared.
-Last line: one JSON object, ratio = ours / raw (lower is better; target <= 1.2).
+The same plan also runs over transport "ipc" (shared-memory handles; CUDA IPC on GPU).
+Last line: one JSON object, ratio = ours / raw (lower is better; target <= 1.2), ipc_ratio likewise.
 
     python bench/weight_sync.py [--quick]
 """
@@ -21,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from rlinf_like.hybrid_engines.reshard import (
-    SyncPlan, WeightReceiver, WeightSender, dtensor_layout, replicated, sharded,
+    TRANSPORTS, SyncPlan, WeightReceiver, WeightSender, dtensor_layout, replicated, sharded,
 )
 from rlinf_like.scheduler import Cluster, ClusterConfig, Worker, connect_groups, wait_all
 
@@ -72,10 +73,10 @@ class Actor(Worker):
         return [dtensor_layout(n, t) for n, t in self.tensors.items()]
 
     def init(self, plan):
-        self.sender = WeightSender(self.peer_group("weights"), plan, self.rank)
+        self.senders = {t: WeightSender(self.peer_group("weights"), plan, self.rank, t) for t in TRANSPORTS}
 
-    def publish(self, version):
-        return self.sender.publish(version, self.tensors)
+    def publish(self, version, transport):
+        return self.senders[transport].publish(version, self.tensors)
 
     def raw_broadcast(self, nbytes):
         buffer = torch.ones(nbytes, dtype=torch.uint8)
@@ -88,10 +89,11 @@ class Rollout(Worker):
         self.tensors = {l.name: torch.empty(l.local_shape(self.rank)) for l in self.layouts_}
 
     def init(self, plan):
-        self.receiver = WeightReceiver(self.peer_group("weights"), plan, self.rank, self.tensors)
+        self.receivers = {t: WeightReceiver(self.peer_group("weights"), plan, self.rank, self.tensors, t)
+                          for t in TRANSPORTS}
 
-    def apply(self, version):
-        return self.receiver.apply(version)
+    def apply(self, version, transport):
+        return self.receivers[transport].apply(version)
 
     def raw_broadcast(self, nbytes):
         buffer = torch.empty(nbytes, dtype=torch.uint8)
@@ -114,22 +116,25 @@ def main() -> None:
         plan = SyncPlan.build(src, rollout_layouts(shapes, 2), "actor", "rollout", bucket_bytes=128 << 20)
         wait_all([actor.init(plan), rollout.init(plan)])
         total = n_params * 4
-        ours, raw = [], []
+        times: dict[str, list[float]] = {"raw": [], **{t: [] for t in TRANSPORTS}}
         for version in range(1, reps + 1):
             t0 = time.perf_counter()
             wait_all([actor.raw_broadcast(total), rollout.raw_broadcast(total)])
-            raw.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            wait_all([actor.publish(version), rollout.apply(version)])
-            ours.append(time.perf_counter() - t0)
+            times["raw"].append(time.perf_counter() - t0)
+            for transport in TRANSPORTS:
+                t0 = time.perf_counter()
+                wait_all([actor.publish(version, transport), rollout.apply(version, transport)])
+                times[transport].append(time.perf_counter() - t0)
         actor.shutdown()
         rollout.shutdown()
-    ours_s, raw_s = statistics.median(ours), statistics.median(raw)
+    ours_s, raw_s, ipc_s = (statistics.median(times[k]) for k in ("group", "raw", "ipc"))
     print(f"{n_params / 1e6:.0f}M params ({total / 2**20:.0f} MiB), dp=2 -> tp=2, {len(plan.buckets)} buckets, "
           f"{plan.nbytes / 2**20:.0f} MiB moved by the plan")
     print(f"reshard + sync {ours_s:.2f} s ({plan.nbytes / ours_s / 1e9:.2f} GB/s)   "
           f"raw broadcast of {total / 2**20:.0f} MiB {raw_s:.2f} s   ratio {ours_s / raw_s:.3f}")
-    print(json.dumps({"bench": "weight_sync", "ratio": round(ours_s / raw_s, 3), "bytes": total,
+    print(f"same plan over shared memory (transport 'ipc') {ipc_s:.2f} s   ratio {ipc_s / raw_s:.3f}")
+    print(json.dumps({"bench": "weight_sync", "ratio": round(ours_s / raw_s, 3), "ipc_ratio": round(ipc_s / raw_s, 3),
+                      "bytes": total,
                       "plan_bytes": plan.nbytes, "params": n_params}))
 
 

@@ -10,6 +10,7 @@ from rlinf_like.hybrid_engines.reshard import (
     WeightSender,
     WeightSyncError,
     dtensor_layout,
+    dtype_from_name,
     replicated,
     sharded,
 )
@@ -25,10 +26,12 @@ def reference_weights():
     return model, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def rollout_layouts(tp: int):
+def rollout_layouts(tp: int, dtype: str = "torch.float32"):
     """Megatron-style TP: column-parallel first layer, row-parallel second, its bias replicated."""
-    return [sharded("0.weight", SHAPES["0.weight"], tp, dim=0), sharded("0.bias", SHAPES["0.bias"], tp, dim=0),
-            sharded("1.weight", SHAPES["1.weight"], tp, dim=1), replicated("1.bias", SHAPES["1.bias"], tp)]
+    return [sharded("0.weight", SHAPES["0.weight"], tp, dim=0, dtype=dtype),
+            sharded("0.bias", SHAPES["0.bias"], tp, dim=0, dtype=dtype),
+            sharded("1.weight", SHAPES["1.weight"], tp, dim=1, dtype=dtype),
+            replicated("1.bias", SHAPES["1.bias"], tp, dtype=dtype)]
 
 
 class Actor(Worker):
@@ -51,8 +54,8 @@ class Actor(Worker):
     def layouts(self):
         return [dtensor_layout(name, t) for name, t in self.tensors.items()]
 
-    def init_sender(self, name, plan):
-        self.sender[name] = WeightSender(self.peer_group(name), plan, self.rank)
+    def init_sender(self, name, plan, transport="group"):
+        self.sender[name] = WeightSender(self.peer_group(name), plan, self.rank, transport)
 
     def publish(self, name, version, fail_rank=None):
         if self.rank == fail_rank:  # this rank dies after the handshake, before sending anything
@@ -71,14 +74,16 @@ class Actor(Worker):
 
 class Rollout(Worker):
     def __init__(self, tp: int):
-        self.layouts_ = rollout_layouts(tp)
-        self.tensors = {l.name: torch.full(l.local_shape(self.rank), float("nan")) for l in self.layouts_}
+        self.tp = tp
 
-    def layouts(self):
-        return self.layouts_
+    def layouts(self, dtype="torch.float32"):
+        return rollout_layouts(self.tp, dtype)
 
-    def init_receiver(self, name, plan):
-        self.receiver = WeightReceiver(self.peer_group(name), plan, self.rank, self.tensors)
+    def init_receiver(self, name, plan, transport="group"):
+        dtype = dtype_from_name(plan.dst_dtypes["0.weight"])
+        self.tensors = {l.name: torch.full(l.local_shape(self.rank), float("nan"), dtype=dtype)
+                        for l in self.layouts()}
+        self.receiver = WeightReceiver(self.peer_group(name), plan, self.rank, self.tensors, transport)
 
     def apply(self, version, timeout_s=None):
         return self.receiver.apply(version, timeout_s)
@@ -91,7 +96,7 @@ def assemble(local_shards, layouts):
     """Rebuild full tensors from the rollout ranks' shards, checking replicas agree."""
     out = {}
     for layout in layouts:
-        full = torch.full(layout.shape, float("nan"))
+        full = torch.full(layout.shape, float("nan"), dtype=dtype_from_name(layout.dtype))
         for rank, (tensors, _) in enumerate(local_shards):
             region = full[tuple(slice(a, b) for a, b in layout.boxes[rank])]
             if not torch.isnan(region).all():
@@ -115,12 +120,12 @@ def actors(cluster):
         g.shutdown()
 
 
-def setup_pair(actor, rollout, name, bucket_bytes=64):
+def setup_pair(actor, rollout, name, bucket_bytes=64, transport="group", dtype="torch.float32"):
     connect_groups(actor, rollout, name)
     [src] = actor.on_ranks(0).layouts().wait()
-    [dst] = rollout.on_ranks(0).layouts().wait()
+    [dst] = rollout.on_ranks(0).layouts(dtype).wait()
     plan = SyncPlan.build(src, dst, actor.name, rollout.name, bucket_bytes=bucket_bytes)
-    wait_all([actor.init_sender(name, plan), rollout.init_receiver(name, plan)])
+    wait_all([actor.init_sender(name, plan, transport), rollout.init_receiver(name, plan, transport)])
     return plan, dst
 
 
@@ -152,6 +157,30 @@ def test_rollout_weights_equal_actor_weights_exactly(actors, style, tp):
     for n, t in assemble(rollout.local().wait(), dst_layouts).items():
         assert torch.equal(t, actor_full[n] * 2.0), n
     actor.scale(0.5).wait()  # restore for the other cases
+
+
+@pytest.mark.parametrize("transport,dtype", [("ipc", "torch.float32"), ("group", "torch.bfloat16"),
+                                             ("ipc", "torch.bfloat16")])
+def test_transports_and_dtype_conversion(actors, transport, dtype):
+    """Shared-memory handles instead of sends; an fp32 actor feeding a bf16 rollout casts at the sender,
+    so half the bytes travel and the rollout holds exactly the rounded actor weights."""
+    groups, rollouts = actors
+    actor, rollout = groups["fsdp"], rollouts[2]
+    name = f"sync-{transport}-{dtype}"
+    plan, dst_layouts = setup_pair(actor, rollout, name, transport=transport, dtype=dtype)
+    itemsize = torch.empty(0, dtype=dtype_from_name(dtype)).element_size()
+    for version, factor in ((1, 1.0), (2, 2.0)):  # the second round reuses the shared buffers
+        actor.scale(factor).wait()
+        sent, received = sync(actor, rollout, name, version)
+        assert sum(received) == plan.nbytes
+        actor_full = actor.full().wait()[0]
+        for n, t in assemble(rollout.local().wait(), dst_layouts).items():
+            assert t.dtype == dtype_from_name(dtype)
+            assert torch.equal(t, actor_full[n].to(t.dtype)), n
+    actor.scale(0.5).wait()
+    # replicated 1.bias goes to both rollout ranks; everything else once
+    numel = sum(torch.Size(shape).numel() for shape in SHAPES.values())
+    assert sum(t.nbytes for b in plan.buckets for t in b.transfers) == (numel + 7) * itemsize
 
 
 def test_stale_and_mismatched_versions_are_rejected_on_both_sides(actors):

@@ -84,6 +84,16 @@ class PeerGroup:
         group.barrier()
         return group
 
+    @property
+    def device(self) -> torch.device:
+        """Where this group's tensors must live: the current GPU for NCCL, host memory for gloo."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    @property
+    def store(self) -> dist.Store:
+        """A key-value store private to this group (for small side-band messages)."""
+        return dist.PrefixStore(f"peer/{self.name}/kv/", self._store)
+
     def wait(self, work, timeout_s: float | None = None) -> None:
         """Wait for a posted operation, within `timeout_s` (default: the group's timeout)."""
         work.wait(datetime.timedelta(seconds=self.timeout_s if timeout_s is None else timeout_s))
@@ -112,10 +122,12 @@ class PeerGroup:
         self.wait(self.post_recv(tensor, src, tag))
         return tensor
 
-    def barrier(self) -> None:
+    def post_barrier(self):
         # An all-reduce of one element: works the same on gloo and NCCL, and honours the timeout.
-        device = "cuda" if self.backend == "nccl" else "cpu"
-        self.all_reduce(torch.zeros(1, device=device))
+        return self._pg.allreduce([torch.zeros(1, device=self.device)])
+
+    def barrier(self) -> None:
+        self.wait(self.post_barrier())
 
     def __reduce__(self):
         raise TypeError(f"peer group {self.name!r} lives in its worker process and cannot be pickled")

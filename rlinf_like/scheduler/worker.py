@@ -129,10 +129,12 @@ class _WorkerHost:
             store, ctx.rank, ctx.world_size, comm.backend_for(ctx.device.kind), ctx.collective_timeout_s
         )
 
-    def join_peer_group(self, name: str, host: str, port: int, rank: int, ranks: dict[str, list[int]]) -> None:
+    def join_peer_group(
+        self, name: str, host: str, port: int, rank: int, ranks: dict[str, list[int]], backend: str | None
+    ) -> None:
         world_size = sum(len(r) for r in ranks.values())
         store = self._store(f"peer/{name}", host, port, world_size)
-        backend = comm.backend_for(self._ctx.device.kind)
+        backend = backend or comm.backend_for(self._ctx.device.kind)
         self.worker._peer_groups[name] = comm.PeerGroup.join(
             name, store, rank, ranks, backend, self._ctx.collective_timeout_s
         )

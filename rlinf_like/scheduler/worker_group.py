@@ -220,11 +220,17 @@ class _RankSubset:
         return lambda *args, **kwargs: self._group.call(method, *args, ranks=self._ranks, **kwargs)
 
 
-def connect_groups(first: WorkerGroup, second: WorkerGroup, name: str, timeout: float | None = None) -> None:
+def connect_groups(
+    first: WorkerGroup, second: WorkerGroup, name: str, timeout: float | None = None, backend: str | None = None
+) -> None:
     """Create peer group `name` over all ranks of `first` then `second`, eagerly and barrier-checked.
 
     Inside a worker: `self.peer_group(name)`; peer ranks of `first` are 0..n1-1, of `second` n1.. .
+    `backend` defaults to NCCL on GPU, gloo on CPU. Groups collocated on the same GPUs need "gloo":
+    NCCL refuses two ranks on one device (weights then move by CUDA IPC, transport "ipc").
     """
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"peer group {name!r}: backend {backend!r} is not one of None, 'gloo', 'nccl'")
     ranks = {
         first.name: list(range(first.world_size)),
         second.name: list(range(first.world_size, first.world_size + second.world_size)),
@@ -235,7 +241,7 @@ def connect_groups(first: WorkerGroup, second: WorkerGroup, name: str, timeout: 
     host = comm.rendezvous_host(first.node_ips + second.node_ips, first.node_ips[0])
     [port] = first._call_hosts("host_store", [0], f"peer/{name}", host, world_size).wait(timeout)
     calls = [
-        group._call_hosts("join_peer_group", [rank], name, host, port, ranks[group.name][rank], ranks)
+        group._call_hosts("join_peer_group", [rank], name, host, port, ranks[group.name][rank], ranks, backend)
         for group in (first, second)
         for rank in group._ranks
     ]

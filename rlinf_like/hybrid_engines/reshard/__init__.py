@@ -9,6 +9,7 @@ versions (`WeightSender.publish` / `WeightReceiver.apply`). No per-model merge c
 from rlinf_like.hybrid_engines.reshard.layout import (
     Box,
     TensorLayout,
+    dtype_from_name,
     replicated,
     sharded,
     split_bounds,
@@ -17,6 +18,7 @@ from rlinf_like.hybrid_engines.reshard.sync import (
     SyncPlan,
     WeightReceiver,
     WeightSender,
+    TRANSPORTS,
     WeightSyncError,
     dtensor_layout,
 )
@@ -31,6 +33,6 @@ from rlinf_like.hybrid_engines.reshard.planner import (
 
 __all__ = [
     "Box", "NameMap", "ReshardError", "TensorLayout", "Transfer", "apply_in_process", "bucketize",
-    "plan_reshard", "replicated", "sharded", "split_bounds",
-    "SyncPlan", "WeightReceiver", "WeightSender", "WeightSyncError", "dtensor_layout",
+    "dtype_from_name", "plan_reshard", "replicated", "sharded", "split_bounds",
+    "SyncPlan", "TRANSPORTS", "WeightReceiver", "WeightSender", "WeightSyncError", "dtensor_layout",
 ]

@@ -103,11 +103,14 @@ def plan_reshard(
             raise ReshardError(
                 f"tensor {target.name!r}: source {source.name!r} has shape {source.shape}, target {target.shape}"
             )
-        if source.dtype != target.dtype:
+        src_dtype, dst_dtype = dtype_from_name(source.dtype), dtype_from_name(target.dtype)
+        if src_dtype != dst_dtype and not (src_dtype.is_floating_point and dst_dtype.is_floating_point):
             raise ReshardError(
                 f"tensor {target.name!r}: source {source.name!r} is {source.dtype}, target wants {target.dtype}"
+                " (only floating-point dtypes convert)"
             )
-        itemsize = torch.empty(0, dtype=dtype_from_name(source.dtype)).element_size()
+        # The sender casts to the target dtype, so only target-sized bytes travel (fp32 -> bf16 halves them).
+        itemsize = torch.empty(0, dtype=dst_dtype).element_size()
         regions = _unique_regions(source)
         for dst_rank, dst_box in enumerate(target.boxes):
             for src_box, holders in regions.items():
@@ -146,6 +149,6 @@ def apply_in_process(
     copied = 0
     for t in transfers:
         piece = src_shards[t.src_rank][t.src_name][box_slices(t.src_box)]
-        dst_shards[t.dst_rank][t.dst_name][box_slices(t.dst_box)].copy_(piece)
-        copied += piece.numel() * piece.element_size()
+        dst_shards[t.dst_rank][t.dst_name][box_slices(t.dst_box)].copy_(piece)  # casts to the target dtype
+        copied += t.nbytes
     return copied

@@ -17,13 +17,17 @@ Only the slices a target rank needs travel, packed per (sender, receiver) pair i
 
 from __future__ import annotations
 
+import datetime
 import itertools
+import pickle
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 
-from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slices, split_bounds
+from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slices, dtype_from_name, split_bounds
 from rlinf_like.hybrid_engines.reshard.planner import NameMap, Transfer, bucketize, plan_reshard
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.scheduler.comm import PeerGroup
@@ -51,6 +55,9 @@ def dtensor_layout(name: str, tensor) -> TensorLayout:
     return TensorLayout(name, shape, tuple(boxes), str(tensor.dtype))
 
 
+_ALIGN = 16  # every slice starts 16-byte aligned in a bucket, so it can be viewed as any dtype
+
+
 @dataclass(frozen=True)
 class Bucket:
     tag: int
@@ -59,8 +66,17 @@ class Bucket:
     transfers: tuple[Transfer, ...]
 
     @property
+    def offsets(self) -> tuple[int, ...]:
+        out, offset = [], 0
+        for t in self.transfers:
+            out.append(offset)
+            offset += -(-t.nbytes // _ALIGN) * _ALIGN
+        return tuple(out)
+
+    @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.transfers)
+        """Bytes of the packed bucket, alignment padding included."""
+        return self.offsets[-1] + self.transfers[-1].nbytes if self.transfers else 0
 
 
 @dataclass(frozen=True)
@@ -92,29 +108,60 @@ class SyncPlan:
         return sum(b.nbytes for b in self.buckets)
 
 
+TRANSPORTS = ("group", "ipc")
+
+
+def _slot(buffer: torch.Tensor, offset: int, transfer: Transfer, dtype: torch.dtype) -> torch.Tensor:
+    """The view of a packed bucket that holds `transfer`'s slice, shaped like the slice."""
+    shape = tuple(hi - lo for lo, hi in transfer.dst_box)
+    return buffer[offset : offset + transfer.nbytes].view(dtype).view(shape)
+
+
 class _Endpoint:
-    def __init__(self, group: PeerGroup, plan: SyncPlan):
+    """What sender and receiver share: the plan, the version handshake, the transport.
+
+    Transports: "group" sends each bucket over the peer process group (gloo on CPU, NCCL on GPU);
+    "ipc" shares each packed bucket as a handle through the group's store — shared memory on CPU,
+    CUDA IPC on GPU — and the receiver copies straight out of the sender's buffer. "ipc" needs every
+    pair on one node; the buffers are reused across rounds, and a closing barrier tells the sender
+    its buffers may be overwritten."""
+
+    def __init__(self, group: PeerGroup, plan: SyncPlan, transport: str):
         for side in (plan.src_group, plan.dst_group):
             if side not in group.ranks:
                 raise ValueError(f"peer group {group.name!r} has no group {side!r}; it joins {sorted(group.ranks)}")
-        self.group, self.plan = group, plan
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown weight-sync transport {transport!r}; choose one of {TRANSPORTS}")
+        self.group, self.plan, self.transport = group, plan, transport
+        self._buffers: dict[int, torch.Tensor] = {}  # bucket tag -> packed buffer, reused every round
 
     def _peer(self, side: str, rank: int) -> int:
         return self.group.ranks[side][rank]
 
     def _handshake(self, version: int) -> None:
-        header = torch.tensor([version], dtype=torch.int64)
+        header = torch.tensor([version], dtype=torch.int64, device=self.group.device)
         self.group.broadcast(header, src=self._peer(self.plan.src_group, 0))
         sent_version = int(header[0])
         reject_reason = self._check(sent_version)
-        rejections = self.group.all_reduce(torch.tensor([0 if reject_reason is None else 1], dtype=torch.int64))
-        if int(rejections[0]):
+        votes = torch.tensor([0 if reject_reason is None else 1], dtype=torch.int64, device=self.group.device)
+        rejections = int(self.group.all_reduce(votes)[0])
+        if rejections:
             raise WeightSyncError(
-                reject_reason or f"weight version {sent_version} was rejected by {int(rejections[0])} rollout rank(s)"
+                reject_reason or f"weight version {sent_version} was rejected by {rejections} rollout rank(s)"
             )
 
     def _check(self, sent_version: int) -> str | None:
         return None
+
+    def _buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
+        buffer = self._buffers.get(bucket.tag)
+        if buffer is None or buffer.device != device:
+            buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+            self._buffers[bucket.tag] = buffer
+        return buffer
+
+    def _handle_key(self, version: int, bucket: Bucket) -> str:
+        return f"weight-sync/{self.plan.src_group}->{self.plan.dst_group}/v{version}/bucket{bucket.tag}"
 
     def _wait_all(self, works, what: str, timeout_s: float | None) -> None:
         try:
@@ -125,37 +172,71 @@ class _Endpoint:
 
 
 class WeightSender(_Endpoint):
-    def __init__(self, group: PeerGroup, plan: SyncPlan, rank: int):
-        super().__init__(group, plan)
+    def __init__(self, group: PeerGroup, plan: SyncPlan, rank: int, transport: str = "group"):
+        super().__init__(group, plan, transport)
         self.rank = rank
         self.mine = [b for b in plan.buckets if b.src_rank == rank]
+        self._handles: dict[int, tuple[torch.Tensor, bytes]] = {}  # ipc: bucket tag -> (buffer, its handle)
+
+    def _pack(self, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if self.transport == "group":
+            buffer = self._buffer(bucket, self.group.device)
+        else:  # ipc: where the weights live; shared once, then reused with the same handle
+            device = local_tensor(tensors[bucket.transfers[0].src_name]).device
+            buffer = self._buffer(bucket, device)
+            if self._handles.get(bucket.tag, (None,))[0] is not buffer:
+                self._handles[bucket.tag] = (buffer, _share(buffer))
+        for t, offset in zip(bucket.transfers, bucket.offsets):
+            local = local_tensor(tensors[t.src_name]).detach()
+            dtype = dtype_from_name(self.plan.dst_dtypes[t.dst_name])
+            _slot(buffer, offset, t, dtype).copy_(local[box_slices(t.src_box)])  # casts to the rollout dtype
+        return buffer
 
     def publish(self, version: int, tensors: Mapping[str, torch.Tensor], timeout_s: float | None = None) -> int:
         """Send this rank's slices of `tensors` (local shards or DTensors) as `version`; returns bytes sent.
         `timeout_s` bounds the data phase (default: the peer group's timeout)."""
         self._handshake(version)
-        buffers, works = [], []
-        for bucket in self.mine:
-            pieces = []
-            for t in bucket.transfers:
-                local = local_tensor(tensors[t.src_name]).detach()
-                pieces.append(local[box_slices(t.src_box)].contiguous().reshape(-1).view(torch.uint8))
-            buffer = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-            buffers.append(buffer)  # keep alive until the send completes
-            works.append(self.group.post_send(buffer, self._peer(self.plan.dst_group, bucket.dst_rank), bucket.tag))
-        self._wait_all(works, f"sending version {version}", timeout_s)
+        buffers = [self._pack(bucket, tensors) for bucket in self.mine]
+        if self.transport == "group":
+            works = [
+                self.group.post_send(buffer, self._peer(self.plan.dst_group, bucket.dst_rank), bucket.tag)
+                for bucket, buffer in zip(self.mine, buffers)
+            ]
+            self._wait_all(works, f"sending version {version}", timeout_s)
+        else:
+            host = socket.gethostname()
+            for bucket in self.mine:
+                self.group.store.set(self._handle_key(version, bucket), pickle.dumps((host, self._handles[bucket.tag][1])))
+            self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
+            for bucket in self.mine:
+                self.group.store.delete_key(self._handle_key(version, bucket))
         return sum(b.numel() for b in buffers)
 
 
+def _share(buffer: torch.Tensor) -> bytes:
+    """A handle any process on this node can open: torch's multiprocessing reduction gives a CUDA IPC
+    handle on GPU, and on CPU (under the file_system strategy) moves the buffer into named shared
+    memory. The strategy is switched only for this call: it is process-wide."""
+    previous = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        return bytes(ForkingPickler.dumps(buffer))
+    finally:
+        torch.multiprocessing.set_sharing_strategy(previous)
+
+
 class WeightReceiver(_Endpoint):
-    def __init__(self, group: PeerGroup, plan: SyncPlan, rank: int, tensors: Mapping[str, torch.Tensor]):
-        super().__init__(group, plan)
+    def __init__(
+        self, group: PeerGroup, plan: SyncPlan, rank: int, tensors: Mapping[str, torch.Tensor], transport: str = "group"
+    ):
+        super().__init__(group, plan, transport)
         self.rank, self.tensors = rank, tensors
         self.mine = [b for b in plan.buckets if b.dst_rank == rank]
         self.version: int | None = None
         self._requested: int | None = None
+        self._opened: dict[int, tuple[bytes, torch.Tensor]] = {}  # ipc: bucket tag -> (handle, sender's buffer)
         for name, dtype in plan.dst_dtypes.items():
-            if name in tensors and str(tensors[name].dtype) != dtype:
+            if name in tensors and str(local_tensor(tensors[name]).dtype) != dtype:
                 raise ValueError(f"tensor {name!r}: the plan carries {dtype}, the rollout holds {tensors[name].dtype}")
 
     def _check(self, sent_version: int) -> str | None:
@@ -165,24 +246,42 @@ class WeightReceiver(_Endpoint):
             return f"stale weight version {sent_version}: rollout rank {self.rank} already holds version {self.version}"
         return None
 
+    def _open(self, version: int, bucket: Bucket, timeout_s: float | None) -> torch.Tensor:
+        key = self._handle_key(version, bucket)
+        try:
+            self.group.store.wait([key], datetime.timedelta(seconds=timeout_s or self.group.timeout_s))
+        except RuntimeError as err:
+            raise WeightSyncError(f"peer group {self.group.name!r}: bucket {bucket.tag} of version {version} "
+                                  f"was not shared in time: {err}") from err
+        host, handle = pickle.loads(self.group.store.get(key))
+        if host != socket.gethostname():
+            raise WeightSyncError(f"transport 'ipc' needs one node: actor rank {bucket.src_rank} is on {host!r}, "
+                                  f"rollout rank {self.rank} on {socket.gethostname()!r}; use transport 'group'")
+        cached = self._opened.get(bucket.tag)
+        if cached is None or cached[0] != handle:  # the sender reuses its buffers: open each once
+            self._opened[bucket.tag] = (handle, pickle.loads(handle))
+        return self._opened[bucket.tag][1]
+
     def apply(self, version: int, timeout_s: float | None = None) -> int:
         """Receive `version` into this rank's tensors; returns bytes received. If any bucket does not
         arrive (within `timeout_s`, default the peer group's timeout), raises and keeps the old weights."""
         self._requested = version
         self._handshake(version)
-        buffers, works = [], []
-        for bucket in self.mine:
-            buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
-            buffers.append(buffer)
-            works.append(self.group.post_recv(buffer, self._peer(self.plan.src_group, bucket.src_rank), bucket.tag))
-        self._wait_all(works, f"receiving version {version}", timeout_s)
+        if self.transport == "group":
+            buffers, works = [], []
+            for bucket in self.mine:
+                buffers.append(self._buffer(bucket, self.group.device))
+                src = self._peer(self.plan.src_group, bucket.src_rank)
+                works.append(self.group.post_recv(buffers[-1], src, bucket.tag))
+            self._wait_all(works, f"receiving version {version}", timeout_s)
+        else:
+            buffers = [self._open(version, bucket, timeout_s) for bucket in self.mine]
         for bucket, buffer in zip(self.mine, buffers):  # everything arrived: now write the weights
-            offset = 0
-            for t in bucket.transfers:
+            for t, offset in zip(bucket.transfers, bucket.offsets):
                 target = local_tensor(self.tensors[t.dst_name])
-                piece = buffer[offset : offset + t.nbytes].view(target.dtype)
                 with torch.no_grad():
-                    target[box_slices(t.dst_box)].copy_(piece.view(tuple(hi - lo for lo, hi in t.dst_box)))
-                offset += t.nbytes
+                    target[box_slices(t.dst_box)].copy_(_slot(buffer, offset, t, target.dtype))
+        if self.transport == "ipc":  # tell the sender its buffers are free for the next round
+            self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
         self.version = version
-        return sum(b.numel() for b in buffers)
+        return sum(b.nbytes for b in self.mine)
