@@ -1,0 +1,95 @@
+"""Small HF causal LMs and a character tokenizer, made locally (the Hub is out of reach here).
+
+`write_tiny_model(path)` saves a real transformers checkpoint (config.json, model.safetensors,
+tokenizer files) that every loader in the project reads the normal way (`from_pretrained`,
+safetensors), so swapping in a downloaded Qwen2/Llama checkpoint changes only the path.
+The initialisation is wider than HF's default so next-token distributions are peaked: greedy
+decoding then has clear winners, which exact-match tests need.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    arch: str = "qwen2"  # "qwen2" (q/k/v biases) or "llama"
+    hidden_size: int = 64
+    intermediate_size: int = 176
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = False
+    init_std: float = 0.5
+    seed: int = 0
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer: one token per character, so token counts are predictable."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings, initializer_range=spec.init_std, rms_norm_eps=1e-6,
+        rope_theta=10000.0, **special,
+    )
+    if spec.arch == "qwen2":
+        return Qwen2Config(**common)
+    if spec.arch == "llama":
+        return LlamaConfig(**common)
+    raise ValueError(f"tiny model arch {spec.arch!r}: choose 'qwen2' or 'llama'")
+
+
+def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
+    """(model, tokenizer): a randomly initialised HF causal LM over the character vocabulary."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = char_tokenizer()
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id)
+    config = tiny_config(spec, len(tokenizer), special)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # biases too (HF zeroes them): the q/k/v bias path must be exercised
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, spec.init_std)
+    return model.eval(), tokenizer
+
+
+def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Save a tiny model + tokenizer as an HF checkpoint directory (idempotent for the same spec)."""
+    path = Path(path)
+    marker = path / "tiny_spec.json"
+    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+        return path
+    model, tokenizer = build_tiny_model(spec)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    marker.write_text(json.dumps(asdict(spec)))
+    return path

@@ -1,0 +1,229 @@
+"""A Llama / Qwen2-style decoder for inference, tensor-parallel, over a preallocated KV cache.
+
+Weights keep their HF checkpoint names, so the weight sync needs no name map. Under tensor
+parallelism (tp > 1, over the worker group's process group) each rank holds a slice of the heads
+and of the MLP: q/k/v and gate/up are split by output rows (column parallel), o_proj and down_proj
+by input columns (row parallel, then one all-reduce each); embeddings, norms and the LM head are
+replicated. The numerics follow transformers' implementation (fp32 RMSNorm, the same RoPE), so
+greedy decoding reproduces HF tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v biases (Qwen2 always; Llama when configured)
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> DecoderConfig:
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"native engine: model_type {model_type!r} is not supported; supported: "
+                             f"{list(SUPPORTED_MODEL_TYPES)} (use rollout.engine=hf or sglang)")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"native engine: rope type {rope_type!r} is not supported (only 'default')")
+        eos = hf.get("eos_token_id")
+        heads = hf["num_attention_heads"]
+        return cls(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"], num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf["rms_norm_eps"], rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+            max_position_embeddings=hf["max_position_embeddings"],
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        )
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> DecoderConfig:
+        return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
+
+
+def weight_layouts(cfg: DecoderConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
+    """Every weight's global shape and the box each TP rank holds (HF names)."""
+    if cfg.num_heads % tp or cfg.num_kv_heads % tp:
+        raise ValueError(f"native engine: tp={tp} must divide the {cfg.num_heads} attention heads and "
+                         f"{cfg.num_kv_heads} key/value heads")
+    d, h, ffn, hd = str(dtype), cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    out = [replicated("model.embed_tokens.weight", (cfg.vocab_size, h), tp, d),
+           replicated("model.norm.weight", (h,), tp, d)]
+    if not cfg.tie_word_embeddings:
+        out.append(replicated("lm_head.weight", (cfg.vocab_size, h), tp, d))
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out += [replicated(p + "input_layernorm.weight", (h,), tp, d),
+                replicated(p + "post_attention_layernorm.weight", (h,), tp, d)]
+        for proj, rows in (("q_proj", cfg.num_heads * hd), ("k_proj", cfg.num_kv_heads * hd),
+                           ("v_proj", cfg.num_kv_heads * hd)):
+            out.append(sharded(p + f"self_attn.{proj}.weight", (rows, h), tp, dim=0, dtype=d))
+            if cfg.attention_bias:
+                out.append(sharded(p + f"self_attn.{proj}.bias", (rows,), tp, dim=0, dtype=d))
+        out.append(sharded(p + "self_attn.o_proj.weight", (h, cfg.num_heads * hd), tp, dim=1, dtype=d))
+        out += [sharded(p + "mlp.gate_proj.weight", (ffn, h), tp, dim=0, dtype=d),
+                sharded(p + "mlp.up_proj.weight", (ffn, h), tp, dim=0, dtype=d),
+                sharded(p + "mlp.down_proj.weight", (h, ffn), tp, dim=1, dtype=d)]
+    return out
+
+
+def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Read this rank's slice of every weight from the checkpoint's safetensors files (lazily, per slice)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    wanted = {layout.name: layout for layout in layouts}
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name in wanted:
+                    box = wanted[name].boxes[rank]
+                    out[name] = f.get_slice(name)[tuple(slice(lo, hi) for lo, hi in box)].to(dtype).contiguous()
+    missing = sorted(set(wanted) - set(out))
+    if missing:
+        raise KeyError(f"checkpoint {path} lacks weights {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    return out
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Decoder:
+    """Forward passes over weights `w` (this rank's shards) and a KV cache of `slots` sequences."""
+
+    def __init__(self, cfg: DecoderConfig, weights: dict[str, torch.Tensor], tp_group=None):
+        self.cfg, self.w, self.tp_group = cfg, weights, tp_group
+        tp = dist.get_world_size(tp_group) if tp_group is not None else 1
+        self.heads, self.kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
+        self.k_cache: torch.Tensor | None = None  # [layers, slots, kv_heads, max_len, head_dim]
+        self.v_cache: torch.Tensor | None = None
+
+    def allocate_cache(self, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (self.cfg.num_layers, slots, self.kv_heads, max_len, self.cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    def free_cache(self) -> None:
+        self.k_cache = self.v_cache = None
+
+    # --- pieces -----------------------------------------------------------------------------------------
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)  # [B, S, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, S, hd]
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is not None:
+            dist.all_reduce(x, group=self.tp_group)
+        return x
+
+    def _attention_input(self, x: torch.Tensor, layer: int, positions: torch.Tensor):
+        b, s, _ = x.shape
+        p = f"model.layers.{layer}.self_attn."
+        hd = self.cfg.head_dim
+        q = self._linear(x, p + "q_proj").view(b, s, self.heads, hd).transpose(1, 2)
+        k = self._linear(x, p + "k_proj").view(b, s, self.kv_heads, hd).transpose(1, 2)
+        v = self._linear(x, p + "v_proj").view(b, s, self.kv_heads, hd).transpose(1, 2)
+        cos, sin = self._rope(positions, q.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _block(self, x: torch.Tensor, layer: int, attend) -> torch.Tensor:
+        p = f"model.layers.{layer}."
+        h = _rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_norm_eps)
+        attn = attend(h, layer)  # [B, heads, S, hd]
+        b, _, s, _ = attn.shape
+        attn = F.linear(attn.transpose(1, 2).reshape(b, s, -1), self.w[p + "self_attn.o_proj.weight"])
+        x = x + self._reduce(attn)
+        h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)
+        mlp = F.silu(self._linear(h, p + "mlp.gate_proj")) * self._linear(h, p + "mlp.up_proj")
+        return x + self._reduce(F.linear(mlp, self.w[p + "mlp.down_proj.weight"]))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = _rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
+        head = self.w["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
+        return F.linear(x, head).float()
+
+    # --- passes -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Run prompt [L] once, store its keys/values in every slot of `slots`; logits of the last token [V]."""
+        length = prompt.shape[0]
+        positions = torch.arange(length, device=prompt.device)[None]
+
+        def attend(h, layer):
+            q, k, v = self._attention_input(h, layer, positions)
+            self.k_cache[layer, slots, :, :length] = k  # broadcast over the n samples of the prompt
+            self.v_cache[layer, slots, :, :length] = v
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
+
+        x = self.w["model.embed_tokens.weight"][prompt][None]
+        for layer in range(self.cfg.num_layers):
+            x = self._block(x, layer, attend)
+        return self._logits(x[0, -1])
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token for each of slots 0..B-1 at its own position; logits [B, V].
+        Attention reads the cache only up to the longest sequence, masked per slot."""
+        b = tokens.shape[0]
+        span = int(positions.max()) + 1
+        rows = torch.arange(b, device=tokens.device)
+        mask = (torch.arange(span, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # [B,1,1,T]
+
+        def attend(h, layer):
+            q, k, v = self._attention_input(h, layer, positions[:, None])
+            self.k_cache[layer, rows, :, positions] = k[:, :, 0]
+            self.v_cache[layer, rows, :, positions] = v[:, :, 0]
+            keys, values = self.k_cache[layer, :b, :, :span], self.v_cache[layer, :b, :, :span]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                  enable_gqa=self.heads != self.kv_heads)
+
+        x = self.w["model.embed_tokens.weight"][tokens][:, None]
+        for layer in range(self.cfg.num_layers):
+            x = self._block(x, layer, attend)
+        return self._logits(x[:, 0])
+

@@ -1,0 +1,70 @@
+"""What goes into a rollout engine and what comes out: plain dataclasses, the same for every engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS ids
+    stop_strings: tuple[str, ...] = ()  # needs the engine's tokenizer
+    ignore_eos: bool = False
+    seed: int | None = None  # same seed, same samples (whatever else is in the batch)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = SamplingParams()
+    n: int = 1  # samples per prompt (a GRPO group)
+
+
+@dataclass
+class RolloutResult:
+    """All `n` samples of one request. `logprobs[i][t]` is log p(token t | prefix) of sample i under
+    softmax(logits / temperature) (temperature 1 when greedy), before top-k / top-p filtering."""
+
+    request_id: str
+    prompt_ids: list[int]
+    response_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    version: int = 0  # policy (weight) version that generated it
+    error: str | None = None  # set when the request was rejected; then no samples
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def request_error(request: RolloutRequest, max_context: int, max_samples: int) -> str | None:
+    """Why `request` cannot be served (naming it), or None."""
+    where = f"request {request.request_id!r}"
+    s = request.sampling
+    if len(request.prompt_ids) == 0:
+        return f"{where}: empty prompt"
+    if len(request.prompt_ids) >= max_context:
+        return f"{where}: prompt of {len(request.prompt_ids)} tokens does not fit the context of {max_context}"
+    if s.max_new_tokens <= 0:
+        return f"{where}: max_new_tokens must be > 0, got {s.max_new_tokens}"
+    if not 1 <= request.n <= max_samples:
+        return f"{where}: n must be in 1..{max_samples} (the engine's batch slots), got {request.n}"
+    if s.temperature < 0 or s.top_k < 0 or not 0.0 < s.top_p <= 1.0:
+        return f"{where}: needs temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {s}"
+    return None
+
+
+def rejected(request: RolloutRequest, error: str, version: int) -> RolloutResult:
+    return RolloutResult(request.request_id, list(request.prompt_ids), version=version, error=error)
