@@ -15,11 +15,11 @@ from rlinf_like.scheduler.errors import (
     WorkerError,
 )
 from rlinf_like.scheduler.placement import Device, Placement, PlacementMode, plan_placement
-from rlinf_like.scheduler.worker import Worker
+from rlinf_like.scheduler.worker import Worker, control
 from rlinf_like.scheduler.worker_group import GroupResult, WorkerGroup, connect_groups, wait_all
 
 __all__ = [
     "Channel", "ChannelClosed", "ChannelTimeout", "Cluster", "ClusterConfig", "Device", "GroupResult",
     "GroupTimeoutError", "NodeInfo", "PeerGroup", "Placement", "PlacementError", "PlacementMode", "Worker",
-    "WorkerDiedError", "WorkerError", "WorkerGroup", "connect_groups", "plan_placement", "wait_all",
+    "WorkerDiedError", "WorkerError", "WorkerGroup", "connect_groups", "control", "plan_placement", "wait_all",
 ]

@@ -30,6 +30,18 @@ class WorkerContext:
     collective_timeout_s: float
 
 
+def control(method):
+    """Mark a Worker method to run on the worker's control thread, so it can be called while another
+    call (e.g. a long `generate`) is still running — for abort, progress and health checks. Control
+    methods must be thread-safe (set a flag, read a counter)."""
+    method._rlinf_control = True
+    return method
+
+
+def is_control(worker_cls: type, method: str) -> bool:
+    return bool(getattr(getattr(worker_cls, method, None), "_rlinf_control", False))
+
+
 class Worker:
     """Subclass and add methods; call them on the group returned by `create_group(...).launch(...)`."""
 
@@ -140,6 +152,10 @@ class _WorkerHost:
         )
 
     def execute(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    @ray.method(concurrency_group="control")
+    def execute_control(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
     def shutdown(self) -> None:

@@ -25,11 +25,14 @@ from rlinf_like.scheduler import comm
 from rlinf_like.scheduler.cluster import Cluster
 from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
 from rlinf_like.scheduler.placement import Placement
-from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost
+from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost, is_control
 
 
 DEATH_GRACE_S = 5.0
-_RemoteHost = ray.remote(_WorkerHost)  # one actor class for every worker type (exported once)
+# One actor class for every worker type (exported once). Ordinary calls run one at a time on the
+# default thread; methods marked @control run on a second thread, so they get through while a long
+# call is running.
+_RemoteHost = ray.remote(concurrency_groups={"control": 1})(_WorkerHost)
 
 
 def _convert(err: Exception, group: str, rank: int, method: str) -> Exception:
@@ -190,7 +193,8 @@ class WorkerGroup:
         bad = [r for r in ranks if r not in self._ranks]
         if bad:
             raise IndexError(f"worker group {self.name!r} has ranks 0-{self.world_size - 1}; asked for {bad}")
-        refs = [self._hosts[r].execute.remote(method, args, kwargs) for r in ranks]
+        execute = "execute_control" if is_control(self.worker_cls, method) else "execute"
+        refs = [getattr(self._hosts[r], execute).remote(method, args, kwargs) for r in ranks]
         return GroupResult(self.name, method, ranks, refs)
 
     def on_ranks(self, *ranks: int) -> _RankSubset:

@@ -80,15 +80,18 @@ class RolloutEngine(ABC):
         return received
 
 
-def make_engine(config: RolloutConfig, process_group=None, tokenizer=None) -> RolloutEngine:
+def make_engine(config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> RolloutEngine:
+    """The engine `config.engine` names; `process_group` (world size > 1) makes the native engine tensor parallel."""
     if config.engine == "native":
         from rlinf_like.workers.rollout.native.engine import NativeEngine
 
-        return NativeEngine(config, process_group=process_group, tokenizer=tokenizer)
+        return NativeEngine(config, process_group=process_group, tokenizer=tokenizer, device=device)
     if config.engine == "hf":
         from rlinf_like.workers.rollout.hf_engine import HFEngine
 
-        return HFEngine(config, tokenizer=tokenizer)
+        if process_group is not None:
+            raise ValueError("rollout.engine=hf runs on one rank; use native or sglang for tensor parallelism")
+        return HFEngine(config, tokenizer=tokenizer, device=device)
     if config.engine == "sglang":
         from rlinf_like.workers.rollout.sglang_engine import SGLangEngine
 

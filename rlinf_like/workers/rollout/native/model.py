@@ -108,7 +108,9 @@ def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype:
             for name in f.keys():
                 if name in wanted:
                     box = wanted[name].boxes[rank]
-                    out[name] = f.get_slice(name)[tuple(slice(lo, hi) for lo, hi in box)].to(dtype).contiguous()
+                    piece = f.get_slice(name)[tuple(slice(lo, hi) for lo, hi in box)]
+                    # a fresh, resizable storage of our own (the reader's may be a view of the file)
+                    out[name] = torch.empty(piece.shape, dtype=dtype).copy_(piece)
     missing = sorted(set(wanted) - set(out))
     if missing:
         raise KeyError(f"checkpoint {path} lacks weights {missing[:5]}{'...' if len(missing) > 5 else ''}")

@@ -1,0 +1,8 @@
+"""Rollout: engines that turn prompts into sampled responses (native CPU engine, HF reference,
+SGLang on GPU) behind one interface, and the worker that runs them in a group."""
+
+from rlinf_like.workers.rollout.engine import ENGINES, RolloutConfig, RolloutEngine, make_engine
+from rlinf_like.workers.rollout.types import FINISH_REASONS, RolloutRequest, RolloutResult, SamplingParams
+
+__all__ = ["ENGINES", "FINISH_REASONS", "RolloutConfig", "RolloutEngine", "RolloutRequest", "RolloutResult",
+           "SamplingParams", "make_engine"]
