@@ -28,7 +28,13 @@ from torch import nn
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
-from rlinf_like.workers.rollout.native.model import Decoder, DecoderConfig, load_shards, weight_layouts
+from rlinf_like.workers.rollout.native.model import (
+    Decoder,
+    DecoderConfig,
+    fuse_projections,
+    load_shards,
+    weight_layouts,
+)
 from rlinf_like.workers.rollout.sampling import RowParams, sample
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
 
@@ -67,9 +73,10 @@ class NativeEngine(RolloutEngine):
         self.tp_group = process_group if tp > 1 else None
         self.rank = dist.get_rank(process_group) if self.tp_group is not None else 0
         self.layouts = weight_layouts(self.model_cfg, tp, self.dtype)
-        self.weights = {n: t.to(self.device) for n, t in load_shards(config.model_path, self.layouts, self.rank,
-                                                                      self.dtype).items()}
-        self.decoder = Decoder(self.model_cfg, self.weights, self.tp_group)
+        shards = load_shards(config.model_path, self.layouts, self.rank, self.dtype)
+        fused = fuse_projections(self.model_cfg, {n: t.to(self.device) for n, t in shards.items()})
+        self.weights = {layout.name: fused[layout.name] for layout in self.layouts}  # HF names (some are views)
+        self.decoder = Decoder(self.model_cfg, fused, self.tp_group)
         self.max_context = config.max_context or self.model_cfg.max_position_embeddings
         self.slots = config.max_batch_size
         self._tokenizer = tokenizer

@@ -117,6 +117,26 @@ def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype:
     return out
 
 
+def fuse_projections(cfg: DecoderConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Store q/k/v (and gate/up) of each layer in one tensor, and put views of it back under the HF
+    names: the decoder runs one matmul instead of three (two), and a weight sync or an offload that
+    writes the named views writes the fused tensor."""
+    fused = dict(weights)
+    for i in range(cfg.num_layers):
+        groups = {"self_attn.qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                  "mlp.gate_up": ["mlp.gate_proj", "mlp.up_proj"]}
+        for fused_name, parts in groups.items():
+            for suffix in (".weight", ".bias"):
+                names = [f"model.layers.{i}.{part}{suffix}" for part in parts]
+                if names[0] not in weights:
+                    continue
+                whole = torch.cat([weights[n] for n in names])
+                fused[f"model.layers.{i}.{fused_name}{suffix}"] = whole
+                for name, view in zip(names, whole.split([weights[n].shape[0] for n in names])):
+                    fused[name] = view
+    return fused
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -128,6 +148,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _decode_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per sequence: q [B, H, 1, d], keys_t [B, KV, d, T], values [B, KV, T, d], additive mask
+    [B, 1, 1, T].
+    Plain batched matmuls with the query heads grouped under their key/value head: no copy of the
+    cache for GQA, and on CPU much faster than the fused kernel is for a single query row."""
+    b, heads, _, d = q.shape
+    kv = keys_t.shape[1]
+    grouped = q.view(b, kv, heads // kv, d)  # query heads sharing a key/value head, as rows
+    scores = torch.matmul(grouped, keys_t) * d**-0.5 + mask  # [B, KV, G, T]
+    out = torch.matmul(scores.softmax(dim=-1), values)  # [B, KV, G, d]
+    return out.view(b, heads, 1, d)
+
+
 class Decoder:
     """Forward passes over weights `w` (this rank's shards) and a KV cache of `slots` sequences."""
 
@@ -136,12 +169,14 @@ class Decoder:
         tp = dist.get_world_size(tp_group) if tp_group is not None else 1
         self.heads, self.kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
         self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
-        self.k_cache: torch.Tensor | None = None  # [layers, slots, kv_heads, max_len, head_dim]
+        # keys are stored transposed, [layers, slots, kv_heads, head_dim, max_len], so decode's q.K^T
+        # reads them as the matmul wants them; values as [layers, slots, kv_heads, max_len, head_dim].
+        self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
     def allocate_cache(self, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (self.cfg.num_layers, slots, self.kv_heads, max_len, self.cfg.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device).transpose(-1, -2)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
 
     def free_cache(self) -> None:
@@ -161,14 +196,15 @@ class Decoder:
             dist.all_reduce(x, group=self.tp_group)
         return x
 
-    def _attention_input(self, x: torch.Tensor, layer: int, positions: torch.Tensor):
+    def _attention_input(self, x: torch.Tensor, layer: int, rope: tuple[torch.Tensor, torch.Tensor]):
         b, s, _ = x.shape
         p = f"model.layers.{layer}.self_attn."
         hd = self.cfg.head_dim
-        q = self._linear(x, p + "q_proj").view(b, s, self.heads, hd).transpose(1, 2)
-        k = self._linear(x, p + "k_proj").view(b, s, self.kv_heads, hd).transpose(1, 2)
-        v = self._linear(x, p + "v_proj").view(b, s, self.kv_heads, hd).transpose(1, 2)
-        cos, sin = self._rope(positions, q.dtype)
+        q, k, v = self._linear(x, p + "qkv").split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], -1)
+        q = q.view(b, s, self.heads, hd).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
+        cos, sin = rope
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
@@ -181,7 +217,8 @@ class Decoder:
         attn = F.linear(attn.transpose(1, 2).reshape(b, s, -1), self.w[p + "self_attn.o_proj.weight"])
         x = x + self._reduce(attn)
         h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)
-        mlp = F.silu(self._linear(h, p + "mlp.gate_proj")) * self._linear(h, p + "mlp.up_proj")
+        gate, up = self._linear(h, p + "mlp.gate_up").chunk(2, dim=-1)
+        mlp = F.silu(gate) * up
         return x + self._reduce(F.linear(mlp, self.w[p + "mlp.down_proj.weight"]))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -194,11 +231,11 @@ class Decoder:
     def prefill(self, prompt: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Run prompt [L] once, store its keys/values in every slot of `slots`; logits of the last token [V]."""
         length = prompt.shape[0]
-        positions = torch.arange(length, device=prompt.device)[None]
+        rope = self._rope(torch.arange(length, device=prompt.device)[None], self.k_cache.dtype)
 
         def attend(h, layer):
-            q, k, v = self._attention_input(h, layer, positions)
-            self.k_cache[layer, slots, :, :length] = k  # broadcast over the n samples of the prompt
+            q, k, v = self._attention_input(h, layer, rope)
+            self.k_cache[layer, slots, :, :, :length] = k.transpose(-1, -2)  # broadcast over the n samples
             self.v_cache[layer, slots, :, :length] = v
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
 
@@ -215,14 +252,16 @@ class Decoder:
         span = int(positions.max()) + 1
         rows = torch.arange(b, device=tokens.device)
         mask = (torch.arange(span, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # [B,1,1,T]
+        mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
+
+        rope = self._rope(positions[:, None], self.k_cache.dtype)  # once for all layers
 
         def attend(h, layer):
-            q, k, v = self._attention_input(h, layer, positions[:, None])
-            self.k_cache[layer, rows, :, positions] = k[:, :, 0]
+            q, k, v = self._attention_input(h, layer, rope)
+            self.k_cache[layer, rows, :, :, positions] = k[:, :, 0]
             self.v_cache[layer, rows, :, positions] = v[:, :, 0]
-            keys, values = self.k_cache[layer, :b, :, :span], self.v_cache[layer, :b, :, :span]
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                  enable_gqa=self.heads != self.kv_heads)
+            keys_t, values = self.k_cache[layer, :b, :, :, :span], self.v_cache[layer, :b, :, :span]
+            return _decode_attention(q, keys_t, values, mask)
 
         x = self.w["model.embed_tokens.weight"][tokens][:, None]
         for layer in range(self.cfg.num_layers):

@@ -1,0 +1,206 @@
+"""Rollout through SGLang's offline engine (`sglang.Engine`), a GPU-only optional extra.
+
+SGLang calls used (public offline-engine API, 2025-2026 releases):
+  * `sglang.Engine(model_path, tp_size, dtype, mem_fraction_static, random_seed, enable_memory_saver,
+    enable_weights_cpu_backup, [context_length])`: memory saver + CPU weight backup make release/resume lossless.
+  * `engine.async_generate(input_ids=[...], sampling_params={...}, return_logprob=True, rid=...)`, one call
+    per sample, driven on `engine.loop`; each result has `meta_info["output_token_logprobs"]`, a list of
+    (logprob, token_id, text) for the sampled tokens, and `meta_info["finish_reason"]["type"]` in
+    {"stop", "length", "abort"}. Sampling keys: max_new_tokens, temperature (0 = greedy), top_k (-1 = off),
+    top_p, stop_token_ids, stop, ignore_eos, sampling_seed.
+  * `engine.tokenizer_manager.abort_request(rid)`: stops a request; it returns partial with reason "abort".
+  * `release_memory_occupation()` / `resume_memory_occupation()`, `update_weights_from_tensor(named_tensors=
+    [(name, tensor)], flush_cache=...)`, `flush_cache()`, `shutdown()`.
+Logprobs: by default SGLang returns log softmax(logits / temperature) before top-k/top-p (greedy runs at
+temperature 1), what `RolloutResult` promises; do not set SGLANG_RETURN_ORIGINAL_LOGPROB.
+Seeds: `sampling_seed` is only honoured when the engine runs with `enable_deterministic_inference=True`
+(pass it as an engine kwarg); otherwise sampling uses SGLang's global RNG (`random_seed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
+from rlinf_like.utils.extras import require
+from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
+
+ABORT_GRACE_S = 30.0  # after an abort, how long to wait for SGLang to hand back the partial samples
+BUCKET_BYTES = 512 << 20  # weights are pushed in buckets so one sync never serialises the whole model at once
+Sample = tuple[list[int], list[float], str]
+
+
+def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of an HF safetensors checkpoint, read from the file headers only."""
+    from safetensors import safe_open
+
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else \
+        [p.name for p in sorted(root.glob("*.safetensors"))]
+    shapes = {}
+    for file in files:
+        with safe_open(str(root / file), framework="pt") as f:
+            for name in f.keys():
+                if "rotary_emb.inv_freq" not in name:  # a buffer old checkpoints carry; no engine loads it
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+class SGLangEngine(RolloutEngine):
+    def __init__(self, config: RolloutConfig, **engine_kwargs):
+        sgl = require("sglang")  # first: a clear MissingExtraError before any work
+        from transformers import AutoConfig
+
+        super().__init__()
+        self.config = config
+        self.dtype = getattr(torch, config.dtype)
+        self.max_context = config.max_context or AutoConfig.from_pretrained(config.model_path).max_position_embeddings
+        self._rng = random.Random(config.seed)  # seeds for requests that bring none
+        self._shapes = checkpoint_shapes(config.model_path)
+        self._stage: dict[str, torch.Tensor] | None = None
+        self._offloaded = False
+        self._pending_push = False
+        kwargs = dict(model_path=config.model_path, tp_size=1, dtype=config.dtype, random_seed=config.seed,
+                      mem_fraction_static=config.sglang_mem_fraction,
+                      enable_memory_saver=True, enable_weights_cpu_backup=True)  # offload keeps weights on host
+        if config.max_context:
+            kwargs["context_length"] = config.max_context
+        kwargs.update(engine_kwargs)  # e.g. attention_backend, enable_deterministic_inference
+        self.engine = sgl.Engine(**kwargs)
+
+    # --- generation ------------------------------------------------------------------------------------
+    def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
+        results: list[RolloutResult | None] = [None] * len(requests)
+        jobs = []
+        for i, request in enumerate(requests):
+            error = request_error(request, self.max_context, 1 << 30)  # SGLang schedules any n: no slot limit
+            if error is not None:
+                results[i] = rejected(request, error, self.version)
+                if on_result is not None:
+                    on_result(results[i])
+            else:
+                jobs.append(i)
+        if jobs:
+            self.engine.loop.run_until_complete(self._serve(requests, jobs, results, on_result))
+        self._abort.clear()
+        return results
+
+    def _sampling_params(self, request: RolloutRequest, sample_index: int) -> dict:
+        s = request.sampling
+        seed = self._rng.getrandbits(62) if s.seed is None else (s.seed * 1_000_003 + sample_index) % (1 << 62)
+        return {
+            "max_new_tokens": min(s.max_new_tokens, self.max_context - len(request.prompt_ids)),
+            "temperature": s.temperature, "top_k": s.top_k if s.top_k > 0 else -1,
+            "top_p": 1.0 if s.greedy else s.top_p, "ignore_eos": s.ignore_eos,
+            "stop_token_ids": list(s.stop_token_ids) or None, "stop": list(s.stop_strings) or None,
+            "sampling_seed": seed,  # always distinct: deterministic mode gives unseeded samples one fixed seed
+        }
+
+    async def _serve(self, requests, jobs: list[int], results: list, on_result: ResultCallback | None) -> None:
+        loop = asyncio.get_running_loop()
+        owner, samples, rids = {}, {i: [None] * requests[i].n for i in jobs}, []
+        for i in jobs:
+            for j in range(requests[i].n):
+                rid = f"{requests[i].request_id}/{j}/{uuid.uuid4().hex}"  # unique across calls
+                params = self._sampling_params(requests[i], j)
+                task = asyncio.ensure_future(self._sample(requests[i].prompt_ids, params, rid))
+                owner[task] = (i, j)
+                rids.append(rid)
+        pending, deadline = set(owner), None
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i, j = owner[task]
+                samples[i][j] = task.result()
+                if all(s is not None for s in samples[i]):
+                    results[i] = self._result(requests[i], samples[i])
+                    if on_result is not None:
+                        on_result(results[i])
+            if self._abort.is_set() and deadline is None:
+                for rid in rids:  # unknown or finished rids are ignored by SGLang
+                    self.engine.tokenizer_manager.abort_request(rid)
+                deadline = loop.time() + ABORT_GRACE_S
+            if deadline is not None and loop.time() > deadline:
+                for task in pending:  # SGLang never answered: give up on them as aborted
+                    task.cancel()
+
+    async def _sample(self, prompt: list[int], params: dict, rid: str) -> Sample | str:
+        try:
+            out = await self.engine.async_generate(input_ids=list(prompt), sampling_params=params,
+                                                   return_logprob=True, rid=rid)
+        except asyncio.CancelledError:
+            return [], [], "abort"
+        except Exception as err:  # noqa: BLE001 - after an abort SGLang may raise instead of returning partial
+            return ([], [], "abort") if self._abort.is_set() else f"sglang: {type(err).__name__}: {err}"
+        meta = out["meta_info"]
+        pairs = meta.get("output_token_logprobs") or []  # (logprob, token id, text): the sampled tokens
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else str(reason or "")
+        reason = kind if kind in ("stop", "length") else "abort"
+        return [int(t) for _, t, *_ in pairs], [float(p) for p, *_ in pairs], reason
+
+    def _result(self, request: RolloutRequest, samples: list[Sample | str]) -> RolloutResult:
+        errors = [s for s in samples if isinstance(s, str)]
+        if errors:  # SGLang refused a sample: the whole group is reported, the other requests go on
+            return rejected(request, f"request {request.request_id!r}: {errors[0]}", self.version)
+        result = RolloutResult(request.request_id, list(request.prompt_ids), version=self.version)
+        for tokens, logprobs, reason in samples:
+            result.response_ids.append(tokens)
+            result.logprobs.append(logprobs)
+            result.finish_reasons.append(reason)
+        return result
+
+    # --- memory ----------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        if not self._offloaded:
+            self.engine.release_memory_occupation()  # weights (backed up on host) and KV cache
+            self._offloaded = True
+
+    def onload(self) -> None:
+        if self._offloaded:
+            self.engine.resume_memory_occupation()
+            self._offloaded = False
+            self.engine.flush_cache()  # cached prefixes point into KV memory that was given back
+        if self._pending_push:  # a sync arrived while offloaded: its weights go in now
+            self._push_weights()
+
+    # --- weights ---------------------------------------------------------------------------------------
+    def weight_layouts(self) -> list[TensorLayout]:
+        # the driver (this process) receives whole tensors; SGLang shards them itself when loading
+        return [replicated(name, shape, 1, str(self.dtype)) for name, shape in self._shapes.items()]
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        if self._stage is None:  # allocated on first use: engines that never sync pay nothing
+            self._stage = {name: torch.empty(shape, dtype=self.dtype) for name, shape in self._shapes.items()}
+        return self._stage
+
+    def _weights_changed(self) -> None:
+        self._pending_push = True
+        if not self._offloaded:  # released weights cannot be written; onload pushes them
+            self._push_weights()
+
+    def _push_weights(self) -> None:
+        items = list(self.weight_tensors().items())
+        bucket, size = [], 0
+        for k, (name, tensor) in enumerate(items):
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            last = k == len(items) - 1
+            if size >= BUCKET_BYTES or last:
+                out = self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=last)
+                if isinstance(out, tuple) and not out[0]:
+                    raise RuntimeError(f"sglang update_weights_from_tensor failed: {out[1]}")
+                bucket, size = [], 0
+        self._pending_push = False
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
