@@ -1,0 +1,93 @@
+"""Rule-based verifiable rewards for reasoning tasks: pure functions of (response text, reference).
+
+The answer is the content of the last `\\boxed{...}` (nested braces allowed) or, failing that, what
+follows the last `Answer:`. Answers compare numerically when both parse as numbers (integers,
+decimals, fractions like 3/4, thousands separators, a trailing period or unit-free $), else as
+normalised strings. Format reward and penalties follow common practice (torchtune's GRPO recipe
+gives partial credit for the format; no-EOS and too-short responses are penalised).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+_ANSWER_LINE = re.compile(r"answer\s*[:：]\s*(.+)", re.IGNORECASE)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...}, braces balanced; None if there is none (or it never closes)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    matches = _ANSWER_LINE.findall(text)
+    return matches[-1].strip().splitlines()[0].strip() if matches else None
+
+
+def parse_number(text: str) -> Fraction | None:
+    """'1,234' -> 1234, '-3/4' -> -3/4, '2.50' -> 5/2, '$7.' -> 7; None if not a plain number."""
+    cleaned = text.strip().rstrip(".").replace(",", "").replace("$", "").replace(" ", "")
+    cleaned = re.sub(r"^\\frac\{(-?\d+)\}\{(-?\d+)\}$", r"\1/\2", cleaned)
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().rstrip(".").lower())
+
+
+def answers_match(predicted: str | None, reference: str) -> bool:
+    if predicted is None:
+        return False
+    a, b = parse_number(predicted), parse_number(reference)
+    if a is not None and b is not None:
+        return a == b
+    return _normalise(predicted) == _normalise(reference)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    correct: float = 1.0
+    format: float = 0.1  # an answer could be extracted at all (well-formed but wrong)
+    no_eos_penalty: float = 0.0  # subtracted when the response hit the length limit
+    min_response_tokens: int = 0  # shorter responses get `short_penalty` subtracted
+    short_penalty: float = 0.0
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    total: float
+    correct: bool
+    formatted: bool
+    answer: str | None
+
+
+def score(response: str, reference: str, finished: bool, num_tokens: int,
+          config: RewardConfig = RewardConfig()) -> RewardBreakdown:
+    """Reward of one response: `correct` if right, else `format` if an answer was given, minus penalties."""
+    answer = extract_answer(response)
+    correct = answers_match(answer, reference)
+    total = config.correct if correct else (config.format if answer is not None else 0.0)
+    if not finished:
+        total -= config.no_eos_penalty
+    if num_tokens < config.min_response_tokens:
+        total -= config.short_penalty
+    return RewardBreakdown(total, correct, answer is not None, answer)
