@@ -1,0 +1,37 @@
+"""Task generation and JSONL loading."""
+
+import json
+
+import pytest
+
+from rlinf_like.data.tasks import ArithmeticSpec, arithmetic_problems, load_jsonl, split_train_test
+from rlinf_like.workers.reward import score
+
+
+def test_arithmetic_is_deterministic_correct_and_rewardable():
+    spec = ArithmeticSpec(terms=3, max_operand=20, operators="+-*")
+    a, b = arithmetic_problems(50, seed=3, spec=spec), arithmetic_problems(50, seed=3, spec=spec)
+    assert a == b and a != arithmetic_problems(50, seed=4, spec=spec)
+    for p in a:
+        assert eval(p.prompt[:-1]) == int(p.answer)  # the reference is the expression's value
+        assert score(p.solution, p.answer, finished=True, num_tokens=10).correct
+
+
+def test_held_out_is_disjoint_from_train():
+    train, test = split_train_test(200, 50, seed=0)
+    assert len(test) == 50 and not {p.prompt for p in train} & {p.prompt for p in test}
+    with pytest.raises(ValueError, match="held-out"):
+        split_train_test(500, 200, seed=0, spec=ArithmeticSpec(max_operand=3))  # only 32 distinct problems
+
+
+def test_jsonl_formats(tmp_path):
+    path = tmp_path / "data.jsonl"
+    rows = [{"question": "2 apples and 3 more?", "answer": "2+3=5\n#### 5"},
+            {"prompt": "7*6=", "answer": "42"},
+            {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    problems = load_jsonl(path)
+    assert [(p.prompt, p.answer) for p in problems] == [("2 apples and 3 more?", "5"), ("7*6=", "42"), ("1+1?", "2")]
+    path.write_text(json.dumps({"text": "x"}))
+    with pytest.raises(ValueError, match=r"data.jsonl:1: needs 'prompt' or 'question'"):
+        load_jsonl(path)
