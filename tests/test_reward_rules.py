@@ -11,6 +11,9 @@ from rlinf_like.workers.reward import RewardConfig, answers_match, extract_answe
     ("Work: 3+4=7\nAnswer: 7\n", "7"),
     ("answer: 12\nno wait, Answer: 13 apples", "13 apples"),  # the last one counts
     ("\\boxed{unclosed", None),
+    ("Answer:   ", None),  # nothing after the colon
+    ("Answer:\n5", None),  # the answer must be on the Answer line
+    ("answer：3 ", "3"),
     ("just text", None),
 ])
 def test_extract_answer(text, answer):

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-_ANSWER_LINE = re.compile(r"answer\s*[:：]\s*(.+)", re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"answer[ \t]*[:：][ \t]*(\S[^\n]*)", re.IGNORECASE)  # text on the same line
 
 
 def last_boxed(text: str) -> str | None:
@@ -37,7 +37,7 @@ def extract_answer(text: str) -> str | None:
     if boxed is not None:
         return boxed
     matches = _ANSWER_LINE.findall(text)
-    return matches[-1].strip().splitlines()[0].strip() if matches else None
+    return matches[-1].strip() if matches else None
 
 
 def parse_number(text: str) -> Fraction | None:
