@@ -18,6 +18,7 @@ setup(
         "tensorboard",
         "transformers>=4.45",  # HF causal LMs in the model managers
         "safetensors",
+        "matplotlib",  # the closing plot of a training run
     ],
     extras_require={
         "megatron": ["megatron-core>=0.16,<0.17", "packaging"],  # install with --no-deps on CPU

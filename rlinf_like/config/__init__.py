@@ -1,6 +1,6 @@
 """Schema-first config: dataclasses are the source of truth; hydra composes YAML + CLI overrides;
 `structure` turns the result into the dataclass, naming any wrong key and the allowed ones."""
 
-from rlinf_like.config.validate import ConfigError, structure
+from rlinf_like.config.validate import ConfigError, check_overrides, structure
 
-__all__ = ["ConfigError", "structure"]
+__all__ = ["ConfigError", "check_overrides", "structure"]

@@ -92,3 +92,37 @@ def _check(tp: Any, value: Any, path: str) -> Any:
     if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
         raise ConfigError(f"'{path}' must be {tp.__name__}, got {value!r} ({type(value).__name__})")
     return value
+
+
+def check_overrides(cls: type, overrides: list[str]) -> None:
+    """Check hydra command-line overrides (`a.b=1`, `+a.c=2`, `~a.d`) against the schema before
+    hydra composes anything, so a typo fails with the allowed keys and the closest match
+    (hydra's own error names only the key). Keys under dict-typed fields are free."""
+    for override in overrides:
+        if "=" not in override and not override.startswith("~"):
+            continue
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key.startswith("hydra.") or key == "hydra" or key.startswith("--"):
+            continue
+        tp: Any = cls
+        for depth, part in enumerate(key.split(".")):
+            tp = _dataclass_of(tp)
+            if tp is None:
+                break  # inside a dict or a plain value: no schema below here
+            names = [f.name for f in dataclasses.fields(tp)]
+            if part not in names:
+                path = ".".join(key.split(".")[:depth])
+                close = difflib.get_close_matches(part, names, n=1)
+                hint = f"; did you mean '{_join(path, close[0])}'?" if close else ""
+                raise ConfigError(
+                    f"unknown config key '{_join(path, part)}'; allowed keys of {tp.__name__}: {sorted(names)}{hint}"
+                )
+            tp = typing.get_type_hints(tp)[part]
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next((a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)), None)
+    return None

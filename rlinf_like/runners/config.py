@@ -1,0 +1,83 @@
+"""The reasoning runner's config schema: dataclasses are the source of truth, YAML presets are
+small, and `structure(ReasoningConfig, cfg)` rejects an unknown key by name before any worker starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.workers.reward.rules import RewardConfig
+
+COMPONENTS = ("actor", "rollout", "reward", "reference")
+
+
+@dataclass
+class TaskConfig:
+    kind: str = "arithmetic"  # "arithmetic" (generated) or "jsonl" (train_path / test_path)
+    terms: int = 2
+    max_operand: int = 20
+    operators: str = "+-"
+    sft_problems: int = 600  # warm-start set; RL draws fresh problems outside the held-out set
+    test_problems: int = 200
+    seed: int = 0
+    train_path: str = ""
+    test_path: str = ""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # an HF checkpoint directory; empty: build the tiny model below
+    arch: str = "qwen2"
+    hidden_size: int = 128
+    intermediate_size: int = 352
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    init_std: float = 0.02
+    seed: int = 0
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"  # grpo | rloo
+    scale_by_std: bool = True  # grpo only; false = Dr. GRPO
+    samples_per_prompt: int = 8
+    lr: float = 5e-4
+    epochs: int = 1
+    mini_batches: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    aggregation: str = "token-mean"
+    kl_beta: float = 0.0  # > 0 launches the reference model
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+
+
+@dataclass
+class RunnerConfig:
+    max_steps: int = 60
+    prompts_per_step: int = 16
+    max_new_tokens: int = 12
+    temperature: float = 1.0
+    max_staleness: int = 0  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined)
+    sft_steps: int = 300
+    sft_batch_size: int = 64
+    sft_lr: float = 2e-3
+    eval_every: int = 10
+    save_every: int = 20
+    resume: bool = False
+    output_dir: str = "runs/reasoning"
+    micro_batch_size: int = 64
+    rollout_slots: int = 128
+    seed: int = 0
+
+
+@dataclass
+class ReasoningConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)

@@ -1,0 +1,296 @@
+"""Reasoning RL: data -> rollout -> reward -> (reference) -> actor -> weight sync, step after step.
+
+The placement decides the mode. Actor and rollout on the same devices: collocated, they take
+turns (actor offloads while the rollout generates, then the reverse) and every step is
+on-policy. On different devices: pipelined, the rollout generates the next `max_staleness`
+batches with the weights it has while the actor trains; every sample carries the policy
+version that made it, and the step log reports the staleness.
+
+A run warm-starts the actor with SFT (so GRPO starts from non-zero reward), then trains with
+the configured advantage estimator and loss. Checkpoints (actor state + runner state) every
+`save_every` steps; `runner.resume=true` continues from the last one with the same data order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from rlinf_like.algorithms import OUTCOME_ADVANTAGES
+from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig
+from rlinf_like.data.batch import build_rl_batch, build_sft_batch
+from rlinf_like.data.tasks import ArithmeticSpec, Problem, arithmetic_problems, load_jsonl, split_train_test
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.hybrid_engines.reshard import SyncPlan
+from rlinf_like.models import load_tokenizer
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
+from rlinf_like.scheduler import Cluster, PlacementMode, connect_groups, wait_all
+from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
+from rlinf_like.workers.inference.worker import InferenceWorker
+from rlinf_like.workers.reward.worker import RewardWorker
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
+from rlinf_like.workers.rollout.worker import RolloutWorker
+
+CHECKPOINT = "checkpoint"
+
+
+def check_config(cfg: ReasoningConfig) -> None:
+    """Values a schema cannot check, failing before any worker starts and naming the key."""
+    choices = {"algorithm.advantage": (cfg.algorithm.advantage, OUTCOME_ADVANTAGES.names()),
+               "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
+               "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
+               "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"])}
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not one of {allowed}")
+    positive = {"runner.max_steps": cfg.runner.max_steps, "runner.prompts_per_step": cfg.runner.prompts_per_step,
+                "algorithm.samples_per_prompt": cfg.algorithm.samples_per_prompt,
+                "runner.max_new_tokens": cfg.runner.max_new_tokens}
+    for key, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{key} must be > 0, got {value}")
+    if cfg.runner.max_staleness < 0:
+        raise ValueError(f"runner.max_staleness must be >= 0, got {cfg.runner.max_staleness}")
+    if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
+        raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+
+
+class ReasoningRunner:
+    def __init__(self, cfg: ReasoningConfig):
+        check_config(cfg)
+        self.cfg = cfg
+        self.out = Path(cfg.runner.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.sft_set, self.test_set, self.rl_pool = self._tasks()
+        self.model_path = self._model_path()
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.history: list[dict] = []
+        self.step = 0
+        self.version = 0
+
+    # --- setup ------------------------------------------------------------------------------------------
+    def _tasks(self) -> tuple[list[Problem], list[Problem], list[Problem]]:
+        t = self.cfg.task
+        if t.kind == "jsonl":
+            train, test = load_jsonl(t.train_path), load_jsonl(t.test_path)
+            return train, test, train
+        spec = ArithmeticSpec(t.terms, t.max_operand, t.operators)
+        sft, test = split_train_test(t.sft_problems, t.test_problems, t.seed, spec)
+        held_out = {p.prompt for p in test}
+        pool = [p for p in arithmetic_problems(20 * t.sft_problems, t.seed + 17, spec) if p.prompt not in held_out]
+        return sft, test, pool
+
+    def _model_path(self) -> str:
+        m = self.cfg.model
+        if m.path:
+            return m.path
+        spec = TinyModelSpec(arch=m.arch, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                             num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                             init_std=m.init_std, seed=m.seed)
+        return str(write_tiny_model(self.out / "init_model", spec))
+
+    def _launch(self, cluster: Cluster) -> None:
+        cfg, a = self.cfg, self.cfg.algorithm
+        placement = cluster.place(known_components=COMPONENTS)
+        needed = ["actor", "rollout", "reward"] + (["reference"] if a.kl_beta > 0 else [])
+        missing = [c for c in needed if c not in placement.components]
+        if missing:  # before any worker starts
+            raise ValueError(f"cluster.component_placement places no {missing} (needed"
+                             f"{' with algorithm.kl_beta > 0' if 'reference' in missing else ''}); "
+                             f"it places {sorted(placement.components)}")
+        print(placement.describe())
+        self.collocated = placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED
+        loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), a.kl_beta,
+                          a.kl_estimator, a.entropy_coef, temperature=cfg.runner.temperature)
+        actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, a.mini_batches,
+                                cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
+        self.actor = ActorWorker.create_group(actor_cfg).launch(cluster, placement, "actor")
+        rollout_cfg = RolloutConfig(model_path=self.model_path, max_batch_size=cfg.runner.rollout_slots,
+                                    seed=cfg.runner.seed)
+        self.rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
+        self.reward = RewardWorker.create_group(self.model_path, cfg.reward).launch(
+            cluster, placement, "reward", init_process_group=False)
+        self.reference = None
+        if a.kl_beta > 0:
+            self.reference = InferenceWorker.create_group(self.model_path, cfg.runner.micro_batch_size,
+                                                          cfg.runner.temperature).launch(cluster, placement, "reference")
+        connect_groups(self.actor, self.rollout, "weights")
+        [src] = self.actor.on_ranks(0).weight_layouts().wait()
+        [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
+        plan = SyncPlan.build(src, dst, "actor", "rollout")
+        wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
+
+    # --- phases -----------------------------------------------------------------------------------------
+    def _sync_weights(self) -> None:
+        self.version += 1
+        wait_all([self.actor.publish_weights(self.version), self.rollout.apply_weights(self.version)])
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text).input_ids
+
+    def warm_start(self) -> None:
+        r = self.cfg.runner
+        if r.sft_steps <= 0:
+            return
+        rng = random.Random(r.seed)
+        self.actor.set_lr(r.sft_lr).wait()
+        eos = self.tokenizer.eos_token_id
+        for _ in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
+            items = [rng.choice(self.sft_set) for _ in range(r.sft_batch_size)]
+            batch = build_sft_batch([self._encode(p.prompt) for p in items],
+                                    [self._encode(p.solution) + [eos] for p in items])
+            self.actor.sft_step(batch).wait()
+        self.actor.set_lr(self.cfg.algorithm.lr).wait()
+        self._sync_weights()
+
+    def _requests(self, step: int) -> tuple[list[RolloutRequest], list[Problem]]:
+        r = self.cfg.runner
+        rng = random.Random(r.seed * 1_000_003 + step)  # data order depends on the step only: resumable
+        problems = [rng.choice(self.rl_pool) for _ in range(r.prompts_per_step)]
+        params = [SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                                 seed=rng.getrandbits(31)) for _ in problems]
+        reqs = [RolloutRequest(f"s{step}-{i}", self._encode(p.prompt), sp, self.cfg.algorithm.samples_per_prompt)
+                for i, (p, sp) in enumerate(zip(problems, params))]
+        return reqs, problems
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out set."""
+        greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
+        reqs = [RolloutRequest(f"eval-{i}", self._encode(p.prompt), greedy) for i, p in enumerate(self.test_set)]
+        results = self.rollout.generate(reqs).wait()[0]
+        scores = self.reward.score(results, [p.answer for p in self.test_set]).wait()[0]
+        return sum(group[0]["correct"] for group in scores) / len(scores)
+
+    def _train_on(self, results, problems) -> dict[str, float]:
+        a, times = self.cfg.algorithm, {}
+        start = time.perf_counter()
+        scores = self.reward.score(results, [p.answer for p in problems]).wait()[0]
+        rewards = torch.tensor([[s["reward"] for s in group] for group in scores])
+        estimator = OUTCOME_ADVANTAGES.get(a.advantage)
+        advantages = estimator(rewards, scale_by_std=a.scale_by_std) if a.advantage == "grpo" else estimator(rewards)
+        rows = [(res.prompt_ids, resp, lp, float(advantages[i, j]))
+                for i, res in enumerate(results) for j, (resp, lp) in enumerate(zip(res.response_ids, res.logprobs))]
+        batch = build_rl_batch(*zip(*rows), pad_id=self.tokenizer.pad_token_id or 0)
+        times["reward_s"] = time.perf_counter() - start
+        if self.reference is not None:
+            start = time.perf_counter()
+            batch["ref_logprobs"] = torch.cat(self.reference.compute_logprobs(batch).wait())
+            times["reference_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if self.collocated:
+            self.actor.onload().wait()
+        metrics = self.actor.train_step(batch).wait()[0]
+        times["train_s"] = time.perf_counter() - start
+        correct = [s["correct"] for group in scores for s in group]
+        return {**metrics, **times, "reward": float(rewards.mean()), "train_accuracy": sum(correct) / len(correct),
+                "staleness": float(self.version - min(r.version for r in results)),
+                "response_tokens": float(batch["response_mask"].sum() / len(rows))}
+
+    # --- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        r = self.cfg.runner
+        with Cluster(self.cfg.cluster) as cluster:
+            self._launch(cluster)
+            if r.resume and (self.out / CHECKPOINT / "runner.json").exists():
+                self._restore()
+            else:
+                self.warm_start()
+                self.history.append({"step": 0, "eval_accuracy": self.evaluate()})
+            writer = SummaryWriter(str(self.out / "tensorboard"))
+            pending: deque = deque()
+            bar = tqdm(range(self.step, r.max_steps), desc="GRPO", unit="step", initial=self.step, total=r.max_steps)
+            for step in bar:
+                lead = 0 if self.collocated else r.max_staleness
+                while len(pending) <= lead and step + len(pending) < r.max_steps:
+                    reqs, problems = self._requests(step + len(pending))
+                    if self.collocated:
+                        self.actor.offload().wait()
+                        self.rollout.onload().wait()
+                    start = time.perf_counter()
+                    pending.append((self.rollout.generate(reqs), problems, start))
+                handle, problems, start = pending.popleft()
+                results = handle.wait()[0]
+                rollout_s = time.perf_counter() - start
+                if self.collocated:
+                    self.rollout.offload().wait()
+                metrics = self._train_on(results, problems)
+                tokens = sum(len(t) for res in results for t in res.response_ids)
+                metrics.update(rollout_s=rollout_s, rollout_tokens_per_s=tokens / max(rollout_s, 1e-9))
+                if self.collocated:
+                    self.rollout.onload().wait()
+                self._sync_weights()
+                self.step = step + 1
+                if self.step % r.eval_every == 0 or self.step == r.max_steps:
+                    metrics["eval_accuracy"] = self.evaluate()
+                for k, v in metrics.items():
+                    writer.add_scalar(f"grpo/{k}", v, self.step)
+                self.history.append({"step": self.step, **metrics})
+                bar.set_postfix(reward=f"{metrics['reward']:.2f}",
+                                acc=f"{metrics.get('eval_accuracy', float('nan')):.2f}")
+                if self.step % r.save_every == 0 or self.step == r.max_steps:
+                    self._checkpoint()
+            writer.close()
+            self.actor.export_hf(str(self.out / "final_model")).wait()
+        return self._summary()
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        path = self.out / CHECKPOINT
+        self.actor.save(str(path / "actor")).wait()
+        state = {"step": self.step, "version": self.version, "history": self.history}
+        tmp = path / "runner.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path / "runner.json")  # the runner state flips only after the actor state is complete
+
+    def _restore(self) -> None:
+        path = self.out / CHECKPOINT
+        state = json.loads((path / "runner.json").read_text())
+        self.actor.load(str(path / "actor")).wait()
+        self.step, self.version, self.history = state["step"], state["version"], state["history"]
+        self._sync_weights()  # the rollout starts from the checkpoint's weights
+        print(f"resumed at step {self.step} from {path}")
+
+    def _summary(self) -> dict:
+        evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
+        rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
+        plot_curves(evals, rewards, self.out / "curves.png")
+        summary = {"steps": self.step, "eval_accuracy_start": evals[0][1], "eval_accuracy_end": evals[-1][1],
+                   "reward_first": rewards[0][1] if rewards else None, "reward_last": rewards[-1][1] if rewards else None,
+                   "output_dir": str(self.out)}
+        (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
+                                                          indent=1, default=str))
+        print("\n  step  eval_accuracy")
+        for step, acc in evals:
+            print(f"  {step:>4}  {acc:.3f}")
+        print(f"plot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
+        return summary
+
+
+def plot_curves(evals: list[tuple[int, float]], rewards: list[tuple[int, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if rewards:
+        ax.plot(*zip(*rewards), label="mean reward (train samples)", alpha=0.6)
+    ax.plot(*zip(*evals), marker="o", label="held-out accuracy (greedy)")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""The trained policy: ActorWorker on a ModelManager, and its RL loss."""

@@ -1,0 +1,58 @@
+"""The actor's RL loss over a `build_rl_batch` batch: one function for GRPO, PPO and REINFORCE++.
+
+Advantages arrive precomputed (the estimator is the runner's choice); this combines the clipped
+policy loss, an optional KL-to-reference loss term, an entropy bonus and the rollout/trainer
+importance correction, all from the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rlinf_like.algorithms import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig, policy_loss, truncated_is_weights
+from rlinf_like.algorithms.masked import masked_mean
+from rlinf_like.hybrid_engines.model_manager import model_logits
+
+
+@dataclass
+class LossConfig:
+    policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    kl_beta: float = 0.0  # weight of KL(pi || ref) as a loss term; needs "ref_logprobs" in the batch
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    is_correction_cap: float | None = None  # truncate pi_old / pi_rollout at this; None = off
+    temperature: float = 1.0  # the rollout's sampling temperature: logprobs are taken under it
+
+
+def rl_loss(config: LossConfig):
+    """A `LossFn` for `ModelManager.forward_backward`."""
+
+    def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        logits = model_logits(model, batch)[:, :-1].float() / config.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logprobs = logp_all.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+        mask = batch["response_mask"]
+        old = batch.get("recomputed_logprobs", batch["old_logprobs"])
+        is_weights = None
+        if config.is_correction_cap is not None and "recomputed_logprobs" in batch:
+            is_weights = truncated_is_weights(batch["recomputed_logprobs"], batch["old_logprobs"],
+                                              config.is_correction_cap)
+        loss, metrics = policy_loss(logprobs, old, batch["advantages"], mask, config.policy, is_weights)
+        metrics["policy_loss"] = float(loss.detach())
+        if config.kl_beta > 0:
+            kl = KL_ESTIMATORS.get(config.kl_estimator)(logprobs, batch["ref_logprobs"])
+            kl_term = AGGREGATIONS.get(config.policy.aggregation)(kl, mask)
+            loss = loss + config.kl_beta * kl_term
+            metrics["kl"] = float(kl_term.detach())
+        # entropy is always reported; it carries gradient only when it is weighted into the loss
+        with torch.set_grad_enabled(config.entropy_coef > 0 and torch.is_grad_enabled()):
+            mean_entropy = masked_mean(-(logp_all.exp() * logp_all).sum(-1), mask)
+        metrics["entropy"] = float(mean_entropy)
+        if config.entropy_coef > 0:
+            loss = loss - config.entropy_coef * mean_entropy
+        return loss, metrics
+
+    return loss_fn

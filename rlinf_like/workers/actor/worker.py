@@ -1,0 +1,120 @@
+"""ActorWorker: the trained policy, one data-parallel rank per worker, on a ModelManager.
+
+Every rank receives the whole batch and trains on its own rows (`shard_rows`); mini-batches give
+one optimizer step each, micro-batches accumulate gradients inside a mini-batch, and only the
+last micro-batch syncs gradients. The same loop serves SFT warm-start (token NLL) and RL
+(`rl_loss`), so there is one actor loop for every algorithm and backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
+from rlinf_like.hybrid_engines.model_manager import token_nll_loss
+from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
+from rlinf_like.scheduler import Worker
+from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+
+
+@dataclass
+class ActorConfig:
+    model_path: str = ""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    mini_batches: int = 1  # optimizer steps per batch and epoch
+    micro_batch_size: int = 64  # rows per forward/backward (per rank)
+    epochs: int = 1  # passes over each RL batch
+    seed: int = 0
+
+
+def _micro_batches(batch: Batch, size: int) -> list[Batch]:
+    n = batch["input_ids"].shape[0]
+    return [select_rows(batch, slice(i, i + size)) for i in range(0, n, size)]
+
+
+class ActorWorker(Worker):
+    def __init__(self, config: ActorConfig):
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(config.seed)
+        self.config = config
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+        self.manager = FSDPModelManager(model, config.fsdp)
+        self._sender: WeightSender | None = None
+        self._loss = rl_loss(config.loss)
+
+    # --- training -------------------------------------------------------------------------------------
+    def _train(self, batch: Batch, loss_fn, epochs: int) -> dict[str, float]:
+        mine = shard_rows(batch, self.rank, self.world_size)
+        rows = mine["input_ids"].shape[0]
+        totals: dict[str, float] = {}
+        steps = 0
+        generator = torch.Generator().manual_seed(self.config.seed * 1000 + self.manager.step)
+        for _ in range(epochs):
+            order = torch.randperm(rows, generator=generator)
+            for mini in order.chunk(self.config.mini_batches):
+                micros = _micro_batches(select_rows(mine, mini), self.config.micro_batch_size)
+                for i, micro in enumerate(micros):
+                    metrics = self.manager.forward_backward(micro, loss_fn, loss_scale=1 / len(micros),
+                                                            sync_gradients=i == len(micros) - 1)
+                    for k, v in metrics.items():
+                        totals[k] = totals.get(k, 0.0) + v / len(micros)
+                for k, v in self.manager.optim_step().items():
+                    totals[k] = totals.get(k, 0.0) + v
+                steps += 1
+        return {k: v / steps for k, v in totals.items()}
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of supervised warm-start (loss on `loss_mask` tokens)."""
+        return self._train(batch, token_nll_loss, epochs=1)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """RL update on a `build_rl_batch` batch (plus ref_logprobs when the KL term is on)."""
+        return self._train(batch, self._loss, epochs=self.config.epochs)
+
+    def set_lr(self, lr: float) -> None:
+        """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule
+        keeps applying on top."""
+        for group in self.manager.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = lr
+        self.manager.scheduler.base_lrs = [lr] * len(self.manager.optimizer.param_groups)
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Trainer-side logprobs of this rank's rows (to correct for the rollout engine's)."""
+        return self.manager.compute_logprobs(shard_rows(batch, self.rank, self.world_size),
+                                             self.config.loss.temperature)
+
+    # --- weights, memory, checkpoints -----------------------------------------------------------------
+    def weight_layouts(self) -> list[TensorLayout]:
+        return self.manager.shard_layouts()
+
+    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
+        self._sender = WeightSender(self.peer_group(peer_group), plan, self.rank, transport)
+
+    def publish_weights(self, version: int) -> int:
+        if self._sender is None:
+            raise RuntimeError(f"{self.name}: publish_weights before connect_weights")
+        return self._sender.publish(version, self.manager.named_shards())
+
+    def offload(self) -> None:
+        self.manager.offload()
+
+    def onload(self) -> None:
+        self.manager.onload()
+
+    def save(self, path: str) -> None:
+        self.manager.save(path)
+
+    def load(self, path: str) -> None:
+        self.manager.load(path)
+
+    def export_hf(self, path: str) -> None:
+        self.manager.export_hf(path)
+
+    def status(self) -> dict:
+        s = self.manager.get_status()
+        return {"step": s.step, "lr": s.lr}

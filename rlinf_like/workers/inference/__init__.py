@@ -1,0 +1,1 @@
+"""Frozen-model logprobs (KL reference, recomputed old logprobs)."""

@@ -1,0 +1,39 @@
+"""InferenceWorker: a frozen model that returns per-token logprobs (the KL reference, or old-policy
+logprobs recomputed by the trainer's numerics). Only [rows, tokens] logprobs leave the worker,
+never logits. Data parallel: each rank scores its own rows; the caller concatenates in rank order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.hybrid_engines.model_manager import token_logprobs
+from rlinf_like.hybrid_engines.residency import ResidencyManager
+from rlinf_like.scheduler import Worker
+
+
+class InferenceWorker(Worker):
+    def __init__(self, model_path: str, micro_batch_size: int = 64, temperature: float = 1.0):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.torch_device).eval()
+        self.model.requires_grad_(False)
+        self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        self.residency = ResidencyManager(self.model)
+
+    @torch.inference_mode()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        mine = shard_rows(batch, self.rank, self.world_size)
+        rows = mine["input_ids"].shape[0]
+        parts = []
+        for i in range(0, rows, self.micro_batch_size):
+            micro = {k: v.to(self.torch_device) for k, v in select_rows(mine, slice(i, i + self.micro_batch_size)).items()}
+            parts.append(token_logprobs(self.model, micro, self.temperature).cpu())
+        return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
+
+    def offload(self) -> None:
+        self.residency.offload(["params"])
+
+    def onload(self) -> None:
+        self.residency.onload(["params"])
