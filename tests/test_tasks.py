@@ -17,6 +17,14 @@ def test_arithmetic_is_deterministic_correct_and_rewardable():
         assert score(p.solution, p.answer, finished=True, num_tokens=10).correct
 
 
+def test_worked_solutions_show_each_step():
+    from rlinf_like.data.tasks import worked_solution
+
+    assert worked_solution([3, 5, 2], ["+", "-"]) == "3+5=8, 8-2=6. Answer: 6"
+    assert worked_solution([3, 5], ["+"]) == "Answer: 8"
+    assert worked_solution([3, 5, 2], ["+", "*"]) == "Answer: 13"  # precedence: no left-to-right steps
+
+
 def test_held_out_is_disjoint_from_train():
     train, test = split_train_test(200, 50, seed=0)
     assert len(test) == 50 and not {p.prompt for p in train} & {p.prompt for p in test}

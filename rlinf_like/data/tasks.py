@@ -30,8 +30,23 @@ class ArithmeticSpec:
     operators: str = "+-"
 
 
+def worked_solution(numbers: list[int], ops: list[str]) -> str:
+    """Left-to-right steps for +/- chains ("3+5=8, 8-2=6. Answer: 6"); just the answer otherwise
+    or for a single operation. The steps are what makes multi-term problems learnable by a small
+    model: each step is one small fact, and the composition generalises."""
+    if len(ops) < 2 or any(op not in "+-" for op in ops):
+        value = eval(str(numbers[0]) + "".join(op + str(x) for op, x in zip(ops, numbers[1:])), {"__builtins__": {}})
+        return f"Answer: {value}"
+    steps, value = [], numbers[0]
+    for op, x in zip(ops, numbers[1:]):
+        new = value + x if op == "+" else value - x
+        steps.append(f"{value}{op}{x}={new}")
+        value = new
+    return ", ".join(steps) + f". Answer: {value}"
+
+
 def arithmetic_problems(n: int, seed: int, spec: ArithmeticSpec = ArithmeticSpec()) -> list[Problem]:
-    """`n` problems like "3+5-2=" with their value; the solution is the expression followed by the answer."""
+    """`n` problems like "3+5-2=" with their value and a worked solution (`worked_solution`)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -39,7 +54,7 @@ def arithmetic_problems(n: int, seed: int, spec: ArithmeticSpec = ArithmeticSpec
         ops = [rng.choice(spec.operators) for _ in range(spec.terms - 1)]
         expression = str(numbers[0]) + "".join(op + str(x) for op, x in zip(ops, numbers[1:]))
         value = eval(expression, {"__builtins__": {}})  # digits and + - * only, built above
-        out.append(Problem(prompt=f"{expression}=", answer=str(value), solution=f"Answer: {value}"))
+        out.append(Problem(prompt=f"{expression}=", answer=str(value), solution=worked_solution(numbers, ops)))
     return out
 
 
