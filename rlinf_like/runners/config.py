@@ -14,8 +14,8 @@ COMPONENTS = ("actor", "rollout", "reward", "reference")
 @dataclass
 class TaskConfig:
     kind: str = "arithmetic"  # "arithmetic" (generated) or "jsonl" (train_path / test_path)
-    terms: int = 2
-    max_operand: int = 20
+    terms: int = 3  # with worked left-to-right steps in the SFT solutions
+    max_operand: int = 9
     operators: str = "+-"
     sft_problems: int = 600  # warm-start set; RL draws fresh problems outside the held-out set
     test_problems: int = 200
@@ -58,7 +58,7 @@ class AlgorithmConfig:
 class RunnerConfig:
     max_steps: int = 60
     prompts_per_step: int = 16
-    max_new_tokens: int = 12
+    max_new_tokens: int = 28  # "3+5=8, 8-2=6. Answer: 6" and EOS
     temperature: float = 1.0
     max_staleness: int = 0  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined)
     sft_steps: int = 300
