@@ -63,11 +63,16 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
 def test_pipelined_run_is_one_version_stale_with_kl(tmp_path):
     out = tmp_path / "pipe"
     result = run_main("--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
-                      "algorithm.kl_beta=0.05", f"runner.output_dir={out}")
+                      "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "algorithm.is_correction_cap=2.0",
+                      f"runner.output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(out)[1:]
     assert [h["staleness"] for h in steps] == [0.0, 1.0, 1.0]  # later batches were made one version back
     assert all(h["kl"] >= 0 for h in steps)  # k3 is non-negative
+    # the trainer recomputed pi_old: on-policy (step 1) it agrees with the rollout engine's numbers to
+    # ~1e-5 per token; one version stale it differs by what the last update changed
+    gaps = [h["rollout_trainer_logprob_gap"] for h in steps]
+    assert gaps[0] < 1e-3 and all(g > 10 * gaps[0] for g in gaps[1:]), gaps
 
 
 def test_a_wrong_key_fails_before_any_worker_starts():

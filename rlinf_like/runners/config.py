@@ -52,6 +52,8 @@ class AlgorithmConfig:
     kl_beta: float = 0.0  # > 0 launches the reference model
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
+    is_correction_cap: float | None = None  # with recompute: truncated pi_trainer / pi_rollout weights
 
 
 @dataclass

@@ -60,6 +60,8 @@ def check_config(cfg: ReasoningConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ValueError(f"{key} must be > 0, got {value}")
+    if cfg.algorithm.is_correction_cap is not None and not cfg.algorithm.recompute_logprobs:
+        raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
     if cfg.runner.max_staleness < 0:
         raise ValueError(f"runner.max_staleness must be >= 0, got {cfg.runner.max_staleness}")
     if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
@@ -112,7 +114,7 @@ class ReasoningRunner:
         print(placement.describe())
         self.collocated = placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED
         loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), a.kl_beta,
-                          a.kl_estimator, a.entropy_coef, temperature=cfg.runner.temperature)
+                          a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
         actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, a.mini_batches,
                                 cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
         self.actor = ActorWorker.create_group(actor_cfg).launch(cluster, placement, "actor")
@@ -190,6 +192,10 @@ class ReasoningRunner:
         start = time.perf_counter()
         if self.collocated:
             self.actor.onload().wait()
+        if a.recompute_logprobs:  # the trainer's own numerics for pi_old (ranks return their rows in order)
+            batch["recomputed_logprobs"] = torch.cat(self.actor.compute_logprobs(batch).wait())
+            gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
+            times["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
         metrics = self.actor.train_step(batch).wait()[0]
         times["train_s"] = time.perf_counter() - start
         correct = [s["correct"] for group in scores for s in group]
