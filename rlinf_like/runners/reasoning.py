@@ -216,7 +216,9 @@ class ReasoningRunner:
             writer = SummaryWriter(str(self.out / "tensorboard"))
             pending: deque = deque()
             bar = tqdm(range(self.step, r.max_steps), desc="GRPO", unit="step", initial=self.step, total=r.max_steps)
+            clock = self.history[-1].get("elapsed_s", 0.0)  # GRPO seconds, without evals and checkpoints
             for step in bar:
+                step_start = time.perf_counter()
                 lead = 0 if self.collocated else r.max_staleness
                 while len(pending) <= lead and step + len(pending) < r.max_steps:
                     reqs, problems = self._requests(step + len(pending))
@@ -237,6 +239,8 @@ class ReasoningRunner:
                     self.rollout.onload().wait()
                 self._sync_weights()
                 self.step = step + 1
+                clock += time.perf_counter() - step_start
+                metrics["elapsed_s"] = clock
                 if self.step % r.eval_every == 0 or self.step == r.max_steps:
                     metrics["eval_accuracy"] = self.evaluate()
                 for k, v in metrics.items():
