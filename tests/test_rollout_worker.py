@@ -8,7 +8,7 @@ from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.scheduler import Channel, Worker, connect_groups, wait_all
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
-from rlinf_like.workers.rollout.worker import RolloutWorker
+from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 
 PROMPTS = ["12+34=", "hello world, this is", "a", "The quick brown fox jumps over"]
 GREEDY = SamplingParams(max_new_tokens=30, temperature=0.0)
@@ -113,3 +113,31 @@ def test_results_stream_to_a_channel_and_abort_reaches_a_running_generate(cluste
     finally:
         rollout.shutdown()
         channel.close()
+
+
+def test_data_parallel_replicas_split_the_requests_and_each_gets_the_weights(cluster, paths):
+    path_a, path_b = paths
+    tok = load_tokenizer(path_a)
+    reqs = requests(tok, prompts=PROMPTS + ["x*y", "Q: 7-2? A:"])
+    placement = cluster.place({"actor,rollout": "0-1"})
+    rollout = RolloutWorker.create_group(RolloutConfig(model_path=path_a, max_batch_size=8, tp_size=1)).launch(
+        cluster, placement, "rollout")
+    actor = FSDPActor.create_group(path_b).launch(cluster, placement, "actor")
+    try:
+        per_rank = rollout.generate(reqs).wait()
+        assert [len(p) for p in per_rank] == [3, 3]  # two tp=1 replicas, each serving half
+        assert {r.request_id for r in per_rank[0]}.isdisjoint(r.request_id for r in per_rank[1])
+        assert same_tokens(gather_results(per_rank, reqs), reference(path_a, reqs))
+
+        connect_groups(actor, rollout, "weights")
+        [src] = actor.on_ranks(0).layouts().wait()
+        [dst] = rollout.on_ranks(0).weight_layouts().wait()
+        assert all(len(l.boxes) == 2 and l.boxes[0] == l.boxes[1] for l in dst)  # each replica holds it all
+        plan = SyncPlan.build(src, dst, "actor", "rollout")
+        wait_all([actor.connect(plan), rollout.connect_weights("weights", plan)])
+        wait_all([actor.publish(1), rollout.apply_weights(1)], timeout=120)
+        after = gather_results(rollout.generate(reqs).wait(), reqs)
+        assert same_tokens(after, reference(path_b, reqs))  # both replicas took the new weights
+    finally:
+        rollout.shutdown()
+        actor.shutdown()

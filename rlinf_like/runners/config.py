@@ -57,6 +57,13 @@ class AlgorithmConfig:
 
 
 @dataclass
+class RolloutSection:
+    engine: str = "native"  # native | hf | sglang
+    tp_size: int = 1  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
+    max_batch_size: int = 128  # continuous-batching slots per engine
+
+
+@dataclass
 class RunnerConfig:
     max_steps: int = 60
     prompts_per_step: int = 16
@@ -71,7 +78,6 @@ class RunnerConfig:
     resume: bool = False
     output_dir: str = "runs/reasoning"
     micro_batch_size: int = 64
-    rollout_slots: int = 128
     seed: int = 0
 
 
@@ -82,4 +88,5 @@ class ReasoningConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
     reward: RewardConfig = field(default_factory=RewardConfig)

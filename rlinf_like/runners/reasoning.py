@@ -40,7 +40,7 @@ from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
-from rlinf_like.workers.rollout.worker import RolloutWorker
+from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 
 CHECKPOINT = "checkpoint"
 
@@ -50,7 +50,8 @@ def check_config(cfg: ReasoningConfig) -> None:
     choices = {"algorithm.advantage": (cfg.algorithm.advantage, OUTCOME_ADVANTAGES.names()),
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
-               "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"])}
+               "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
+               "rollout.engine": (cfg.rollout.engine, ["hf", "native", "sglang"])}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
@@ -118,7 +119,8 @@ class ReasoningRunner:
         actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, a.mini_batches,
                                 cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
         self.actor = ActorWorker.create_group(actor_cfg).launch(cluster, placement, "actor")
-        rollout_cfg = RolloutConfig(model_path=self.model_path, max_batch_size=cfg.runner.rollout_slots,
+        rollout_cfg = RolloutConfig(engine=cfg.rollout.engine, model_path=self.model_path,
+                                    max_batch_size=cfg.rollout.max_batch_size, tp_size=cfg.rollout.tp_size,
                                     seed=cfg.runner.seed)
         self.rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
         self.reward = RewardWorker.create_group(self.model_path, cfg.reward).launch(
@@ -170,7 +172,7 @@ class ReasoningRunner:
         """Greedy accuracy on the held-out set."""
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
         reqs = [RolloutRequest(f"eval-{i}", self._encode(p.prompt), greedy) for i, p in enumerate(self.test_set)]
-        results = self.rollout.generate(reqs).wait()[0]
+        results = gather_results(self.rollout.generate(reqs).wait(), reqs)
         scores = self.reward.score(results, [p.answer for p in self.test_set]).wait()[0]
         return sum(group[0]["correct"] for group in scores) / len(scores)
 
@@ -226,9 +228,9 @@ class ReasoningRunner:
                         self.actor.offload().wait()
                         self.rollout.onload().wait()
                     start = time.perf_counter()
-                    pending.append((self.rollout.generate(reqs), problems, start))
-                handle, problems, start = pending.popleft()
-                results = handle.wait()[0]
+                    pending.append((self.rollout.generate(reqs), reqs, problems, start))
+                handle, reqs, problems, start = pending.popleft()
+                results = gather_results(handle.wait(), reqs)
                 rollout_s = time.perf_counter() - start
                 if self.collocated:
                     self.rollout.offload().wait()

@@ -28,6 +28,7 @@ class RolloutConfig:
     engine: str = "native"
     model_path: str = ""
     max_batch_size: int = 64  # sequences decoded together (continuous-batching slots)
+    tp_size: int = 0  # ranks per engine; the group holds world / tp_size replicas (0: one engine over all)
     max_context: int = 0  # prompt + response tokens; 0 = the model's max_position_embeddings
     dtype: str = "float32"
     seed: int = 0  # for requests without a seed

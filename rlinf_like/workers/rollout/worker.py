@@ -1,8 +1,11 @@
 """RolloutWorker: one rank of the rollout group, wrapping the engine the config names.
 
-Every rank of a tensor-parallel group runs the same calls (the group fans them out); rank 0
-returns / streams the results. Weights arrive through the hybrid engine's weight sync:
-`connect_weights` once per (actor, rollout) pair, then `apply_weights(version)` each step.
+The group is `world_size / tp_size` data-parallel replicas of a `tp_size`-way tensor-parallel
+engine (`rollout.tp_size`, default: the whole group is one TP engine). Every call fans out to
+all ranks; each replica serves every `replicas`-th request, and each replica's first rank
+returns / streams its results (`gather_results` puts them back in request order). Weights
+arrive through the hybrid engine's weight sync: `connect_weights` once per (actor, rollout)
+pair, then `apply_weights(version)` each step; every replica receives the full set.
 """
 
 from __future__ import annotations
@@ -15,24 +18,50 @@ from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 
+def gather_results(per_rank: Sequence[list[RolloutResult] | None], requests: Sequence[RolloutRequest]):
+    """The replica leaders' results, back in the order of `requests`."""
+    by_id = {r.request_id: r for part in per_rank if part for r in part}
+    return [by_id[q.request_id] for q in requests]
+
+
 class RolloutWorker(Worker):
     def __init__(self, config: RolloutConfig):
-        group = self.process_group if self.world_size > 1 else None
+        import torch.distributed as dist
+
+        tp = config.tp_size or self.world_size
+        if self.world_size % tp:
+            raise ValueError(f"rollout.tp_size={tp} does not divide the rollout group's {self.world_size} ranks")
+        self.tp, self.replicas, self.replica = tp, self.world_size // tp, self.rank // tp
+        group = None
+        if tp > 1 and self.replicas == 1:
+            group = self.process_group
+        elif tp > 1:  # every rank creates every replica's group, in the same order (a collective)
+            groups = [dist.new_group(list(range(r * tp, (r + 1) * tp))) for r in range(self.replicas)]
+            group = groups[self.replica]
         self.engine = make_engine(config, process_group=group, device=self.torch_device)
 
+    @property
+    def is_leader(self) -> bool:
+        return self.rank % self.tp == 0
+
+    def _mine(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]:
+        return list(requests[self.replica :: self.replicas])
+
     def generate(self, requests: Sequence[RolloutRequest]) -> list[RolloutResult] | None:
-        results = self.engine.generate(requests)
-        return results if self.rank == 0 else None
+        """This replica's share of `requests`, served; its leader returns the results (see `gather_results`)."""
+        results = self.engine.generate(self._mine(requests))
+        return results if self.is_leader else None
 
     def generate_to(self, channel_name: str, requests: Sequence[RolloutRequest]) -> int:
-        """Serve `requests`, putting each request's result on the channel as soon as its group is done
-        (rank 0 only). Returns how many results were put."""
-        if self.rank != 0:
-            self.engine.generate(requests)
+        """Serve this replica's share, its leader putting each request's result on the channel as soon as
+        its group is done. Returns how many results this rank put."""
+        mine = self._mine(requests)
+        if not self.is_leader:
+            self.engine.generate(mine)
             return 0
         channel: Channel[RolloutResult] = Channel.connect(channel_name)
-        self.engine.generate(requests, on_result=channel.put)
-        return len(requests)
+        self.engine.generate(mine, on_result=channel.put)
+        return len(mine)
 
     @control
     def abort(self) -> None:
@@ -46,7 +75,9 @@ class RolloutWorker(Worker):
         self.engine.onload()
 
     def weight_layouts(self) -> list[TensorLayout]:
-        return self.engine.weight_layouts()
+        """The engine's TP layouts, repeated for every replica (group rank r holds TP rank r % tp's box)."""
+        return [TensorLayout(l.name, l.shape, tuple(l.boxes[r % self.tp] for r in range(self.world_size)), l.dtype)
+                for l in self.engine.weight_layouts()]
 
     def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
         self.engine.connect_weights(self.peer_group(peer_group), plan, self.rank, transport)
