@@ -39,7 +39,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    advantage: str = "grpo"  # grpo | rloo
+    advantage: str = "grpo"  # grpo | rloo (per response) | reinforce_pp (per token, batch-whitened)
     scale_by_std: bool = True  # grpo only; false = Dr. GRPO
     samples_per_prompt: int = 8
     lr: float = 5e-4
@@ -51,6 +51,7 @@ class AlgorithmConfig:
     aggregation: str = "token-mean"
     kl_beta: float = 0.0  # > 0 launches the reference model
     kl_estimator: str = "k3"
+    kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
     entropy_coef: float = 0.0
     recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
     is_correction_cap: float | None = None  # with recompute: truncated pi_trainer / pi_rollout weights

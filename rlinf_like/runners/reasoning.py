@@ -24,7 +24,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from rlinf_like.algorithms import OUTCOME_ADVANTAGES
+from rlinf_like.algorithms import OUTCOME_ADVANTAGES, reinforce_pp_advantages
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig
 from rlinf_like.data.batch import build_rl_batch, build_sft_batch
 from rlinf_like.data.tasks import ArithmeticSpec, Problem, arithmetic_problems, load_jsonl, split_train_test
@@ -47,7 +47,7 @@ CHECKPOINT = "checkpoint"
 
 def check_config(cfg: ReasoningConfig) -> None:
     """Values a schema cannot check, failing before any worker starts and naming the key."""
-    choices = {"algorithm.advantage": (cfg.algorithm.advantage, OUTCOME_ADVANTAGES.names()),
+    choices = {"algorithm.advantage": (cfg.algorithm.advantage, [*OUTCOME_ADVANTAGES.names(), "reinforce_pp"]),
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
@@ -61,6 +61,9 @@ def check_config(cfg: ReasoningConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ValueError(f"{key} must be > 0, got {value}")
+    if cfg.algorithm.kl_in_reward and (cfg.algorithm.kl_beta <= 0 or cfg.algorithm.advantage != "reinforce_pp"):
+        raise ValueError("algorithm.kl_in_reward needs algorithm.kl_beta > 0 and algorithm.advantage=reinforce_pp "
+                         "(per-token rewards); with grpo / rloo the KL is a loss term")
     if cfg.algorithm.is_correction_cap is not None and not cfg.algorithm.recompute_logprobs:
         raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
     if cfg.runner.max_staleness < 0:
@@ -114,7 +117,8 @@ class ReasoningRunner:
                              f"it places {sorted(placement.components)}")
         print(placement.describe())
         self.collocated = placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED
-        loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), a.kl_beta,
+        loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
+        loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), loss_kl,
                           a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
         actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, a.mini_batches,
                                 cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
@@ -181,16 +185,15 @@ class ReasoningRunner:
         start = time.perf_counter()
         scores = self.reward.score(results, [p.answer for p in problems]).wait()[0]
         rewards = torch.tensor([[s["reward"] for s in group] for group in scores])
-        estimator = OUTCOME_ADVANTAGES.get(a.advantage)
-        advantages = estimator(rewards, scale_by_std=a.scale_by_std) if a.advantage == "grpo" else estimator(rewards)
-        rows = [(res.prompt_ids, resp, lp, float(advantages[i, j]))
-                for i, res in enumerate(results) for j, (resp, lp) in enumerate(zip(res.response_ids, res.logprobs))]
-        batch = build_rl_batch(*zip(*rows), pad_id=self.tokenizer.pad_token_id or 0)
+        rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
+        batch = build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=self.tokenizer.pad_token_id or 0)
         times["reward_s"] = time.perf_counter() - start
         if self.reference is not None:
             start = time.perf_counter()
             batch["ref_logprobs"] = torch.cat(self.reference.compute_logprobs(batch).wait())
             times["reference_s"] = time.perf_counter() - start
+        batch["advantages"], extra = self._advantages(rewards, batch)
+        times.update(extra)
         start = time.perf_counter()
         if self.collocated:
             self.actor.onload().wait()
@@ -204,6 +207,23 @@ class ReasoningRunner:
         return {**metrics, **times, "reward": float(rewards.mean()), "train_accuracy": sum(correct) / len(correct),
                 "staleness": float(self.version - min(r.version for r in results)),
                 "response_tokens": float(batch["response_mask"].sum() / len(rows))}
+
+    def _advantages(self, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-token advantages [rows, tokens-1] from the [prompts, samples] outcome rewards."""
+        a, mask, extra = self.cfg.algorithm, batch["response_mask"], {}
+        if a.advantage != "reinforce_pp":
+            estimator = OUTCOME_ADVANTAGES.get(a.advantage)
+            per_seq = estimator(rewards, scale_by_std=a.scale_by_std) if a.advantage == "grpo" else estimator(rewards)
+            return per_seq.reshape(-1, 1) * mask, extra
+        # REINFORCE++: the outcome reward on each response's last token, minus a per-token KL penalty
+        token_rewards = torch.zeros_like(mask)
+        last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
+        token_rewards[torch.arange(mask.shape[0]), last] = rewards.reshape(-1)
+        if a.kl_in_reward:
+            kl = KL_ESTIMATORS.get(a.kl_estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
+            token_rewards = token_rewards - a.kl_beta * kl
+            extra["kl_penalty"] = float(kl.sum() / mask.sum())
+        return reinforce_pp_advantages(token_rewards, mask), extra
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self) -> dict:
