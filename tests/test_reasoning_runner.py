@@ -60,13 +60,15 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
     assert after[:31] == before and [h["step"] for h in after] == list(range(33))  # the curve continues
 
 
-def test_pipelined_run_is_one_version_stale_with_kl(tmp_path):
+def test_pipelined_ppo_run_is_one_version_stale_with_kl_and_a_critic(tmp_path):
     out = tmp_path / "pipe"
     result = run_main("--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
                       "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "algorithm.is_correction_cap=2.0",
-                      f"runner.output_dir={out}")
+                      "algorithm.advantage=gae", f"runner.output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(out)[1:]
+    assert all({"value_loss", "value_mse", "value_mean", "critic_grad_norm"} <= set(h) for h in steps)
+    assert (out / "checkpoint" / "critic").is_dir()  # the critic's state is checkpointed with the actor's
     assert [h["staleness"] for h in steps] == [0.0, 1.0, 1.0]  # later batches were made one version back
     assert all(h["kl"] >= 0 for h in steps)  # k3 is non-negative
     # the trainer recomputed pi_old: on-policy (step 1) it agrees with the rollout engine's numbers to
@@ -85,7 +87,7 @@ def test_a_wrong_key_fails_before_any_worker_starts():
 def test_bad_values_are_named_before_launch(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
     cfg.algorithm.advantage = "gpro"
-    with pytest.raises(ValueError, match=r"algorithm.advantage='gpro' is not one of \['grpo', 'rloo', 'reinforce_pp'\]"):
+    with pytest.raises(ValueError, match=r"algorithm.advantage='gpro' is not one of \['grpo', 'rloo', 'reinforce_pp', 'gae'\]"):
         ReasoningRunner(cfg)
 
 

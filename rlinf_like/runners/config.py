@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.workers.reward.rules import RewardConfig
 
-COMPONENTS = ("actor", "rollout", "reward", "reference")
+COMPONENTS = ("actor", "rollout", "reward", "reference", "critic")
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    advantage: str = "grpo"  # grpo | rloo (per response) | reinforce_pp (per token, batch-whitened)
+    advantage: str = "grpo"  # grpo | rloo (per response) | reinforce_pp (per token, batch-whitened) | gae (PPO, critic)
     scale_by_std: bool = True  # grpo only; false = Dr. GRPO
     samples_per_prompt: int = 8
     lr: float = 5e-4
@@ -55,6 +55,10 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
     is_correction_cap: float | None = None  # with recompute: truncated pi_trainer / pi_rollout weights
+    gamma: float = 1.0  # gae: discount over response tokens
+    lam: float = 0.95  # gae: bias/variance trade-off
+    critic_lr: float = 1.0e-3  # gae: the value model's learning rate
+    value_clip: float | None = 0.2  # gae: PPO value clipping; null = off
 
 
 @dataclass

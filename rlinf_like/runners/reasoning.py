@@ -1,4 +1,4 @@
-"""Reasoning RL: data -> rollout -> reward -> (reference) -> actor -> weight sync, step after step.
+"""Reasoning RL: data -> rollout -> reward -> (reference, critic) -> actor -> weight sync, step after step.
 
 The placement decides the mode. Actor and rollout on the same devices: collocated, they take
 turns (actor offloads while the rollout generates, then the reverse) and every step is
@@ -7,7 +7,7 @@ batches with the weights it has while the actor trains; every sample carries the
 version that made it, and the step log reports the staleness.
 
 A run warm-starts the actor with SFT (so GRPO starts from non-zero reward), then trains with
-the configured advantage estimator and loss. Checkpoints (actor state + runner state) every
+the configured advantage estimator and loss (`gae` adds a critic: PPO). Checkpoints (actor state + runner state) every
 `save_every` steps; `runner.resume=true` continues from the last one with the same data order.
 """
 
@@ -24,7 +24,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from rlinf_like.algorithms import OUTCOME_ADVANTAGES, reinforce_pp_advantages
+from rlinf_like.algorithms import OUTCOME_ADVANTAGES, gae, masked_whiten, reinforce_pp_advantages
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig
 from rlinf_like.data.batch import build_rl_batch, build_sft_batch
 from rlinf_like.data.tasks import ArithmeticSpec, Problem, arithmetic_problems, load_jsonl, split_train_test
@@ -37,17 +37,20 @@ from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, PlacementMode, connect_groups, wait_all
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
+from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
+from rlinf_like.workers.training import LoopConfig
 
 CHECKPOINT = "checkpoint"
+TOKEN_ADVANTAGES = ("reinforce_pp", "gae")  # per-token rewards (outcome on the last token, optional KL penalty)
 
 
 def check_config(cfg: ReasoningConfig) -> None:
     """Values a schema cannot check, failing before any worker starts and naming the key."""
-    choices = {"algorithm.advantage": (cfg.algorithm.advantage, [*OUTCOME_ADVANTAGES.names(), "reinforce_pp"]),
+    choices = {"algorithm.advantage": (cfg.algorithm.advantage, [*OUTCOME_ADVANTAGES.names(), *TOKEN_ADVANTAGES]),
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
@@ -61,15 +64,27 @@ def check_config(cfg: ReasoningConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ValueError(f"{key} must be > 0, got {value}")
-    if cfg.algorithm.kl_in_reward and (cfg.algorithm.kl_beta <= 0 or cfg.algorithm.advantage != "reinforce_pp"):
-        raise ValueError("algorithm.kl_in_reward needs algorithm.kl_beta > 0 and algorithm.advantage=reinforce_pp "
-                         "(per-token rewards); with grpo / rloo the KL is a loss term")
+    if cfg.algorithm.kl_in_reward and (cfg.algorithm.kl_beta <= 0 or cfg.algorithm.advantage not in TOKEN_ADVANTAGES):
+        raise ValueError(f"algorithm.kl_in_reward needs algorithm.kl_beta > 0 and algorithm.advantage in "
+                         f"{list(TOKEN_ADVANTAGES)} (per-token rewards); with grpo / rloo the KL is a loss term")
     if cfg.algorithm.is_correction_cap is not None and not cfg.algorithm.recompute_logprobs:
         raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
     if cfg.runner.max_staleness < 0:
         raise ValueError(f"runner.max_staleness must be >= 0, got {cfg.runner.max_staleness}")
     if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
         raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+
+
+def check_batch_split(cfg: ReasoningConfig, world_sizes: dict[str, int]) -> None:
+    """Every data-parallel rank must run the same number of micro-batches (each one is a collective
+    under FSDP), so a step's rows must split evenly over ranks and mini-batches."""
+    rows = cfg.runner.prompts_per_step * cfg.algorithm.samples_per_prompt
+    for component, world in world_sizes.items():
+        if rows % (world * cfg.algorithm.mini_batches):
+            raise ValueError(
+                f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step do not divide by "
+                f"{component} ranks ({world}) x algorithm.mini_batches ({cfg.algorithm.mini_batches}); "
+                f"pick sizes whose product is a multiple of {world * cfg.algorithm.mini_batches}")
 
 
 class ReasoningRunner:
@@ -84,6 +99,7 @@ class ReasoningRunner:
         self.history: list[dict] = []
         self.step = 0
         self.version = 0
+        self.critic: CriticWorker | None = None  # launched with algorithm.advantage=gae
 
     # --- setup ------------------------------------------------------------------------------------------
     def _tasks(self) -> tuple[list[Problem], list[Problem], list[Problem]]:
@@ -109,20 +125,27 @@ class ReasoningRunner:
     def _launch(self, cluster: Cluster) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
         placement = cluster.place(known_components=COMPONENTS)
-        needed = ["actor", "rollout", "reward"] + (["reference"] if a.kl_beta > 0 else [])
+        optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0),
+                     "critic": ("algorithm.advantage=gae", a.advantage == "gae")}
+        needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
         missing = [c for c in needed if c not in placement.components]
         if missing:  # before any worker starts
-            raise ValueError(f"cluster.component_placement places no {missing} (needed"
-                             f"{' with algorithm.kl_beta > 0' if 'reference' in missing else ''}); "
+            why = "".join(f" ({c}: with {optional[c][0]})" for c in missing if c in optional)
+            raise ValueError(f"cluster.component_placement places no {missing}{why}; "
                              f"it places {sorted(placement.components)}")
+        check_batch_split(cfg, {c: placement[c].world_size for c in ("actor", "critic") if c in needed})
         print(placement.describe())
         self.collocated = placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED
         loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
         loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), loss_kl,
                           a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
-        actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, a.mini_batches,
-                                cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
+        loop = LoopConfig(a.mini_batches, cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
+        actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, loop)
         self.actor = ActorWorker.create_group(actor_cfg).launch(cluster, placement, "actor")
+        self.critic = None
+        if a.advantage == "gae":
+            critic_cfg = CriticConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop, a.value_clip)
+            self.critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
         rollout_cfg = RolloutConfig(engine=cfg.rollout.engine, model_path=self.model_path,
                                     max_batch_size=cfg.rollout.max_batch_size, tp_size=cfg.rollout.tp_size,
                                     seed=cfg.runner.seed)
@@ -140,6 +163,10 @@ class ReasoningRunner:
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
 
     # --- phases -----------------------------------------------------------------------------------------
+    def _trainers(self) -> list:
+        """The trained groups that give their devices to the rollout in collocated mode."""
+        return [self.actor] + ([self.critic] if self.critic is not None else [])
+
     def _sync_weights(self) -> None:
         self.version += 1
         wait_all([self.actor.publish_weights(self.version), self.rollout.apply_weights(self.version)])
@@ -192,16 +219,20 @@ class ReasoningRunner:
             start = time.perf_counter()
             batch["ref_logprobs"] = torch.cat(self.reference.compute_logprobs(batch).wait())
             times["reference_s"] = time.perf_counter() - start
-        batch["advantages"], extra = self._advantages(rewards, batch)
-        times.update(extra)
         start = time.perf_counter()
         if self.collocated:
-            self.actor.onload().wait()
+            wait_all([w.onload() for w in self._trainers()])
+        if self.critic is not None:
+            batch["old_values"] = torch.cat(self.critic.compute_values(batch).wait())
+        batch["advantages"], extra = self._advantages(rewards, batch)
+        times.update(extra)
         if a.recompute_logprobs:  # the trainer's own numerics for pi_old (ranks return their rows in order)
             batch["recomputed_logprobs"] = torch.cat(self.actor.compute_logprobs(batch).wait())
             gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
             times["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
         metrics = self.actor.train_step(batch).wait()[0]
+        if self.critic is not None:
+            metrics.update(self.critic.train_step(batch).wait()[0])
         times["train_s"] = time.perf_counter() - start
         correct = [s["correct"] for group in scores for s in group]
         return {**metrics, **times, "reward": float(rewards.mean()), "train_accuracy": sum(correct) / len(correct),
@@ -209,13 +240,14 @@ class ReasoningRunner:
                 "response_tokens": float(batch["response_mask"].sum() / len(rows))}
 
     def _advantages(self, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Per-token advantages [rows, tokens-1] from the [prompts, samples] outcome rewards."""
+        """Per-token advantages [rows, tokens-1] from the [prompts, samples] outcome rewards; for gae also
+        the critic's regression targets (batch["returns"])."""
         a, mask, extra = self.cfg.algorithm, batch["response_mask"], {}
-        if a.advantage != "reinforce_pp":
+        if a.advantage not in TOKEN_ADVANTAGES:
             estimator = OUTCOME_ADVANTAGES.get(a.advantage)
             per_seq = estimator(rewards, scale_by_std=a.scale_by_std) if a.advantage == "grpo" else estimator(rewards)
             return per_seq.reshape(-1, 1) * mask, extra
-        # REINFORCE++: the outcome reward on each response's last token, minus a per-token KL penalty
+        # token rewards: the outcome reward on each response's last token, minus a per-token KL penalty
         token_rewards = torch.zeros_like(mask)
         last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
         token_rewards[torch.arange(mask.shape[0]), last] = rewards.reshape(-1)
@@ -223,7 +255,12 @@ class ReasoningRunner:
             kl = KL_ESTIMATORS.get(a.kl_estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
             token_rewards = token_rewards - a.kl_beta * kl
             extra["kl_penalty"] = float(kl.sum() / mask.sum())
-        return reinforce_pp_advantages(token_rewards, mask), extra
+        if a.advantage == "reinforce_pp":
+            return reinforce_pp_advantages(token_rewards, mask), extra
+        values = batch["old_values"]
+        advantages, batch["returns"] = gae(token_rewards, values, mask, a.gamma, a.lam)
+        extra["value_mean"] = float((values * mask).sum() / mask.sum())
+        return masked_whiten(advantages, mask), extra
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -245,7 +282,7 @@ class ReasoningRunner:
                 while len(pending) <= lead and step + len(pending) < r.max_steps:
                     reqs, problems = self._requests(step + len(pending))
                     if self.collocated:
-                        self.actor.offload().wait()
+                        wait_all([w.offload() for w in self._trainers()])
                         self.rollout.onload().wait()
                     start = time.perf_counter()
                     pending.append((self.rollout.generate(reqs), reqs, problems, start))
@@ -279,7 +316,8 @@ class ReasoningRunner:
     # --- checkpoints ------------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
         path = self.out / CHECKPOINT
-        self.actor.save(str(path / "actor")).wait()
+        wait_all([self.actor.save(str(path / "actor"))]
+                 + ([self.critic.save(str(path / "critic"))] if self.critic is not None else []))
         state = {"step": self.step, "version": self.version, "history": self.history}
         tmp = path / "runner.json.tmp"
         tmp.write_text(json.dumps(state))
@@ -288,7 +326,8 @@ class ReasoningRunner:
     def _restore(self) -> None:
         path = self.out / CHECKPOINT
         state = json.loads((path / "runner.json").read_text())
-        self.actor.load(str(path / "actor")).wait()
+        wait_all([self.actor.load(str(path / "actor"))]
+                 + ([self.critic.load(str(path / "critic"))] if self.critic is not None else []))
         self.step, self.version, self.history = state["step"], state["version"], state["history"]
         self._sync_weights()  # the rollout starts from the checkpoint's weights
         print(f"resumed at step {self.step} from {path}")

@@ -1,9 +1,8 @@
 """ActorWorker: the trained policy, one data-parallel rank per worker, on a ModelManager.
 
-Every rank receives the whole batch and trains on its own rows (`shard_rows`); mini-batches give
-one optimizer step each, micro-batches accumulate gradients inside a mini-batch, and only the
-last micro-batch syncs gradients. The same loop serves SFT warm-start (token NLL) and RL
-(`rl_loss`), so there is one actor loop for every algorithm and backend.
+Every rank receives the whole batch and trains on its own rows through `workers/training.py`,
+the loop the critic shares. The same loop serves SFT warm-start (token NLL) and RL (`rl_loss`),
+so there is one training loop for every algorithm, role and backend.
 """
 
 from __future__ import annotations
@@ -12,12 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import token_nll_loss
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
 from rlinf_like.scheduler import Worker
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.workers.training import LoopConfig, train_epochs
 
 
 @dataclass
@@ -25,22 +25,14 @@ class ActorConfig:
     model_path: str = ""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    mini_batches: int = 1  # optimizer steps per batch and epoch
-    micro_batch_size: int = 64  # rows per forward/backward (per rank)
-    epochs: int = 1  # passes over each RL batch
-    seed: int = 0
-
-
-def _micro_batches(batch: Batch, size: int) -> list[Batch]:
-    n = batch["input_ids"].shape[0]
-    return [select_rows(batch, slice(i, i + size)) for i in range(0, n, size)]
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
 
 class ActorWorker(Worker):
     def __init__(self, config: ActorConfig):
         from transformers import AutoModelForCausalLM
 
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.loop.seed)
         self.config = config
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
         self.manager = FSDPModelManager(model, config.fsdp)
@@ -49,24 +41,7 @@ class ActorWorker(Worker):
 
     # --- training -------------------------------------------------------------------------------------
     def _train(self, batch: Batch, loss_fn, epochs: int) -> dict[str, float]:
-        mine = shard_rows(batch, self.rank, self.world_size)
-        rows = mine["input_ids"].shape[0]
-        totals: dict[str, float] = {}
-        steps = 0
-        generator = torch.Generator().manual_seed(self.config.seed * 1000 + self.manager.step)
-        for _ in range(epochs):
-            order = torch.randperm(rows, generator=generator)
-            for mini in order.chunk(self.config.mini_batches):
-                micros = _micro_batches(select_rows(mine, mini), self.config.micro_batch_size)
-                for i, micro in enumerate(micros):
-                    metrics = self.manager.forward_backward(micro, loss_fn, loss_scale=1 / len(micros),
-                                                            sync_gradients=i == len(micros) - 1)
-                    for k, v in metrics.items():
-                        totals[k] = totals.get(k, 0.0) + v / len(micros)
-                for k, v in self.manager.optim_step().items():
-                    totals[k] = totals.get(k, 0.0) + v
-                steps += 1
-        return {k: v / steps for k, v in totals.items()}
+        return train_epochs(self.manager, batch, loss_fn, self.rank, self.world_size, self.config.loop, epochs)
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised warm-start (loss on `loss_mask` tokens)."""
@@ -74,7 +49,7 @@ class ActorWorker(Worker):
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """RL update on a `build_rl_batch` batch (plus ref_logprobs when the KL term is on)."""
-        return self._train(batch, self._loss, epochs=self.config.epochs)
+        return self._train(batch, self._loss, epochs=self.config.loop.epochs)
 
     def set_lr(self, lr: float) -> None:
         """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule
