@@ -56,7 +56,7 @@ class AlgorithmConfig:
     recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
     is_correction_cap: float | None = None  # with recompute: truncated pi_trainer / pi_rollout weights
     gamma: float = 1.0  # gae: discount over response tokens
-    lam: float = 0.95  # gae: bias/variance trade-off
+    lam: float = 1.0  # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
     critic_lr: float = 1.0e-3  # gae: the value model's learning rate
     value_clip: float | None = 0.2  # gae: PPO value clipping; null = off
 
