@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import sysconfig
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ class ClusterConfig:
     num_cpus: int | None = None  # only for a local instance; None: all of this machine's CPUs
     num_gpus: int | None = None  # only for a local instance
     object_store_memory_mb: int | None = 600  # only for a local instance
+    num_nodes: int | None = None  # expected nodes of a joined cluster: wait up to reserve_timeout_s for them
     namespace: str = "rlinf_like"
     collective_timeout_s: float = 300.0  # every torch.distributed group and collective
     reserve_timeout_s: float = 60.0  # waiting for Ray to grant a device
@@ -95,11 +97,26 @@ class Cluster:
         self.is_local = not address
         ray.init(**init_kwargs)
         self._reservations: dict[tuple[str, int], PlacementGroup] = {}
-        self.nodes = self._read_nodes()
+        self.nodes = self._wait_for_nodes()
         self.devices = self._enumerate_devices(self.nodes)
         log.info("cluster: %s", self.describe())
 
     # --- topology -------------------------------------------------------------------------
+    def _wait_for_nodes(self) -> list[NodeInfo]:
+        """The alive nodes, after waiting for `num_nodes` of them (workers may still be joining)."""
+        expected = self.config.num_nodes
+        deadline = time.monotonic() + self.config.reserve_timeout_s
+        nodes = self._read_nodes()
+        while expected is not None and len(nodes) < expected:
+            if time.monotonic() > deadline:
+                ray.shutdown()
+                raise RuntimeError(
+                    f"cluster.num_nodes={expected}, but only {len(nodes)} node(s) joined within "
+                    f"{self.config.reserve_timeout_s:g}s: " + ", ".join(n.ip for n in nodes))
+            time.sleep(1)
+            nodes = self._read_nodes()
+        return nodes
+
     @staticmethod
     def _read_nodes() -> list[NodeInfo]:
         alive = [n for n in ray.nodes() if n["Alive"]]

@@ -108,7 +108,9 @@ class Placement:
         lines = [f"placement mode: {self.mode.value}"]
         for c in self.components.values():
             idx = [r.device.index for r in c.ranks]
-            lines.append(f"  {c.name}: {c.world_size} ranks on {c.device_kind} {idx} (share {c.ranks[0].share:g})")
+            nodes = sorted({r.device.node_rank for r in c.ranks})
+            lines.append(f"  {c.name}: {c.world_size} ranks on {c.device_kind} {idx} of node(s) {nodes} "
+                         f"(share {c.ranks[0].share:g})")
         return "\n".join(lines)
 
 

@@ -1,0 +1,87 @@
+"""Multi-node on one machine: two Ray nodes on loopback started the way a SLURM job starts them
+(`ray_launch.sh start slurm` once per "node", with a simulated allocation), then a pipelined GRPO
+run placed across both through `cluster.address` and `cluster.num_nodes`."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf_like.scheduler.slurm import expand_hostlist, read_slurm_env
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["runner.sft_steps=5", "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_steps=2",
+         "runner.eval_every=2", "task.test_problems=8", "task.sft_problems=50"]
+
+
+def test_hostlists_expand_like_scontrol():
+    assert expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
+    assert expand_hostlist("a[9-11]-ib") == ["a9-ib", "a10-ib", "a11-ib"]
+    with pytest.raises(ValueError, match="cannot parse range 'x-2'"):
+        expand_hostlist("n[x-2]")
+
+
+def test_slurm_env_is_read_and_checked():
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_CPUS_ON_NODE": "32", "SLURM_GPUS_ON_NODE": "h100:8"}
+    node = read_slurm_env(env)
+    assert (node.head_host, node.is_head, node.num_cpus, node.num_gpus) == ("n1", False, 32, 8)
+    with pytest.raises(RuntimeError, match="node list 'n\\[1-2\\]' has 2 host\\(s\\), SLURM_JOB_NUM_NODES=3"):
+        read_slurm_env({**env, "SLURM_JOB_NUM_NODES": "3"})
+    with pytest.raises(RuntimeError, match="not inside a SLURM allocation"):
+        read_slurm_env({})
+
+
+def launcher_env(tmp_path, node_id):
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "RLINF_RAY_STATE_DIR": str(tmp_path / f"node{node_id}"), "PYTHON": sys.executable,
+           "RAY": os.path.join(bin_dir, "ray"), "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+           "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NODEID": str(node_id), "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_CPUS_ON_NODE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_two_slurm_nodes_on_loopback_run_a_job_across_both(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    launch = [str(ROOT / "ray_launch.sh"), "start", "slurm", "--port", port, "--timeout", "120"]
+    head = subprocess.Popen(launch, env=launcher_env(tmp_path, 0), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        worker = subprocess.run(launch, env=launcher_env(tmp_path, 1), capture_output=True, text=True, timeout=180)
+        head_out, head_err = head.communicate(timeout=180)
+        assert head.returncode == 0, head_err + head_out
+        assert worker.returncode == 0, worker.stderr + worker.stdout
+        assert "SLURM node 0 of 2" in head_out and "2 node(s) up" in head_out  # the head waited for the worker
+        assert "SLURM node 1 of 2" in worker.stdout and "Ray worker up" in worker.stdout
+
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), "--config-name", "grpo_pipelined", *QUICK,
+             f"cluster.address=127.0.0.1:{port}", "cluster.num_nodes=2", f"runner.output_dir={tmp_path / 'run'}"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, cwd=ROOT)
+        assert run.returncode == 0, run.stderr[-3000:]
+        # device i is CPU slot i, numbered node by node: actor on the head, rollout + reward on the worker
+        assert re.search(r"actor: 1 ranks on cpu \[0\] of node\(s\) \[0\]", run.stdout), run.stdout
+        assert re.search(r"rollout: 1 ranks on cpu \[1\] of node\(s\) \[1\]", run.stdout), run.stdout
+        assert (tmp_path / "run" / "final_model").is_dir()
+    finally:
+        head.kill()
+        for node_id in (1, 0):
+            subprocess.run([str(ROOT / "ray_launch.sh"), "stop"], env=launcher_env(tmp_path, node_id),
+                           capture_output=True, timeout=120)
+
+
+def test_missing_nodes_are_named():
+    # a fresh process: this one may already hold the session's Ray instance
+    code = ("from rlinf_like.scheduler import Cluster, ClusterConfig\n"
+            "Cluster(ClusterConfig(num_cpus=1, num_nodes=2, reserve_timeout_s=2))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode != 0
+    assert re.search(r"cluster.num_nodes=2, but only 1 node\(s\) joined within 2s", out.stderr), out.stderr[-2000:]
