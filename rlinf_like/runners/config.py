@@ -83,6 +83,7 @@ class RunnerConfig:
     resume: bool = False
     output_dir: str = "runs/reasoning"
     micro_batch_size: int = 64
+    nonfinite: str = "skip"  # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
     seed: int = 0
 
 

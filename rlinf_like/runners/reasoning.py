@@ -45,7 +45,8 @@ from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 from rlinf_like.workers.training import LoopConfig
 
 CHECKPOINT = "checkpoint"
-TOKEN_ADVANTAGES = ("reinforce_pp", "gae")  # per-token rewards (outcome on the last token, optional KL penalty)
+TOKEN_ADVANTAGES = ("reinforce_pp", "gae")
+NONFINITE_POLICIES = ("skip", "stop")  # per-token rewards (outcome on the last token, optional KL penalty)
 
 
 def check_config(cfg: ReasoningConfig) -> None:
@@ -54,7 +55,8 @@ def check_config(cfg: ReasoningConfig) -> None:
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
-               "rollout.engine": (cfg.rollout.engine, ["hf", "native", "sglang"])}
+               "rollout.engine": (cfg.rollout.engine, ["hf", "native", "sglang"]),
+               "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES))}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
@@ -73,6 +75,21 @@ def check_config(cfg: ReasoningConfig) -> None:
         raise ValueError(f"runner.max_staleness must be >= 0, got {cfg.runner.max_staleness}")
     if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
         raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+
+
+def check_finite(metrics: dict[str, float], step: int, policy: str) -> str | None:
+    """The trainers never apply a non-finite gradient (the manager skips that optimizer step); this
+    decides whether the run goes on. Returns the warning to log, or raises under policy "stop"."""
+    skipped = {k: v for k, v in metrics.items() if k in ("skipped", "critic_skipped") and v > 0}
+    if not skipped:
+        return None
+    detail = ", ".join(f"{k}={metrics[k]:.4g}" for k in ("loss", "grad_norm", "value_loss", "critic_grad_norm")
+                       if k in metrics)
+    message = (f"step {step}: non-finite loss or gradient norm ({detail}); the affected optimizer steps were "
+               f"skipped (fraction {skipped}), weights unchanged")
+    if policy == "stop":
+        raise RuntimeError(message + "; stopping (runner.nonfinite=stop); the last checkpoint is intact")
+    return message
 
 
 def check_batch_split(cfg: ReasoningConfig, world_sizes: dict[str, int]) -> None:
@@ -234,6 +251,9 @@ class ReasoningRunner:
         if self.critic is not None:
             metrics.update(self.critic.train_step(batch).wait()[0])
         times["train_s"] = time.perf_counter() - start
+        warning = check_finite(metrics, self.step + 1, self.cfg.runner.nonfinite)
+        if warning:
+            tqdm.write(warning)
         correct = [s["correct"] for group in scores for s in group]
         return {**metrics, **times, "reward": float(rewards.mean()), "train_accuracy": sum(correct) / len(correct),
                 "staleness": float(self.version - min(r.version for r in results)),
