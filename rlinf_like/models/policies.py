@@ -64,7 +64,7 @@ class MLPActorCritic(nn.Module):
     def forward(self, obs: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
                 deterministic: bool = False) -> PolicyOut:
         x = obs["state"].float()
-        head, values = self.pi(x), self.vf(x).squeeze(-1)
+        head, values = self.pi(x), self.vf(x).squeeze(-1).clone()  # FSDP2 warns on view outputs
         if self.continuous:
             dist = Normal(head, self.log_std.exp().expand_as(head))
             if actions is None:

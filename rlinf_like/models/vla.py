@@ -64,7 +64,7 @@ class VLAPolicy(nn.Module):
         dist = Categorical(logits=logits)
         if actions is None:
             actions = logits.argmax(-1) if deterministic else dist.sample()
-        return actions, dist.log_prob(actions).sum((1, 2)), dist.entropy().sum((1, 2)), self.value_head(z).squeeze(-1)
+        return actions, dist.log_prob(actions).sum((1, 2)), dist.entropy().sum((1, 2)), self.value_head(z).squeeze(-1).clone()
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Token ids [B, chunk, act_dim] -> continuous actions [B, chunk, act_dim] (or [B, act_dim])."""
