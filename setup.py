@@ -23,6 +23,9 @@ setup(
     extras_require={
         "megatron": ["megatron-core>=0.16,<0.17", "packaging"],  # install with --no-deps on CPU
         "sglang": ["sglang"],  # GPU only
+        # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
+        "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],
+        "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "dev": ["pytest>=8", "pytest-timeout"],
     },
 )

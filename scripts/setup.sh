@@ -10,5 +10,16 @@ PYTHON="${PYTHON:-python3}"
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -c constraints-cpu.txt -e ".[dev]"
+"${PIP[@]}" -c constraints-cpu.txt -e ".[dev,embodied]"
+# Offscreen MuJoCo rendering on CPU needs Mesa's OSMesa (pixel observations). Install it only when it is
+# missing and we are root with apt; never fail the setup over it (pixel tests then skip, naming why).
+if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    (apt-get install -y -q libosmesa6 libegl1 libgl1 libglu1-mesa >/dev/null 2>&1 ||
+      (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libosmesa6 libegl1 libgl1 libglu1-mesa >/dev/null 2>&1)) ||
+      echo "setup: could not install libosmesa6; MuJoCo pixel observations will be unavailable" >&2
+  else
+    echo "setup: libOSMesa missing (install libosmesa6 for MuJoCo pixel observations)" >&2
+  fi
+fi
 .venv/bin/python -c "import torch, ray, hydra, rlinf_like; print(f'rlinf_like ready: torch {torch.__version__}, ray {ray.__version__}')"

@@ -1,0 +1,39 @@
+"""PPO on simulators with env / rollout / actor workers.
+
+    python examples/embodied/main_embodied.py                              # Reacher-v5, state MLP
+    python examples/embodied/main_embodied.py env=cartpole runner.total_env_steps=30000
+    python examples/embodied/main_embodied.py runner.pipeline=true          # env stages overlap inference
+    python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla runner.gif=true
+
+Prints a progress bar, writes TensorBoard scalars (return, success rate, env steps/s, losses), a
+plot of the return, checkpoints every `runner.save_every` updates (`runner.resume=true` continues).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import sys
+
+import hydra
+from hydra.core.config_store import ConfigStore
+
+from rlinf_like.config import check_overrides, structure
+from rlinf_like.runners.embodied import EmbodiedRunner
+from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.utils.threads import limit_threads
+
+ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
+
+
+@hydra.main(config_path="config", config_name="embodied", version_base="1.3")
+def main(cfg) -> None:
+    limit_threads()
+    EmbodiedRunner(structure(EmbodiedConfig, cfg)).run()
+
+
+if __name__ == "__main__":
+    check_overrides(EmbodiedConfig, sys.argv[1:])  # a typo fails here, naming the allowed keys
+    main()

@@ -1,0 +1,33 @@
+"""`EnvConfig` -> a VectorEnv, so workers and runners name envs in config, not code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_like.envs.base import VectorEnv
+
+KINDS = ("gym", "reach_colour")
+
+
+@dataclass
+class EnvConfig:
+    kind: str = "gym"  # gym | reach_colour
+    id: str = "Reacher-v5"  # gymnasium id (kind=gym)
+    num_envs: int = 16  # per env worker rank
+    max_episode_steps: int | None = None  # None: the env's own limit (reach_colour: 50)
+    obs_mode: str = "state"  # reach_colour: state | pixels
+    image_size: int = 48
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make
+
+
+def make_env(cfg: EnvConfig, num_envs: int | None = None, name: str = "env") -> VectorEnv:
+    n = cfg.num_envs if num_envs is None else num_envs
+    if cfg.kind == "gym":
+        from rlinf_like.envs.gym_env import GymVectorEnv
+
+        return GymVectorEnv(cfg.id, n, name, cfg.max_episode_steps, **cfg.kwargs)
+    if cfg.kind == "reach_colour":
+        from rlinf_like.envs.reach_colour import ReachColourEnv
+
+        return ReachColourEnv(n, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps or 50)
+    raise ValueError(f"{name}: env.kind={cfg.kind!r} is not one of {list(KINDS)}")

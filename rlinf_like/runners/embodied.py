@@ -1,0 +1,196 @@
+"""Embodied RL: env workers <-> rollout (policy inference) -> actor (PPO) -> weight sync, per update.
+
+Per PPO update every env worker and its rollout rank run `steps_per_rollout` steps over their
+wire (see workers/env/worker.py); each rollout rank puts its `Trajectory` on a channel, and the
+actor, already waiting on that channel, trains as soon as they arrive (GAE, PPO epochs and
+mini-batches), then publishes the new weights to the rollout. `runner.pipeline=true` splits each
+env worker's envs into 2 stages, so the simulator steps one while the policy infers the other.
+Checkpoints: actor state (DCP) then the runner state, flipped atomically; resume continues the
+step count and history (the envs start fresh episodes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from rlinf_like.data.trajectory import Trajectory
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.hybrid_engines.reshard import SyncPlan
+from rlinf_like.runners.common import plot_series, write_json_atomic
+from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
+from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
+from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
+from rlinf_like.workers.env import EnvWorker, episode_metrics
+from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
+
+CHECKPOINT = "checkpoint"
+
+
+def check_config(cfg: EmbodiedConfig) -> None:
+    """Values a schema cannot check, failing before any worker starts and naming the key."""
+    from rlinf_like.envs import KINDS
+
+    choices = {"env.kind": (cfg.env.kind, list(KINDS)), "policy.kind": (cfg.policy.kind, ["mlp", "vla"]),
+               "env.obs_mode": (cfg.env.obs_mode, ["state", "pixels"])}
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not one of {allowed}")
+    r, a = cfg.runner, cfg.algorithm
+    for key, value in {"runner.total_env_steps": r.total_env_steps, "runner.steps_per_rollout": r.steps_per_rollout,
+                       "env.num_envs": cfg.env.num_envs, "algorithm.epochs": a.epochs,
+                       "algorithm.mini_batches": a.mini_batches, "runner.save_every": r.save_every}.items():
+        if value <= 0:
+            raise ValueError(f"{key} must be > 0, got {value}")
+    if r.pipeline and cfg.env.num_envs % 2:
+        raise ValueError(f"runner.pipeline=true splits each env worker's envs in 2 stages: env.num_envs="
+                         f"{cfg.env.num_envs} must be even")
+
+
+class EmbodiedRunner:
+    def __init__(self, cfg: EmbodiedConfig):
+        check_config(cfg)
+        self.cfg = cfg
+        self.out = Path(cfg.runner.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.history: list[dict] = []
+        self.iteration, self.env_steps, self.version, self.clock = 0, 0, 0, 0.0
+
+    # --- setup ------------------------------------------------------------------------------------
+    def _launch(self, cluster: Cluster, seed: int) -> None:
+        cfg = self.cfg
+        placement = cluster.place(known_components=COMPONENTS)
+        missing = [c for c in COMPONENTS if c not in placement.components]
+        if missing:
+            raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
+        print(placement.describe())
+        self.stages = 2 if cfg.runner.pipeline else 1
+        self.env = EnvWorker.create_group(cfg.env, self.stages, seed).launch(cluster, placement, "env",
+                                                                             init_process_group=False)
+        specs = self.env.on_ranks(0).specs().wait()[0]
+        self.specs = specs
+        self.rollout = PolicyRolloutWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"],
+                                                        cfg.runner.seed).launch(cluster, placement, "rollout")
+        a = cfg.algorithm
+        ppo = PPOConfig(**{k: getattr(a, k) for k in PPOConfig.__dataclass_fields__})
+        fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm))
+        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"], ppo, fsdp,
+                                                      cfg.runner.seed).launch(cluster, placement, "actor")
+        # env <-> rollout wire: env rank e talks to rollout rank e % rollout ranks
+        connect_groups(self.env, self.rollout, "env_wire")
+        n_env, n_roll = self.env.world_size, self.rollout.world_size
+        wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
+                 [self.rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll)))
+                  for r in range(n_roll)])
+        connect_groups(self.actor, self.rollout, "weights")
+        [src] = self.actor.on_ranks(0).weight_layouts().wait()
+        [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
+        plan = SyncPlan.build(src, dst, "actor", "rollout")
+        wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
+        self.channel = Channel.create(f"trajectories-{id(self)}", Trajectory)
+        action = specs["action_spec"]
+        chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
+        self.action_shape = (*chunk, *action.shape)
+        self.envs_total = cfg.env.num_envs * n_env
+
+    def _sync_weights(self) -> None:
+        self.version += 1
+        wait_all([self.actor.publish_weights(self.version), self.rollout.apply_weights(self.version)])
+
+    # --- one PPO update ---------------------------------------------------------------------------
+    def _iterate(self) -> dict[str, float]:
+        r, start = self.cfg.runner, time.perf_counter()
+        train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size)  # waits for data
+        env_out, roll_out = wait_all([self.env.collect(r.steps_per_rollout, self.action_shape),
+                                      self.rollout.collect(r.steps_per_rollout, self.stages, self.specs["envs_per_stage"],
+                                                           self.action_shape, self.channel.name)])
+        collect_s = time.perf_counter() - start
+        metrics = train.wait()[0]
+        train_s = time.perf_counter() - start - collect_s
+        self._sync_weights()
+        steps = sum(o["env_steps"] for o in env_out)
+        episodes = [e for o in env_out for e in o["episodes"]]
+        metrics.update(episode_metrics(episodes))
+        metrics.update(collect_s=collect_s, train_s=train_s, env_steps_per_s=steps / collect_s,
+                       env_busy_s=max(o["env_busy_s"] for o in env_out),
+                       rollout_busy_s=max(o["rollout_busy_s"] for o in roll_out))
+        self.env_steps += steps
+        return metrics
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self) -> dict:
+        r = self.cfg.runner
+        resume = r.resume and (self.out / CHECKPOINT / "runner.json").exists()
+        state = json.loads((self.out / CHECKPOINT / "runner.json").read_text()) if resume else {}
+        with Cluster(self.cfg.cluster) as cluster:
+            self._launch(cluster, r.seed + 100_003 * state.get("iteration", 0))
+            if resume:
+                self._restore(state)
+            else:
+                self._sync_weights()
+            per_update = r.steps_per_rollout * self.envs_total
+            total = -(-r.total_env_steps // per_update)
+            writer = SummaryWriter(str(self.out / "tensorboard"))
+            bar = tqdm(range(self.iteration, total), desc="PPO", unit="update", initial=self.iteration, total=total)
+            for _ in bar:
+                start = time.perf_counter()
+                metrics = self._iterate()
+                self.iteration += 1
+                self.clock += time.perf_counter() - start
+                metrics.update(env_steps=self.env_steps, elapsed_s=self.clock)
+                for k, v in metrics.items():
+                    writer.add_scalar(f"ppo/{k}", v, self.env_steps)
+                self.history.append({"iteration": self.iteration, **metrics})
+                bar.set_postfix(ret=f"{metrics.get('episode_return', float('nan')):.2f}",
+                                sps=f"{metrics['env_steps_per_s']:.0f}",
+                                **({"success": f"{metrics['success_rate']:.2f}"} if "success_rate" in metrics else {}))
+                if self.iteration % r.save_every == 0 or self.iteration == total:
+                    self._checkpoint()
+            writer.close()
+            if r.gif:
+                from rlinf_like.runners.embodied_media import write_gif
+
+                write_gif(self.cfg, self.rollout.on_ranks(0).state_dict().wait()[0], self.specs, self.out / "rollout.gif")
+            self.channel.close()
+        return self._summary()
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        path = self.out / CHECKPOINT
+        self.actor.save(str(path / "actor")).wait()
+        write_json_atomic(path / "runner.json", {"iteration": self.iteration, "env_steps": self.env_steps,
+                                                 "version": self.version, "clock": self.clock,
+                                                 "history": self.history})
+
+    def _restore(self, state: dict) -> None:
+        path = self.out / CHECKPOINT
+        self.actor.load(str(path / "actor")).wait()
+        self.iteration, self.env_steps = state["iteration"], state["env_steps"]
+        self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
+        self._sync_weights()  # the rollout starts from the checkpoint's weights
+        print(f"resumed at update {self.iteration} ({self.env_steps} env steps) from {path}")
+
+    def _summary(self) -> dict:
+        points = lambda key: [(h["env_steps"], h[key]) for h in self.history if key in h]  # noqa: E731
+        returns, success = points("episode_return"), points("success_rate")
+        plot_series(self.out / "curves.png", [("mean episode return", returns, {"marker": "."})], "env steps",
+                    title=f"{self.cfg.env.id if self.cfg.env.kind == 'gym' else self.cfg.env.kind} / {self.cfg.policy.kind}")
+        if success:
+            plot_series(self.out / "success.png", [("success rate", success, {"marker": "."})], "env steps", (0, 1.05))
+        first = [v for _, v in returns[: max(1, len(returns) // 10)]]
+        last = [v for _, v in returns[-max(1, len(returns) // 10):]]
+        summary = {"updates": self.iteration, "env_steps": self.env_steps, "elapsed_s": self.clock,
+                   "return_first": float(np.mean(first)) if first else None,
+                   "return_last": float(np.mean(last)) if last else None,
+                   "success_last": success[-1][1] if success else None, "output_dir": str(self.out)}
+        (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
+                                                          indent=1, default=str))
+        print(f"plot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
+        return summary

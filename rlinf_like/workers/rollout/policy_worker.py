@@ -1,0 +1,135 @@
+"""PolicyRolloutWorker: batched policy inference for embodied RL (actions, logprobs, values).
+
+It holds a plain copy of the policy, receives the actor's weights through the hybrid engine's
+weight sync (`connect_weights` once, `apply_weights(version)` each iteration), and serves its env
+ranks over the wire (`connect_envs`, `collect`). For every step it takes each (env rank, stage) in
+turn: receive the observation, infer, send the actions. With two stages per env worker, the env
+steps one stage while this worker infers the other. At the end it returns (or puts on a channel)
+one `Trajectory` of its envs with the values needed for bootstrapping.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from rlinf_like.data.trajectory import Trajectory
+from rlinf_like.envs import ActionSpec, FieldSpec
+from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver, replicated
+from rlinf_like.models.policies import PolicyConfig, build_policy
+from rlinf_like.scheduler import Channel, Worker
+from rlinf_like.workers.env.link import Link, action_layout, step_layout
+
+
+def _tensors(msg: dict[str, np.ndarray], keys) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.array(msg[k])) for k in keys}
+
+
+class _Stream:
+    """Per (env rank, stage) buffers of one collect."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.obs: dict[str, list[torch.Tensor]] = {}
+        self.actions, self.logprobs, self.values = [], [], []
+        self.rewards, self.terminated, self.truncated, self.final_values = [], [], [], []
+
+
+class PolicyRolloutWorker(Worker):
+    def __init__(self, policy: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec, seed: int = 0):
+        torch.manual_seed(seed + 7919 * (self.rank + 1))  # sampling noise differs per rank
+        self.policy = build_policy(policy, obs_spec, action).eval()
+        self.obs_spec = obs_spec
+        self.version = 0
+        self._receiver: WeightReceiver | None = None
+        self._links: list[Link] = []
+
+    # --- weights ----------------------------------------------------------------------------------
+    def weight_layouts(self) -> list[TensorLayout]:
+        return [replicated(n, tuple(p.shape), self.world_size, str(p.dtype)) for n, p in self.policy.named_parameters()]
+
+    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
+        self._receiver = WeightReceiver(self.peer_group(peer_group), plan, self.rank,
+                                        dict(self.policy.named_parameters()), transport)
+
+    def apply_weights(self, version: int) -> int:
+        if self._receiver is None:
+            raise RuntimeError(f"{self.name}: apply_weights before connect_weights")
+        received = self._receiver.apply(version)
+        self.version = version
+        return received
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.policy.state_dict().items()}
+
+    # --- serving envs -----------------------------------------------------------------------------
+    def connect_envs(self, peer_group: str, env_peer_ranks: list[int]) -> None:
+        group = self.peer_group(peer_group)
+        self._links = [Link(group, r) for r in env_peer_ranks]
+
+    @torch.no_grad()
+    def _infer(self, msg: dict[str, np.ndarray]):
+        return self.policy(_tensors(msg, self.policy.obs_keys))
+
+    @torch.no_grad()
+    def collect(self, steps: int, stages: int, envs_per_stage: int, action_shape: tuple[int, ...],
+                channel: str | None = None) -> Trajectory | dict:
+        if not self._links:
+            raise RuntimeError(f"{self.name}: collect before connect_envs")
+        msg_layout, act_layout = step_layout(self.obs_spec, envs_per_stage), action_layout((envs_per_stage, *action_shape))
+        streams = [_Stream(link) for link in self._links for _ in range(stages)]
+        start, busy = time.perf_counter(), 0.0
+
+        def receive(stream: _Stream, first: bool) -> dict[str, np.ndarray]:
+            nonlocal busy
+            msg = stream.link.recv(msg_layout)
+            if not first:
+                stream.rewards.append(torch.from_numpy(msg["reward"].copy()))
+                stream.terminated.append(torch.from_numpy(msg["terminated"].copy()))
+                stream.truncated.append(torch.from_numpy(msg["truncated"].copy()))
+                final = torch.zeros(envs_per_stage)
+                if msg["truncated"].any():  # bootstrap from the truncated episodes' last observations
+                    t0 = time.perf_counter()
+                    final = self.policy(_tensors({k: msg[f"final_{k}"] for k in self.obs_spec},
+                                                 self.policy.obs_keys))[3]
+                    busy += time.perf_counter() - t0
+                stream.final_values.append(final)
+            return msg
+
+        for t in range(steps):
+            for stream in streams:
+                msg = receive(stream, first=t == 0)
+                t0 = time.perf_counter()
+                actions, logprobs, _, values = self._infer(msg)
+                env_actions = self.policy.env_actions(actions)
+                busy += time.perf_counter() - t0
+                stream.link.send(act_layout, {"actions": env_actions})
+                for k in self.obs_spec:
+                    stream.obs.setdefault(k, []).append(torch.from_numpy(np.array(msg[k])))
+                stream.actions.append(actions)
+                stream.logprobs.append(logprobs)
+                stream.values.append(values)
+        last_values = []
+        for stream in streams:
+            msg = receive(stream, first=False)
+            last_values.append(self._infer(msg)[3])
+            stream.link.flush()
+        traj = self._trajectory(streams, last_values)
+        stats = {"rollout_busy_s": busy, "rollout_wall_s": time.perf_counter() - start}
+        if channel is None:
+            return {"trajectory": traj, **stats}
+        Channel.connect(channel).put(traj)
+        return stats
+
+    def _trajectory(self, streams: list[_Stream], last_values: list[torch.Tensor]) -> Trajectory:
+        def cat(get) -> torch.Tensor:  # [T, n_stream] per stream -> [T, n]
+            return torch.cat([torch.stack(get(s)) for s in streams], dim=1)
+
+        values, term, trunc = cat(lambda s: s.values), cat(lambda s: s.terminated), cat(lambda s: s.truncated)
+        next_values = torch.cat([values[1:], torch.cat(last_values)[None]])
+        bootstrap = torch.where(trunc, cat(lambda s: s.final_values), next_values) * ~term
+        return Trajectory(obs={k: cat(lambda s, k=k: s.obs[k]) for k in self.obs_spec}, actions=cat(lambda s: s.actions),
+                          logprobs=cat(lambda s: s.logprobs), values=values, rewards=cat(lambda s: s.rewards),
+                          dones=term | trunc, bootstrap=bootstrap, version=self.version)
