@@ -15,13 +15,18 @@ from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
 @dataclass
 class LoopConfig:
     mini_batches: int = 1  # optimizer steps per batch and epoch
-    micro_batch_size: int = 64  # rows per forward/backward (per rank)
+    micro_batch_size: int | None = 64  # rows per forward/backward (per rank); None: a mini-batch in one pass
     epochs: int = 1  # passes over each batch
     seed: int = 0
 
 
-def micro_batches(batch: Batch, size: int) -> list[Batch]:
-    n = batch["input_ids"].shape[0]
+def num_rows(batch: Batch) -> int:
+    return next(iter(batch.values())).shape[0]
+
+
+def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
+    n = num_rows(batch)
+    size = size or max(n, 1)
     return [select_rows(batch, slice(i, i + size)) for i in range(0, n, size)]
 
 
@@ -31,7 +36,7 @@ def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int
     Every rank must run the same number of micro-batches (each is a collective under FSDP): the
     runner checks that the rows divide by world_size x mini_batches before launching."""
     mine = shard_rows(batch, rank, world_size)
-    rows = mine["input_ids"].shape[0]
+    rows = num_rows(mine)
     totals: dict[str, float] = {}
     steps = 0
     # the shuffle depends on the optimizer step only, so a resumed run replays the same order

@@ -1,7 +1,8 @@
 """EmbodiedActorWorker: PPO actor-critic on the FSDPModelManager (a plain torch policy module).
 
 Per update: GAE(gamma, lambda) over the trajectories' episode segments (`data.trajectory`), then
-`epochs` passes of `mini_batches` shuffled mini-batches, one optimizer step each. The loss is the
+`epochs` passes of `mini_batches` shuffled mini-batches, one optimizer step each, through the
+training loop every trained role shares (`workers/training.py`). The loss is the
 shared algorithms: clipped surrogate (`policy_loss`), clipped value loss (`value_loss`), minus an
 entropy bonus; advantages are normalized per mini-batch (`masked_whiten`).
 """
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_like.algorithms import PolicyLossConfig, masked_whiten, policy_loss, value_loss
-from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.data.batch import Batch
 from rlinf_like.data.trajectory import Trajectory, ppo_batch
 from rlinf_like.envs import ActionSpec, FieldSpec
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
-from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
 from rlinf_like.models.policies import PolicyConfig, build_policy
-from rlinf_like.scheduler import Channel, Worker
+from rlinf_like.scheduler import Channel
+from rlinf_like.workers.trained import TrainedWorker
+from rlinf_like.workers.training import LoopConfig, train_epochs
 
 
 @dataclass
@@ -51,14 +53,13 @@ def ppo_loss(cfg: PPOConfig):
     return loss
 
 
-class EmbodiedActorWorker(Worker):
+class EmbodiedActorWorker(TrainedWorker):
     def __init__(self, policy: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec,
                  ppo: PPOConfig, fsdp: FSDPConfig, seed: int = 0):
         torch.manual_seed(seed)  # every rank builds the same initial weights
         self.ppo, self.seed = ppo, seed
         self.manager = FSDPModelManager(build_policy(policy, obs_spec, action), fsdp)
         self._loss = ppo_loss(ppo)
-        self._sender: WeightSender | None = None
 
     def train(self, trajectories: list[Trajectory] | None = None, channel: str | None = None,
               count: int = 0) -> dict[str, float]:
@@ -66,41 +67,12 @@ class EmbodiedActorWorker(Worker):
         if trajectories is None:
             trajectories = Channel.connect(channel).get_batch(count)
         batch = ppo_batch(trajectories, self.ppo.gamma, self.ppo.lam)
-        mine = shard_rows(batch, self.rank, self.world_size)
-        rows = mine["returns"].shape[0]
-        generator = torch.Generator().manual_seed(self.seed * 1000 + self.manager.step)
-        totals: dict[str, float] = {}
-        steps = 0
-        for _ in range(self.ppo.epochs):
-            for idx in torch.randperm(rows, generator=generator).chunk(self.ppo.mini_batches):
-                metrics = self.manager.forward_backward(select_rows(mine, idx), self._loss)
-                metrics.update(self.manager.optim_step())
-                for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v
-                steps += 1
-        out = {k: v / steps for k, v in totals.items()}
+        loop = LoopConfig(self.ppo.mini_batches, None, self.ppo.epochs, self.seed)  # a mini-batch in one pass
+        out = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, loop)
         returns, values = batch["returns"], batch["old_values"]
         out["explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
         out["advantage_mean"] = float(batch["advantages"].mean())
         return out
-
-    # --- weights, checkpoints ----------------------------------------------------------------------
-    def weight_layouts(self) -> list[TensorLayout]:
-        return self.manager.shard_layouts()
-
-    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
-        self._sender = WeightSender(self.peer_group(peer_group), plan, self.rank, transport)
-
-    def publish_weights(self, version: int) -> int:
-        if self._sender is None:
-            raise RuntimeError(f"{self.name}: publish_weights before connect_weights")
-        return self._sender.publish(version, self.manager.named_shards())
-
-    def save(self, path: str) -> None:
-        self.manager.save(path)
-
-    def load(self, path: str) -> None:
-        self.manager.load(path)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()

@@ -14,9 +14,8 @@ import torch
 from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import token_nll_loss
-from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
-from rlinf_like.scheduler import Worker
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.workers.training import LoopConfig, train_epochs
 
 
@@ -28,7 +27,7 @@ class ActorConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
-class ActorWorker(Worker):
+class ActorWorker(TrainedWorker):
     def __init__(self, config: ActorConfig):
         from transformers import AutoModelForCausalLM
 
@@ -36,7 +35,6 @@ class ActorWorker(Worker):
         self.config = config
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
         self.manager = FSDPModelManager(model, config.fsdp)
-        self._sender: WeightSender | None = None
         self._loss = rl_loss(config.loss)
 
     # --- training -------------------------------------------------------------------------------------
@@ -62,34 +60,3 @@ class ActorWorker(Worker):
         """Trainer-side logprobs of this rank's rows (to correct for the rollout engine's)."""
         return self.manager.compute_logprobs(shard_rows(batch, self.rank, self.world_size),
                                              self.config.loss.temperature)
-
-    # --- weights, memory, checkpoints -----------------------------------------------------------------
-    def weight_layouts(self) -> list[TensorLayout]:
-        return self.manager.shard_layouts()
-
-    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
-        self._sender = WeightSender(self.peer_group(peer_group), plan, self.rank, transport)
-
-    def publish_weights(self, version: int) -> int:
-        if self._sender is None:
-            raise RuntimeError(f"{self.name}: publish_weights before connect_weights")
-        return self._sender.publish(version, self.manager.named_shards())
-
-    def offload(self) -> None:
-        self.manager.offload()
-
-    def onload(self) -> None:
-        self.manager.onload()
-
-    def save(self, path: str) -> None:
-        self.manager.save(path)
-
-    def load(self, path: str) -> None:
-        self.manager.load(path)
-
-    def export_hf(self, path: str) -> None:
-        self.manager.export_hf(path)
-
-    def status(self) -> dict:
-        s = self.manager.get_status()
-        return {"step": s.step, "lr": s.lr}

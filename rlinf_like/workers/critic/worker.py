@@ -17,7 +17,7 @@ from rlinf_like.algorithms import value_loss
 from rlinf_like.data.batch import Batch, select_rows, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import LossFn
-from rlinf_like.scheduler import Worker
+from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.workers.training import LoopConfig, train_epochs
 
 
@@ -48,7 +48,7 @@ def value_model_loss(clip: float | None) -> LossFn:
     return loss_fn
 
 
-class CriticWorker(Worker):
+class CriticWorker(TrainedWorker):
     def __init__(self, config: CriticConfig):
         from transformers import AutoModelForTokenClassification
 
@@ -72,15 +72,3 @@ class CriticWorker(Worker):
         """PPO critic update on a batch with `returns`, `old_values` and `response_mask`."""
         metrics = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, self.config.loop)
         return {f"critic_{k}" if not k.startswith("value") else k: v for k, v in metrics.items()}
-
-    def offload(self) -> None:
-        self.manager.offload()
-
-    def onload(self) -> None:
-        self.manager.onload()
-
-    def save(self, path: str) -> None:
-        self.manager.save(path)
-
-    def load(self, path: str) -> None:
-        self.manager.load(path)

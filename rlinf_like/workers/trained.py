@@ -1,0 +1,46 @@
+"""TrainedWorker: the verbs every worker that owns a ModelManager shares — weight publishing to a
+rollout, offload / onload, checkpoints, HF export, status — written once for actor, critic and the
+embodied actor. One base class over Worker, no mixins."""
+
+from __future__ import annotations
+
+from rlinf_like.hybrid_engines.model_manager import ModelManager
+from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
+from rlinf_like.scheduler import Worker
+
+
+class TrainedWorker(Worker):
+    manager: ModelManager  # set by the subclass's __init__
+    _sender: WeightSender | None = None
+
+    # --- weights to the rollout -----------------------------------------------------------------------
+    def weight_layouts(self) -> list[TensorLayout]:
+        return self.manager.shard_layouts()
+
+    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
+        self._sender = WeightSender(self.peer_group(peer_group), plan, self.rank, transport)
+
+    def publish_weights(self, version: int) -> int:
+        if self._sender is None:
+            raise RuntimeError(f"{self.name}: publish_weights before connect_weights")
+        return self._sender.publish(version, self.manager.named_shards())
+
+    # --- memory, checkpoints ----------------------------------------------------------------------------
+    def offload(self) -> None:
+        self.manager.offload()
+
+    def onload(self) -> None:
+        self.manager.onload()
+
+    def save(self, path: str) -> None:
+        self.manager.save(path)
+
+    def load(self, path: str) -> None:
+        self.manager.load(path)
+
+    def export_hf(self, path: str) -> None:
+        self.manager.export_hf(path)
+
+    def status(self) -> dict:
+        s = self.manager.get_status()
+        return {"step": s.step, "lr": s.lr}
