@@ -85,9 +85,9 @@ class _OptimizerState:
 
 class MegatronModelManager(ModelManager):
     def __init__(self, source: nn.Module | str | Path, config: MegatronConfig | None = None):
+        require("megatron.core")
         if not dist.is_initialized():
             raise RuntimeError("MegatronModelManager needs an initialized process group (launch it inside a Worker)")
-        require("megatron.core")
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
