@@ -11,4 +11,8 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" -c constraints-cpu.txt -e ".[dev]"
+# The [megatron] extra, without its dependency resolution: megatron-core's own requirements would pull
+# CUDA wheels; on CPU it needs only numpy and packaging (installed above). Tested version, pinned.
+"${PIP[@]}" -c constraints-cpu.txt packaging
+"${PIP[@]}" -c constraints-cpu.txt --no-deps "megatron-core==0.16.1"
 .venv/bin/python -c "import torch, ray, hydra, rlinf_like; print(f'rlinf_like ready: torch {torch.__version__}, ray {ray.__version__}')"
