@@ -53,14 +53,20 @@ class Trainer(Worker):
             self.manager = MegatronModelManager(self.path, MegatronConfig(optim=OPTIM, scheduler=SCHED, **config))
             self.dp = (self.manager.dp_rank, self.manager.dp_size)
 
-    def train(self, steps, start=0):
+    def train(self, steps, start=0, calls=1):
+        """`calls` > 1: the caller accumulates over several forward_backward calls, syncing on the last."""
         out = []
         for step in range(start, start + steps):
             batch, (rank, size) = global_batch(step), self.dp
             per = batch["input_ids"].shape[0] // size
-            m = self.manager.forward_backward({k: v[rank * per:(rank + 1) * per] for k, v in batch.items()})
+            local = {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
+            rows, losses = per // calls, []
+            for i in range(calls):
+                micro = {k: v[i * rows:(i + 1) * rows] for k, v in local.items()}
+                m = self.manager.forward_backward(micro, loss_scale=1 / calls, sync_gradients=i == calls - 1)
+                losses.append(m["loss"])
             o = self.manager.optim_step()
-            out.append((m["loss"], o["grad_norm"], o["lr"]))
+            out.append((sum(losses) / calls, o["grad_norm"], o["lr"]))
         return out
 
     def state(self):
@@ -129,7 +135,8 @@ class Rollout(Worker):
 @pytest.fixture(scope="module")
 def setup(cluster, tmp_path_factory):
     path = str(write_tiny_model(tmp_path_factory.mktemp("mg") / "qwen2", SPEC))
-    placement = cluster.place({"mg_actor": "0-1", "mg_rollout1": "0", "mg_rollout2": "0-1"})
+    # one placement for every group of this module, so that their shares of the 2 CPU slots add up
+    placement = cluster.place({"mg_actor": "0-1", "mg_rollout1": "0", "mg_rollout2": "0-1", "mg_actor4": "0-1*2"})
     actor = Trainer.create_group(path).launch(cluster, placement, "mg_actor")
     yield actor, placement, path
     actor.shutdown()
@@ -151,11 +158,21 @@ def reference(path, steps):
     return out
 
 
-def run(actor, backend, steps=3, **config):
+def run(actor, backend, steps=3, calls=1, **config):
     actor.build(backend, **config).wait(timeout=120)
-    per_rank = actor.train(steps).wait(timeout=120)
-    # (mean loss over the data-parallel ranks, grad norm, lr); TP/PP ranks report the same loss
-    return [(sum(r[s][0] for r in per_rank) / 2, per_rank[0][s][1], per_rank[0][s][2]) for s in range(steps)]
+    per_rank = actor.train(steps, calls=calls).wait(timeout=120)
+    # (mean loss over the ranks, grad norm, lr): data-parallel ranks hold equal token counts, TP/PP
+    # ranks report the same loss
+    n = len(per_rank)
+    return [(sum(r[s][0] for r in per_rank) / n, per_rank[0][s][1], per_rank[0][s][2]) for s in range(steps)]
+
+
+def assert_matches(ref, runs):
+    for name, got in runs.items():
+        for step in range(len(ref)):
+            assert got[step][0] == pytest.approx(ref[step][0], rel=1e-5), (name, step)
+            assert got[step][1] == pytest.approx(ref[step][1], rel=1e-4), (name, step)
+            assert got[step][2] == pytest.approx(ref[step][2]), (name, step)
 
 
 def test_tp2_pp2_dp2_train_like_fsdp_and_an_unsharded_reference(setup):
@@ -166,13 +183,21 @@ def test_tp2_pp2_dp2_train_like_fsdp_and_an_unsharded_reference(setup):
         "megatron tp2": run(actor, "megatron", tensor_parallel=2),
         "megatron pp2 x 2 micro-batches": run(actor, "megatron", pipeline_parallel=2, micro_batches=2),
         "megatron dp2 distributed optimizer": run(actor, "megatron", distributed_optimizer=True),
+        # the caller accumulates two half batches (unsynced, then synced) per step, as with FSDP
+        "megatron tp2, 2 accumulated calls": run(actor, "megatron", calls=2, tensor_parallel=2),
     }
     assert ref[2][0] < ref[0][0] - 0.05  # the model learns: the comparison is not between constants
-    for name, got in runs.items():
-        for step in range(3):
-            assert got[step][0] == pytest.approx(ref[step][0], rel=1e-5), (name, step)
-            assert got[step][1] == pytest.approx(ref[step][1], rel=1e-4), (name, step)
-            assert got[step][2] == pytest.approx(ref[step][2]), (name, step)
+    assert_matches(ref, runs)
+
+
+def test_tp2_x_pp2_on_four_ranks_matches_the_reference(setup, cluster):
+    _, placement, path = setup
+    group = Trainer.create_group(path).launch(cluster, placement, "mg_actor4")
+    try:
+        got = run(group, "megatron", steps=2, tensor_parallel=2, pipeline_parallel=2, micro_batches=2)
+    finally:
+        group.shutdown()
+    assert_matches(reference(path, 2), {"megatron tp2 x pp2": got})
 
 
 def test_offload_onload_is_bit_exact_and_training_continues_identically(setup):
