@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlinf_like.hybrid_engines.megatron import convert, layouts
-from rlinf_like.hybrid_engines.megatron.model import hf_dims
+from rlinf_like.hybrid_engines.megatron.model import check_parallel, hf_dims
 from rlinf_like.hybrid_engines.reshard import apply_in_process, plan_reshard, sharded, replicated
 from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model
 from rlinf_like.utils.extras import MissingExtraError
@@ -120,3 +120,14 @@ def test_importing_the_backend_does_not_import_megatron_and_a_missing_one_names_
     monkeypatch.setitem(sys.modules, "megatron.core", None)
     with pytest.raises(MissingExtraError, match=r"\[megatron\]"):
         MegatronModelManager("unused")
+
+
+def test_unsplittable_parallel_sizes_and_unsupported_models_are_refused_by_name():
+    dims, _ = hf_model("qwen2")  # 6 heads over 2 key/value heads, 4 layers
+    check_parallel(dims, 2, 2)
+    with pytest.raises(ValueError, match=r"tensor_parallel=3 must divide the 2 key/value heads"):
+        check_parallel(dims, 3, 1)
+    with pytest.raises(ValueError, match=r"pipeline_parallel=3 must divide the 4 layers"):
+        check_parallel(dims, 1, 3)
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported; supported: \['llama', 'qwen2'\]"):
+        hf_dims({"model_type": "gpt2"})

@@ -95,6 +95,7 @@ class MegatronModelManager(ModelManager):
         self.config = cfg = config or MegatronConfig()
         self.hf_config, hf_weights = _hf_source(source)
         self.dims = mmodel.hf_dims(self.hf_config)
+        mmodel.check_parallel(self.dims, cfg.tensor_parallel, cfg.pipeline_parallel)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         self.dtype = torch.bfloat16 if bf16 else torch.float32

@@ -44,16 +44,21 @@ def hf_dims(hf: dict) -> dict[str, Any]:
     )
 
 
+def check_parallel(d: dict, tp: int, pp: int) -> None:
+    """Refuse, by name, a TP/PP size the model's shapes do not split into."""
+    for what, n in (("attention heads", d["num_heads"]), ("key/value heads", d["num_kv_heads"]),
+                    ("vocabulary rows", d["vocab_size"]), ("MLP rows", d["ffn_hidden_size"])):
+        if tp < 1 or n % tp:
+            raise ValueError(f"megatron manager: tensor_parallel={tp} must divide the {n} {what}")
+    if pp < 1 or d["num_layers"] % pp:
+        raise ValueError(f"megatron manager: pipeline_parallel={pp} must divide the {d['num_layers']} layers")
+
+
 def transformer_config(hf: dict, tp: int, pp: int, dtype: torch.dtype, **overrides):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     d = hf_dims(hf)
-    for what, n in (("attention heads", d["num_heads"]), ("key/value heads", d["num_kv_heads"]),
-                    ("vocabulary rows", d["vocab_size"]), ("MLP rows", d["ffn_hidden_size"])):
-        if n % tp:
-            raise ValueError(f"megatron manager: tensor_parallel={tp} must divide the {n} {what}")
-    if d["num_layers"] % pp:
-        raise ValueError(f"megatron manager: pipeline_parallel={pp} must divide the {d['num_layers']} layers")
+    check_parallel(d, tp, pp)
     kwargs = dict(
         num_layers=d["num_layers"], hidden_size=d["hidden_size"], ffn_hidden_size=d["ffn_hidden_size"],
         num_attention_heads=d["num_heads"], num_query_groups=d["num_kv_heads"], kv_channels=d["head_dim"],
