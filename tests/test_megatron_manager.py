@@ -200,9 +200,13 @@ def test_tp2_x_pp2_on_four_ranks_matches_the_reference(setup, cluster):
     assert_matches(reference(path, 2), {"megatron tp2 x pp2": got})
 
 
-def test_offload_onload_is_bit_exact_and_training_continues_identically(setup):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_offload_onload_is_bit_exact_and_training_continues_identically(setup, precision):
+    """Distributed optimizer over DP=2: params in megatron's contiguous buffer, grads in its grad
+    buffer (main_grad), Adam state (and under bf16 the fp32 main copies) sharded over the ranks."""
     actor, _, _ = setup
-    actor.build("megatron", distributed_optimizer=True).wait(timeout=120)
+    config = dict(distributed_optimizer=True, precision=precision)
+    actor.build("megatron", **config).wait(timeout=120)
     actor.train(2).wait()
     before = actor.state().wait()
     off, device_bytes, back = actor.offload_cycle().wait()[0]
@@ -213,11 +217,11 @@ def test_offload_onload_is_bit_exact_and_training_continues_identically(setup):
         for part, tensors in before[rank].items():
             assert tensors and all(torch.equal(a, b) for a, b in zip(tensors, after[rank][part])), part
     continued = actor.train(2, start=2).wait()
-    actor.build("megatron", distributed_optimizer=True).wait(timeout=120)
+    continued_params = actor.state().wait()[0]["params"]
+    actor.build("megatron", **config).wait(timeout=120)
     straight = actor.train(4).wait()
     assert [r[2:] for r in straight] == continued  # bit-identical losses, grad norms, lrs
-    final = actor.state().wait()
-    assert all(torch.equal(a, b) for a, b in zip(final[0]["params"], actor.state().wait()[0]["params"]))
+    assert all(torch.equal(a, b) for a, b in zip(continued_params, actor.state().wait()[0]["params"]))
 
 
 def assert_rollout_holds(rollout, full):
