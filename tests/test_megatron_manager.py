@@ -259,7 +259,7 @@ def test_megatron_tp2_and_pp2_weights_sync_exactly_into_native_rollouts(setup, c
             rollout.shutdown()
 
 
-def test_checkpoint_resumes_identically_and_hf_export_reloads(setup, tmp_path):
+def test_checkpoint_resumes_identically_reshards_and_hf_export_reloads(setup, tmp_path):
     actor, _, _ = setup
     actor.build("megatron", tensor_parallel=2).wait(timeout=120)
     actor.train(2).wait()
@@ -267,6 +267,15 @@ def test_checkpoint_resumes_identically_and_hf_export_reloads(setup, tmp_path):
     first = actor.train(2, start=2).wait()
     actor.load(str(tmp_path / "ckpt")).wait()
     assert actor.train(2, start=2).wait() == first
+    # the same checkpoint loads into another layout (megatron reshards model and Adam state)
+    actor.build("megatron", pipeline_parallel=2, micro_batches=2).wait(timeout=120)
+    actor.load(str(tmp_path / "ckpt")).wait()
+    resharded = actor.train(2, start=2).wait()
+    for step in range(2):
+        assert resharded[0][step][0] == pytest.approx(first[0][step][0], rel=1e-5)
+        assert resharded[0][step][1:] == pytest.approx(first[0][step][1:], rel=1e-4)
+    actor.build("megatron", tensor_parallel=2).wait(timeout=120)
+    actor.train(4).wait()
 
     actor.export(str(tmp_path / "hf")).wait()
     batch = global_batch(99)

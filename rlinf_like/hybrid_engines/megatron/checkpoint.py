@@ -1,10 +1,12 @@
-"""Checkpoints of a MegatronModelManager: per-rank shards (same layout on load) and HF export.
+"""Checkpoints of a MegatronModelManager: megatron's dist_checkpointing (reshardable) and HF export.
 
-`save` writes every rank's model shards, its optimizer's local state (the distributed optimizer's
-shard included), step and RNG states to `path.tmp/rank{r}.pt`, then rank 0 swaps the directory into
-place, so an interrupted save never destroys the previous checkpoint. `load` expects the same
-TP/PP/DP layout (a `layout.json` records it and a mismatch is refused by name). `export_hf` gathers
-the HF-named shards to rank 0, which writes `config.json` + `model.safetensors`.
+`save` writes the model's and the optimizer's sharded state dicts with megatron's `dist_checkpointing`
+(each rank writes its shards; the distributed optimizer's state in its reshardable
+"fully_sharded_model_space" form) plus step and RNG states per rank, into `path.tmp`, then rank 0 swaps
+the directory into place, so an interrupted save never destroys the previous checkpoint. `load` reads
+them into this manager's layout, which may differ from the saver's (TP=2 -> PP=2, ...): megatron
+reshards. RNG states come back only when the world size matches. `export_hf` gathers the HF-named
+shards to rank 0, which writes `config.json` + `model.safetensors`.
 """
 
 from __future__ import annotations
@@ -20,36 +22,32 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlinf_like.hybrid_engines.megatron import cpu_compat
 from rlinf_like.hybrid_engines.reshard.layout import box_slices, dtype_from_name
 
 if TYPE_CHECKING:
     from rlinf_like.hybrid_engines.megatron.manager import MegatronModelManager
 
 
-def _layout(m: MegatronModelManager) -> dict:
-    c = m.config
-    return {"tensor_parallel": c.tensor_parallel, "pipeline_parallel": c.pipeline_parallel, "world_size": m.world_size}
-
-
-def _torch_optimizers(m: MegatronModelManager) -> list[torch.optim.Optimizer]:
-    return [o.optimizer for o in getattr(m.optimizer, "chained_optimizers", [m.optimizer])]
+def _sharded_state(m: MegatronModelManager, loading: bool) -> dict:
+    model = m.gpt.sharded_state_dict()
+    return {"model": model, "optimizer": m.optimizer.sharded_state_dict(model, is_loading=loading)}
 
 
 def save_checkpoint(m: MegatronModelManager, path: str) -> None:
+    from megatron.core import dist_checkpointing
+
     final, tmp = Path(path), Path(f"{path}.tmp")
     if m.rank == 0:
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        (tmp / "layout.json").write_text(json.dumps(_layout(m)))
+        (tmp / "dist").mkdir(parents=True)
     dist.barrier()
-    state = {
-        "model": {k: v for k, v in m.gpt.state_dict().items() if isinstance(v, torch.Tensor)},
-        "optim": [o.state_dict() for o in _torch_optimizers(m)],
-        "step": m.step,
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-    }
-    torch.save(state, tmp / f"rank{m.rank}.pt")
+    with cpu_compat.cuda_as_cpu():
+        dist_checkpointing.save(_sharded_state(m, loading=False), str(tmp / "dist"))
+    extra = {"step": m.step, "world_size": m.world_size,
+             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}}
+    torch.save(extra, tmp / f"extra_rank{m.rank}.pt")
     dist.barrier()
     if m.rank == 0:  # one complete checkpoint exists at every moment, under `path` or `path.old`
         old = Path(f"{path}.old")
@@ -64,21 +62,20 @@ def save_checkpoint(m: MegatronModelManager, path: str) -> None:
 
 
 def load_checkpoint(m: MegatronModelManager, path: str) -> None:
-    saved = json.loads((Path(path) / "layout.json").read_text())
-    if saved != _layout(m):
-        raise ValueError(f"checkpoint {path} was saved with layout {saved}; this manager runs {_layout(m)}")
-    state = torch.load(Path(path) / f"rank{m.rank}.pt", weights_only=False)
-    with torch.no_grad():
-        own = m.gpt.state_dict()
-        for name, value in state["model"].items():
-            own[name].copy_(value)
-    for opt, sd in zip(_torch_optimizers(m), state["optim"]):
-        opt.load_state_dict(sd)
-    m.step = state["step"]
+    from megatron.core import dist_checkpointing
+
+    with cpu_compat.cuda_as_cpu():
+        state = dist_checkpointing.load(_sharded_state(m, loading=True), str(Path(path) / "dist"))
+        m.gpt.load_state_dict(state["model"])
+        m.optimizer.load_state_dict(state["optimizer"])
+    own = Path(path) / f"extra_rank{m.rank}.pt"
+    extra = torch.load(own if own.exists() else Path(path) / "extra_rank0.pt", weights_only=False)
+    m.step = extra["step"]
     m._set_lr()
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
+    if extra["world_size"] == m.world_size:
+        torch.set_rng_state(extra["rng"]["torch"])
+        random.setstate(extra["rng"]["python"])
+        np.random.set_state(extra["rng"]["numpy"])
 
 
 def gather_hf(m: MegatronModelManager) -> dict[str, torch.Tensor] | None:
