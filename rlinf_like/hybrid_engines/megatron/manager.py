@@ -63,6 +63,18 @@ def _hf_source(source: nn.Module | str | Path) -> tuple[dict, dict[str, torch.Te
     return json.loads((path / "config.json").read_text()), weights
 
 
+def _check_config(cfg: MegatronConfig) -> None:
+    for key, value, allowed in (("precision", cfg.precision, ("auto", "bf16", "fp32")),
+                                ("layer_spec", cfg.layer_spec, ("auto", "te", "local"))):
+        if value not in allowed:
+            raise ValueError(f"megatron manager: {key}={value!r} is not one of {list(allowed)}")
+    if cfg.layer_spec == "te" and not mmodel.te_available():
+        raise ValueError("megatron manager: layer_spec='te' needs transformer_engine and a CUDA device; "
+                         "use 'local' or 'auto'")
+    if cfg.micro_batches < 1:
+        raise ValueError(f"megatron manager: micro_batches={cfg.micro_batches} must be >= 1")
+
+
 class _OptimizerState:
     """What the residency manager reads from megatron's optimizer: the state of every underlying
     torch optimizer, plus the parameters it steps that are not model parameters (fp32 main copies)."""
@@ -93,6 +105,7 @@ class MegatronModelManager(ModelManager):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         self.config = cfg = config or MegatronConfig()
+        _check_config(cfg)
         self.hf_config, hf_weights = _hf_source(source)
         self.dims = mmodel.hf_dims(self.hf_config)
         mmodel.check_parallel(self.dims, cfg.tensor_parallel, cfg.pipeline_parallel)
