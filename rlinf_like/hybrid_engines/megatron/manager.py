@@ -12,8 +12,8 @@ calls and `sync_gradients=False` defers the data-parallel reduction. Losses are 
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,7 @@ from torch import nn
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
 from rlinf_like.hybrid_engines.megatron import convert, cpu_compat, layouts, model as mmodel
 from rlinf_like.hybrid_engines.megatron.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from rlinf_like.hybrid_engines.megatron.hf_source import hf_source
 from rlinf_like.hybrid_engines.megatron.parallel import destroy_parallel, init_parallel
 from rlinf_like.hybrid_engines.model_manager import (
     Batch, LossFn, ManagerStatus, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
@@ -46,21 +47,6 @@ class MegatronConfig:
     seed: int = 1234
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-
-
-def _hf_source(source: nn.Module | str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config dict, state dict) of an HF causal LM or checkpoint directory."""
-    if isinstance(source, nn.Module):
-        return source.config.to_dict(), {k: v.detach() for k, v in source.state_dict().items()}
-    from safetensors.torch import load_file
-
-    path = Path(source)
-    weights: dict[str, torch.Tensor] = {}
-    for file in sorted(path.glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    if not weights:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    return json.loads((path / "config.json").read_text()), weights
 
 
 def _check_config(cfg: MegatronConfig) -> None:
@@ -106,7 +92,7 @@ class MegatronModelManager(ModelManager):
 
         self.config = cfg = config or MegatronConfig()
         _check_config(cfg)
-        self.hf_config, hf_weights = _hf_source(source)
+        self.hf_config, hf_weights = hf_source(source)
         self.dims = mmodel.hf_dims(self.hf_config)
         mmodel.check_parallel(self.dims, cfg.tensor_parallel, cfg.pipeline_parallel)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -150,7 +136,7 @@ class MegatronModelManager(ModelManager):
         self._set_lr()
         self.residency = ResidencyManager(self.model, _OptimizerState(self.optimizer, self.model))
 
-    def _load_hf(self, hf: dict[str, torch.Tensor]) -> None:
+    def _load_hf(self, hf: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, param in self.gpt.named_parameters():
                 found = convert.match(self.rules, name)
