@@ -44,6 +44,9 @@ class Trainer(Worker):
     def __init__(self, path):
         self.path, self.manager, self.senders = path, None, {}
 
+    def set_path(self, path):
+        self.path = path
+
     def build(self, backend, **config):
         from rlinf_like.hybrid_engines.megatron import MegatronConfig, MegatronModelManager
 
@@ -191,6 +194,21 @@ def test_tp2_pp2_dp2_train_like_fsdp_and_an_unsharded_reference(setup):
     }
     assert ref[2][0] < ref[0][0] - 0.05  # the model learns: the comparison is not between constants
     assert_matches(ref, runs)
+
+
+def test_tied_embeddings_across_pipeline_stages(setup, tmp_path):
+    """Llama with tied embeddings, PP=2: the last stage's output layer is megatron's copy of the first
+    stage's embedding, kept equal by its embedding-group gradient reduction."""
+    actor, _, _ = setup
+    tied = str(write_tiny_model(tmp_path / "tied", TinyModelSpec(
+        arch="llama", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        tie_word_embeddings=True, init_std=0.05)))
+    actor.set_path(tied).wait()
+    try:
+        got = run(actor, "megatron", steps=3, pipeline_parallel=2, micro_batches=2)
+    finally:
+        actor.set_path(setup[2]).wait()
+    assert_matches(reference(tied, 3), {"megatron pp2, tied embeddings": got})
 
 
 def test_tp2_x_pp2_on_four_ranks_matches_the_reference(setup, cluster):

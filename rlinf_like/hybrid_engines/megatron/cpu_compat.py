@@ -7,7 +7,8 @@ never by editing or vendoring megatron-core:
    allocates its buffers on it in ~30 places); the "CUDA" RNG that megatron's model-parallel RNG
    tracker forks is the CPU generator (`torch.cuda.manual_seed` / `get_rng_state` and megatron's
    `_get_cuda_rng_state` / `_set_cuda_rng_state`); stream and cache calls are no-ops.
-2. Scoped (`cuda_as_cpu()`): a TorchFunctionMode around megatron's DDP wrapper and optimizer, which
+2. Scoped (`cuda_as_cpu()`): a TorchFunctionMode around megatron's model construction (tied embeddings
+   across pipeline stages call `.cuda()`), DDP wrapper, optimizer, schedules and checkpointing, which
    create tensors with a hard-coded `device="cuda"`, call `.cuda()`, and check
    `param.type() == "torch.cuda.FloatTensor"`. Inside the mode such devices become the CPU and
    `type()` names a CPU tensor as its CUDA twin. Outside the mode torch behaves normally.

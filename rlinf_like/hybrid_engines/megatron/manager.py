@@ -111,8 +111,9 @@ class MegatronModelManager(ModelManager):
         self.rules = convert.rules_for(self.te_spec)
         self.heads = convert.Heads(self.dims["num_heads"], self.dims["num_kv_heads"], self.dims["head_dim"])
 
-        self.gpt = mmodel.build_stage(self.tconfig, self.hf_config, self.te_spec,
-                                      pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+        with cpu_compat.cuda_as_cpu():  # tied embeddings across stages: megatron moves them with .cuda()
+            self.gpt = mmodel.build_stage(self.tconfig, self.hf_config, self.te_spec, ps.is_pipeline_first_stage(),
+                                          ps.is_pipeline_last_stage())
         self.layer_offset = layouts.stage_layers(self.dims["num_layers"], pp, self.pp_rank).start
         self._load_hf(hf_weights)
         self.gpt.to(self.device)
