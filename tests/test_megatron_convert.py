@@ -87,7 +87,8 @@ def test_te_spec_names_fold_the_norms_into_the_linear_layers():
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
 def test_megatron_shards_reshard_exactly_into_rollout_layouts(tp, pp):
     """Layouts + named shards of every Megatron rank feed the generic planner; rollout tp=1 and a
-    non-divisible tp=3 (split rows 22/21/21 of q, ...) receive exactly the HF tensors."""
+    non-divisible tp=3 (the 16 rows of k and v split 6/5/5, across Megatron's 8/8) receive exactly the
+    HF tensors."""
     dims, hf = hf_model("qwen2")
     shards, heads = megatron_shards(dims, hf, tp, pp)
     ranks = [(t, p) for p in range(pp) for t in range(tp)] * 2  # x2: a data-parallel replica of each
