@@ -21,7 +21,8 @@ setup(
         "matplotlib",  # the closing plot of a training run
     ],
     extras_require={
-        "megatron": ["megatron-core>=0.16,<0.17", "packaging"],  # install with --no-deps on CPU
+        # supported: megatron-core 0.16.x (0.16.1 tested; scripts/setup.sh installs it with --no-deps on CPU)
+        "megatron": ["megatron-core>=0.16,<0.17", "numpy", "packaging"],
         "sglang": ["sglang"],  # GPU only
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],

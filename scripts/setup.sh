@@ -22,4 +22,8 @@ if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
     echo "setup: libOSMesa missing (install libosmesa6 for MuJoCo pixel observations)" >&2
   fi
 fi
+# The [megatron] extra, without its dependency resolution: megatron-core's own requirements would pull
+# CUDA wheels; on CPU it needs only numpy and packaging (installed above). Tested version, pinned.
+"${PIP[@]}" -c constraints-cpu.txt packaging
+"${PIP[@]}" -c constraints-cpu.txt --no-deps "megatron-core==0.16.1"
 .venv/bin/python -c "import torch, ray, hydra, rlinf_like; print(f'rlinf_like ready: torch {torch.__version__}, ray {ray.__version__}')"

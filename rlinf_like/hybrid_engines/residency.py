@@ -78,6 +78,8 @@ class ResidencyManager:
             for p in self.model.parameters():
                 if p.grad is not None:
                     yield local_tensor(p.grad)
+                if getattr(p, "main_grad", None) is not None:  # megatron's DDP accumulates here
+                    yield p.main_grad
         elif part == "optimizer" and self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for value in state.values():

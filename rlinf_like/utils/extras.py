@@ -7,7 +7,8 @@ from types import ModuleType
 
 # module to import -> (extra that provides it, what to install)
 OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
-    "megatron.core": ("megatron", "pip install --no-deps 'rlinf_like[megatron]'"),
+    "megatron.core": ("megatron", "pip install 'rlinf_like[megatron]' on GPU; on CPU pip install --no-deps "
+                                  "'megatron-core>=0.16,<0.17' numpy packaging (as scripts/setup.sh does)"),
     "transformer_engine": ("megatron", "pip install transformer-engine (GPU only)"),
     "sglang": ("sglang", "pip install 'rlinf_like[sglang]' (GPU only)"),
 }
