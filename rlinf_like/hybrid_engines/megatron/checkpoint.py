@@ -1,11 +1,11 @@
 """Checkpoints of a MegatronModelManager: megatron's dist_checkpointing (reshardable) and HF export.
 
 `save` writes the model's and the optimizer's sharded state dicts with megatron's `dist_checkpointing`
-(each rank writes its shards; the distributed optimizer's state in its "fully_reshardable" form,
-gathered per data-parallel group) plus step and RNG states per rank, into `path.tmp`, then rank 0 swaps
+(each rank writes its shards) plus step and RNG states per rank, into `path.tmp`, then rank 0 swaps
 the directory into place, so an interrupted save never destroys the previous checkpoint. `load` reads
 them into this manager's layout, which may differ from the saver's (TP=2 -> PP=2, ...): megatron
-reshards. RNG states come back only when the world size matches. `export_hf` gathers the HF-named
+reshards (not yet with the distributed optimizer, see _OPTIM_METADATA). RNG states come back only
+when the world size matches. `export_hf` gathers the HF-named
 shards to rank 0, which writes `config.json` + `model.safetensors`.
 """
 
