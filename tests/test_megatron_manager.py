@@ -295,8 +295,13 @@ def test_checkpoint_resumes_identically_reshards_and_hf_export_reloads(setup, tm
     for step in range(2):
         assert resharded[0][step][0] == pytest.approx(first[0][step][0], rel=1e-5)
         assert resharded[0][step][1:] == pytest.approx(first[0][step][1:], rel=1e-4)
-    actor.build("megatron", tensor_parallel=2).wait(timeout=120)
-    actor.train(4).wait()
+    # the distributed optimizer (Adam state sharded over DP=2) resumes identically too
+    actor.build("megatron", distributed_optimizer=True).wait(timeout=120)
+    actor.train(2).wait()
+    actor.save(str(tmp_path / "ckpt_dp")).wait()
+    dp_next = actor.train(2, start=2).wait()
+    actor.load(str(tmp_path / "ckpt_dp")).wait()
+    assert actor.train(2, start=2).wait() == dp_next
 
     actor.export(str(tmp_path / "hf")).wait()
     batch = global_batch(99)

@@ -1,11 +1,11 @@
 """Checkpoints of a MegatronModelManager: megatron's dist_checkpointing (reshardable) and HF export.
 
 `save` writes the model's and the optimizer's sharded state dicts with megatron's `dist_checkpointing`
-(each rank writes its shards; the distributed optimizer's state in its reshardable
-"fully_sharded_model_space" form) plus step and RNG states per rank, into `path.tmp`, then rank 0 swaps
+(each rank writes its shards) plus step and RNG states per rank, into `path.tmp`, then rank 0 swaps
 the directory into place, so an interrupted save never destroys the previous checkpoint. `load` reads
 them into this manager's layout, which may differ from the saver's (TP=2 -> PP=2, ...): megatron
-reshards. RNG states come back only when the world size matches. `export_hf` gathers the HF-named
+reshards (not yet with the distributed optimizer, see _OPTIM_METADATA). RNG states come back only
+when the world size matches. `export_hf` gathers the HF-named
 shards to rank 0, which writes `config.json` + `model.safetensors`.
 """
 
@@ -29,9 +29,18 @@ if TYPE_CHECKING:
     from rlinf_like.hybrid_engines.megatron.manager import MegatronModelManager
 
 
+# The distributed optimizer's state per data-parallel buffer ("dp_reshardable"): megatron 0.16's
+# default form is refused by its own torch_dist backend here, and "fully_reshardable" fails to load
+# torch AdamW's state. Known gap (megatron 0.16 with torch's AdamW, i.e. without TE / Apex): a
+# distributed-optimizer checkpoint loads only into an optimizer that has stepped (a fresh one has no
+# 'step' state for megatron to read) and into the same layout.
+_OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
 def _sharded_state(m: MegatronModelManager, loading: bool) -> dict:
     model = m.gpt.sharded_state_dict()
-    return {"model": model, "optimizer": m.optimizer.sharded_state_dict(model, is_loading=loading)}
+    optim = m.optimizer.sharded_state_dict(model, is_loading=loading, metadata=_OPTIM_METADATA)
+    return {"model": model, "optimizer": optim}
 
 
 def save_checkpoint(m: MegatronModelManager, path: str) -> None:
@@ -64,7 +73,7 @@ def save_checkpoint(m: MegatronModelManager, path: str) -> None:
 def load_checkpoint(m: MegatronModelManager, path: str) -> None:
     from megatron.core import dist_checkpointing
 
-    with cpu_compat.cuda_as_cpu():
+    with cpu_compat.cuda_as_cpu(), torch.no_grad():  # the optimizer writes into views of the parameters
         state = dist_checkpointing.load(_sharded_state(m, loading=True), str(Path(path) / "dist"))
         m.gpt.load_state_dict(state["model"])
         m.optimizer.load_state_dict(state["optimizer"])
@@ -72,6 +81,12 @@ def load_checkpoint(m: MegatronModelManager, path: str) -> None:
     extra = torch.load(own if own.exists() else Path(path) / "extra_rank0.pt", weights_only=False)
     m.step = extra["step"]
     m._set_lr()
+    # Adam's bias-correction step: the distributed optimizer's checkpoint formats do not carry torch
+    # AdamW's per-parameter 'step'; it equals the manager's step (a skipped step never reaches Adam)
+    for opt in getattr(m.optimizer, "chained_optimizers", [m.optimizer]):
+        for state in opt.optimizer.state.values():
+            if "step" in state:
+                state["step"] = torch.full_like(state["step"], float(m.step))
     if extra["world_size"] == m.world_size:
         torch.set_rng_state(extra["rng"]["torch"])
         random.setstate(extra["rng"]["python"])
