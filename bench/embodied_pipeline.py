@@ -31,8 +31,8 @@ MIX = ["env=reach_colour_pixels", "policy=vla", "env.image_size=96", "policy.wid
 
 def one_run(pipeline: bool, updates: int, out: Path) -> float:
     steps = updates * 8 * 32
-    cmd = [sys.executable, str(MAIN), *MIX, f"runner.total_env_steps={steps}", f"runner.pipeline={str(pipeline).lower()}",
-           f"runner.output_dir={out}"]
+    cmd = [sys.executable, str(MAIN), *MIX, f"runner.total_env_steps={steps}",
+           f"runner.pipeline={str(pipeline).lower()}", f"runner.output_dir={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if done.returncode:

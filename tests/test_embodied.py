@@ -111,8 +111,8 @@ def cartpole_runs(tmp_path_factory) -> dict:
     pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
     finish(first, root / "seq.log")
     runs = history(seq)
-    again = finish(launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true"),
-                   root / "resume.log")
+    resume = launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true")
+    again = finish(resume, root / "resume.log")
     finish(pipe, root / "pipe.log")
     return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped)}
 
