@@ -81,46 +81,83 @@ def test_wire_message_round_trip():
     assert back["terminated"].dtype == bool and not np.array_equal(back["state"], obs["state"])
 
 
-def run_main(*overrides, timeout=300):
+def launch_main(out: Path, log: Path, *overrides) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
-    return subprocess.run([sys.executable, str(MAIN), *overrides], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+    with open(log, "w") as f:  # the child keeps its own handle
+        return subprocess.Popen([sys.executable, str(MAIN), *overrides, f"runner.output_dir={out}"], stdout=f,
+                                stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+
+
+def finish(proc: subprocess.Popen, log: Path, timeout: float = 400) -> str:
+    code = proc.wait(timeout)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    return text
 
 
 def history(out: Path) -> list[dict]:
     return json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
 
 
-def test_ppo_on_cartpole_learns_resumes_and_pipeline_gives_the_same_data(tmp_path):
-    out = tmp_path / "seq"
-    first = run_main(*CARTPOLE, "runner.total_env_steps=3072", f"runner.output_dir={out}")  # 6 updates
-    assert first.returncode == 0, first.stderr[-3000:]
-    runs = history(out)
+@pytest.fixture(scope="module")
+def cartpole_runs(tmp_path_factory) -> dict:
+    """Three runs of the hydra example, each with its own local Ray (the costly part is starting one,
+    not the PPO updates): sequential 6 updates, then resumed for 2 more; pipelined 2 updates, started
+    alongside the first so the two startups overlap."""
+    root = tmp_path_factory.mktemp("cartpole")
+    seq, piped = root / "seq", root / "pipe"
+    # 6 updates of 8 envs x 64 steps
+    first = launch_main(seq, root / "seq.log", *CARTPOLE, "runner.total_env_steps=3072")
+    pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
+    finish(first, root / "seq.log")
+    runs = history(seq)
+    resume = launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true")
+    again = finish(resume, root / "resume.log")
+    finish(pipe, root / "pipe.log")
+    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped)}
+
+
+def test_ppo_on_cartpole_learns(cartpole_runs):
+    runs, out = cartpole_runs["runs"], cartpole_runs["seq"]
     assert [h["iteration"] for h in runs] == list(range(1, 7))
     returns = [h["episode_return"] for h in runs]
     # measured 18.4 -> 35.7, 44.7, 45.5 in updates 4-6 (random policy: ~22); only a run that does not learn fails
     assert np.mean(returns[-3:]) > returns[0] + 10, returns
     assert (out / "curves.png").stat().st_size > 0 and (out / "tensorboard").is_dir()
 
-    again = run_main(*CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true", f"runner.output_dir={out}")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed at update 6" in again.stdout
-    resumed = history(out)
+
+def test_resume_continues_the_history(cartpole_runs):
+    runs, resumed = cartpole_runs["runs"], cartpole_runs["resumed"]
+    assert "resumed at update 6" in cartpole_runs["resume_log"]
     assert resumed[:6] == runs and [h["iteration"] for h in resumed[6:]] == [7, 8]
     assert resumed[-1]["env_steps"] == 8 * 512
-    assert np.mean([h["episode_return"] for h in resumed[6:]]) > returns[0] + 10  # not restarted from scratch
+    first = runs[0]["episode_return"]
+    assert np.mean([h["episode_return"] for h in resumed[6:]]) > first + 10  # not restarted from scratch
 
-    piped = tmp_path / "pipe"
-    third = run_main(*CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true", f"runner.output_dir={piped}")
-    assert third.returncode == 0, third.stderr[-3000:]
-    # 2 stages of 4 envs, same seeds and sampling order: the same episodes as the sequential run
-    for a, b in zip(history(piped), runs[:2]):
+
+def test_pipeline_gives_the_sequential_runs_data(cartpole_runs):
+    # 2 stages of 4 envs, same seeds and sampling order: the same episodes and losses as the sequential run
+    piped, runs = cartpole_runs["piped"], cartpole_runs["runs"]
+    assert [h["iteration"] for h in piped] == [1, 2]
+    for a, b in zip(piped, runs[:2]):
         assert a["episode_return"] == pytest.approx(b["episode_return"], rel=1e-6)
         assert a["value_loss"] == pytest.approx(b["value_loss"], rel=1e-4)
 
 
 def test_bad_config_fails_before_launch(tmp_path):
-    typo = run_main("runner.pipline=true")
-    assert typo.returncode != 0 and "did you mean 'runner.pipeline'" in typo.stderr
-    odd = run_main("env=cartpole", "env.num_envs=5", "runner.pipeline=true", f"runner.output_dir={tmp_path}")
-    assert odd.returncode != 0 and "env.num_envs=5 must be even" in odd.stderr
+    # in-process, the same calls main_embodied.py makes before hydra composes / before any worker starts
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config import check_overrides, structure
+    from rlinf_like.runners.embodied import EmbodiedRunner
+    from rlinf_like.runners.embodied_config import EmbodiedConfig
+
+    with pytest.raises(Exception, match=r"did you mean 'runner.pipeline'"):
+        check_overrides(EmbodiedConfig, ["runner.pipline=true"])
+    ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
+    with initialize_config_dir(str(MAIN.parent / "config"), version_base="1.3"):
+        cfg = compose("embodied", ["env=cartpole", "env.num_envs=5", "runner.pipeline=true",
+                                   f"runner.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="env.num_envs=5 must be even"):
+        EmbodiedRunner(structure(EmbodiedConfig, cfg))
