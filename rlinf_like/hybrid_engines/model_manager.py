@@ -14,9 +14,12 @@ the shared building block for language models, so algorithm code never touches f
 
 from __future__ import annotations
 
+import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +39,19 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     clip_grad: float | None = 1.0  # None: no clipping (the norm is still reported)
+
+
+def swap_checkpoint_into_place(tmp: Path, final: Path) -> None:
+    """Rename a complete checkpoint written to `tmp` over `final`, so that at every moment one
+    complete checkpoint exists under `final` or `final.old` (a crash mid-save loses nothing)."""
+    old = Path(f"{final}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def model_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -76,6 +92,8 @@ class ModelManager(ABC):
     model: nn.Module
     optimizer: torch.optim.Optimizer
     residency: ResidencyManager
+    step: int  # optimizer steps taken
+    world_size: int
 
     @abstractmethod
     def forward_backward(
@@ -109,8 +127,15 @@ class ModelManager(ABC):
     @abstractmethod
     def get_config(self) -> dict[str, Any]: ...
 
-    @abstractmethod
-    def get_status(self) -> ManagerStatus: ...
+    def get_status(self) -> ManagerStatus:
+        return ManagerStatus(
+            step=self.step,
+            lr=self.optimizer.param_groups[0]["lr"],
+            world_size=self.world_size,
+            offloaded={p: self.residency.is_offloaded(p) for p in PARTS},
+            device_bytes={p: self.residency.device_bytes(p) for p in PARTS},
+            last_moves=list(self.residency.history)[-len(PARTS):],
+        )
 
     # residency is the same for every backend
     def offload(self, parts: Iterable[str] = PARTS) -> list[MoveStats]:

@@ -7,7 +7,6 @@ bf16 compute with fp32 gradient reduction on GPU; fp32 on CPU.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -32,15 +31,15 @@ from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
 from rlinf_like.hybrid_engines.model_manager import (
     Batch,
     LossFn,
-    ManagerStatus,
     ModelManager,
     OptimConfig,
+    swap_checkpoint_into_place,
     token_logprobs,
     token_nll_loss,
 )
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.reshard.sync import dtensor_layout
-from rlinf_like.hybrid_engines.residency import PARTS, ResidencyManager
+from rlinf_like.hybrid_engines.residency import ResidencyManager
 
 
 @dataclass
@@ -146,15 +145,8 @@ class FSDPModelManager(ModelManager):
         }
         torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
         dist.barrier()
-        if self.rank == 0:  # at every moment one complete checkpoint exists under `path` or `path.old`
-            old = Path(f"{path}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            if final.exists():
-                os.replace(final, old)
-            os.replace(tmp, final)
-            if old.exists():
-                shutil.rmtree(old)
+        if self.rank == 0:
+            swap_checkpoint_into_place(tmp, final)
         dist.barrier()
 
     def load(self, path: str) -> None:
@@ -191,13 +183,3 @@ class FSDPModelManager(ModelManager):
 
     def get_config(self) -> dict[str, Any]:
         return {"backend": "fsdp2", "world_size": self.world_size, "device": str(self.device), **asdict(self.config)}
-
-    def get_status(self) -> ManagerStatus:
-        return ManagerStatus(
-            step=self.step,
-            lr=self.optimizer.param_groups[0]["lr"],
-            world_size=self.world_size,
-            offloaded={p: self.residency.is_offloaded(p) for p in PARTS},
-            device_bytes={p: self.residency.device_bytes(p) for p in PARTS},
-            last_moves=list(self.residency.history)[-len(PARTS):],
-        )

@@ -12,7 +12,6 @@ shards to rank 0, which writes `config.json` + `model.safetensors`.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rlinf_like.hybrid_engines.megatron import cpu_compat
+from rlinf_like.hybrid_engines.model_manager import swap_checkpoint_into_place
 from rlinf_like.hybrid_engines.reshard.layout import box_slices, dtype_from_name
 
 if TYPE_CHECKING:
@@ -58,15 +58,8 @@ def save_checkpoint(m: MegatronModelManager, path: str) -> None:
              "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}}
     torch.save(extra, tmp / f"extra_rank{m.rank}.pt")
     dist.barrier()
-    if m.rank == 0:  # one complete checkpoint exists at every moment, under `path` or `path.old`
-        old = Path(f"{path}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old.exists():
-            shutil.rmtree(old)
+    if m.rank == 0:
+        swap_checkpoint_into_place(tmp, final)
     dist.barrier()
 
 

@@ -29,10 +29,10 @@ from rlinf_like.hybrid_engines.megatron.checkpoint import export_hf, load_checkp
 from rlinf_like.hybrid_engines.megatron.hf_source import hf_source
 from rlinf_like.hybrid_engines.megatron.parallel import destroy_parallel, init_parallel
 from rlinf_like.hybrid_engines.model_manager import (
-    Batch, LossFn, ManagerStatus, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
+    Batch, LossFn, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
 )
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
-from rlinf_like.hybrid_engines.residency import PARTS, ResidencyManager
+from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.utils.extras import require
 
 
@@ -268,13 +268,3 @@ class MegatronModelManager(ModelManager):
         return {"backend": "megatron", "world_size": self.world_size, "device": str(self.device),
                 "data_parallel": self.dp_size, "layer_spec": "te" if self.te_spec else "local",
                 "dtype": str(self.dtype), **asdict(self.config)}
-
-    def get_status(self) -> ManagerStatus:
-        return ManagerStatus(
-            step=self.step,
-            lr=self.optimizer.param_groups[0]["lr"],
-            world_size=self.world_size,
-            offloaded={p: self.residency.is_offloaded(p) for p in PARTS},
-            device_bytes={p: self.residency.device_bytes(p) for p in PARTS},
-            last_moves=list(self.residency.history)[-len(PARTS):],
-        )
