@@ -143,6 +143,21 @@ class NativeRollout(Worker):
     raw_broadcast = Rollout.raw_broadcast
 
 
+def time_rounds(actor, rollout, raw_bytes: int, reps: int) -> tuple[float, float, float]:
+    """Median seconds of (sync over the group, one raw broadcast of `raw_bytes`, sync over ipc),
+    alternating within each round so all three see the same machine state."""
+    times: dict[str, list[float]] = {"raw": [], **{t: [] for t in TRANSPORTS}}
+    for version in range(1, reps + 1):
+        t0 = time.perf_counter()
+        wait_all([actor.raw_broadcast(raw_bytes), rollout.raw_broadcast(raw_bytes)])
+        times["raw"].append(time.perf_counter() - t0)
+        for transport in TRANSPORTS:
+            t0 = time.perf_counter()
+            wait_all([actor.publish(version, transport), rollout.apply(version, transport)])
+            times[transport].append(time.perf_counter() - t0)
+    return tuple(statistics.median(times[k]) for k in ("group", "raw", "ipc"))
+
+
 def megatron_case(quick: bool) -> None:
     import tempfile
 
@@ -162,18 +177,9 @@ def megatron_case(quick: bool) -> None:
         [dst] = rollout.layouts().wait()
         plan = SyncPlan.build(src, dst, "actor", "rollout", bucket_bytes=128 << 20)
         wait_all([actor.init(plan), rollout.init(plan)])
-        times: dict[str, list[float]] = {"raw": [], **{t: [] for t in TRANSPORTS}}
-        for version in range(1, reps + 1):
-            t0 = time.perf_counter()
-            wait_all([actor.raw_broadcast(plan.nbytes), rollout.raw_broadcast(plan.nbytes)])
-            times["raw"].append(time.perf_counter() - t0)
-            for transport in TRANSPORTS:
-                t0 = time.perf_counter()
-                wait_all([actor.publish(version, transport), rollout.apply(version, transport)])
-                times[transport].append(time.perf_counter() - t0)
+        ours_s, raw_s, ipc_s = time_rounds(actor, rollout, plan.nbytes, reps)
         actor.shutdown()
         rollout.shutdown()
-    ours_s, raw_s, ipc_s = (statistics.median(times[k]) for k in ("group", "raw", "ipc"))
     params = sum(torch.Size(l.shape).numel() for l in src)
     print(f"megatron tp=2 -> native rollout tp=1: {params / 1e6:.0f}M params, {len(plan.buckets)} buckets, "
           f"{plan.nbytes / 2**20:.0f} MiB; reshard + sync {ours_s:.2f} s, raw broadcast {raw_s:.2f} s, "
@@ -201,18 +207,9 @@ def main() -> None:
         plan = SyncPlan.build(src, rollout_layouts(shapes, 2), "actor", "rollout", bucket_bytes=128 << 20)
         wait_all([actor.init(plan), rollout.init(plan)])
         total = n_params * 4
-        times: dict[str, list[float]] = {"raw": [], **{t: [] for t in TRANSPORTS}}
-        for version in range(1, reps + 1):
-            t0 = time.perf_counter()
-            wait_all([actor.raw_broadcast(total), rollout.raw_broadcast(total)])
-            times["raw"].append(time.perf_counter() - t0)
-            for transport in TRANSPORTS:
-                t0 = time.perf_counter()
-                wait_all([actor.publish(version, transport), rollout.apply(version, transport)])
-                times[transport].append(time.perf_counter() - t0)
+        ours_s, raw_s, ipc_s = time_rounds(actor, rollout, total, reps)
         actor.shutdown()
         rollout.shutdown()
-    ours_s, raw_s, ipc_s = (statistics.median(times[k]) for k in ("group", "raw", "ipc"))
     print(f"{n_params / 1e6:.0f}M params ({total / 2**20:.0f} MiB), dp=2 -> tp=2, {len(plan.buckets)} buckets, "
           f"{plan.nbytes / 2**20:.0f} MiB moved by the plan")
     print(f"reshard + sync {ours_s:.2f} s ({plan.nbytes / ours_s / 1e9:.2f} GB/s)   "

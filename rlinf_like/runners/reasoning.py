@@ -33,6 +33,7 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.common import plot_series, write_json_atomic
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, PlacementMode, connect_groups, wait_all
 from rlinf_like.workers.actor.loss import LossConfig
@@ -339,9 +340,7 @@ class ReasoningRunner:
         wait_all([self.actor.save(str(path / "actor"))]
                  + ([self.critic.save(str(path / "critic"))] if self.critic is not None else []))
         state = {"step": self.step, "version": self.version, "history": self.history}
-        tmp = path / "runner.json.tmp"
-        tmp.write_text(json.dumps(state))
-        tmp.replace(path / "runner.json")  # the runner state flips only after the actor state is complete
+        write_json_atomic(path / "runner.json", state)  # flips only after the actor state is complete
 
     def _restore(self) -> None:
         path = self.out / CHECKPOINT
@@ -355,7 +354,9 @@ class ReasoningRunner:
     def _summary(self) -> dict:
         evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
         rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
-        plot_curves(evals, rewards, self.out / "curves.png")
+        plot_series(self.out / "curves.png", [("mean reward (train samples)", rewards, {"alpha": 0.6}),
+                                              ("held-out accuracy (greedy)", evals, {"marker": "o"})],
+                    "GRPO step", ylim=(0, 1.05))
         summary = {"steps": self.step, "eval_accuracy_start": evals[0][1], "eval_accuracy_end": evals[-1][1],
                    "reward_first": rewards[0][1] if rewards else None, "reward_last": rewards[-1][1] if rewards else None,
                    "output_dir": str(self.out)}
@@ -366,22 +367,3 @@ class ReasoningRunner:
             print(f"  {step:>4}  {acc:.3f}")
         print(f"plot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
         return summary
-
-
-def plot_curves(evals: list[tuple[int, float]], rewards: list[tuple[int, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if rewards:
-        ax.plot(*zip(*rewards), label="mean reward (train samples)", alpha=0.6)
-    ax.plot(*zip(*evals), marker="o", label="held-out accuracy (greedy)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylim(0, 1.05)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -40,7 +40,7 @@ def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int
     totals: dict[str, float] = {}
     steps = 0
     # the shuffle depends on the optimizer step only, so a resumed run replays the same order
-    generator = torch.Generator().manual_seed(loop.seed * 1000 + manager.get_status().step)
+    generator = torch.Generator().manual_seed(loop.seed * 1000 + manager.step)
     for _ in range(loop.epochs if epochs is None else epochs):
         order = torch.randperm(rows, generator=generator)
         for mini in order.tensor_split(loop.mini_batches):  # always that many pieces (chunk may give fewer)
