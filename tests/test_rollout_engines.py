@@ -5,7 +5,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model

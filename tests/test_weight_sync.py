@@ -8,7 +8,6 @@ from rlinf_like.hybrid_engines.reshard import (
     SyncPlan,
     WeightReceiver,
     WeightSender,
-    WeightSyncError,
     dtensor_layout,
     dtype_from_name,
     replicated,

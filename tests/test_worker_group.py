@@ -2,7 +2,6 @@
 
 import asyncio
 import os
-import signal
 import time
 
 import pytest
@@ -12,7 +11,6 @@ import torch.distributed as dist
 from rlinf_like.scheduler import (
     GroupTimeoutError,
     Worker,
-    WorkerDiedError,
     WorkerError,
     connect_groups,
     wait_all,
