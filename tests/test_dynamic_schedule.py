@@ -28,6 +28,7 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 4, 16, 100, 100
     r.output_dir, r.schedule = str(out), schedule
     cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
+    cfg.algorithm.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
     return cfg
 
 
@@ -76,7 +77,7 @@ def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
     for a, b in zip(static.history, dynamic.history, strict=True):
         common = {k: v for k, v in a.items() if k not in SCHEDULE_ONLY}
         assert common == {k: v for k, v in b.items() if k not in SCHEDULE_ONLY}
-    assert static.history[-1]["grad_norm"] > 0 and static.history[-1]["loss"] != 0
+    assert all(h["grad_norm"] > 0 for h in static.history[1:])  # every GRPO step moved the weights
 
     from safetensors.torch import load_file
 
