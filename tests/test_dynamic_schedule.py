@@ -65,13 +65,15 @@ def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
         runs[schedule] = runner
     static, dynamic = runs["static"], runs["dynamic"]
 
-    # the hand-over happened: under dynamic the actor trained on one rank while a replica still generated
+    # the hand-over happened: under dynamic the first finished replica's device went to the actor alone
+    # (DP 1), the second joined later (DP 2, taking the state by broadcast); static granted both at once.
+    # Whether a mini-batch trained at DP 1 depends on timing (both replicas often finish within ms).
     sizes = {name: [run.scheduler.dp_sizes(step) for step in range(3)] for name, run in runs.items()}
     assert sizes["static"] == [[2]] * 3
     assert all(s == [1, 2] for s in sizes["dynamic"]), sizes["dynamic"]
-    assert sum(h["sched_early_minibatches"] for h in dynamic.history[1:]) >= 1
     kinds = [e.kind for e in dynamic.scheduler.events if e.step == 2]
-    assert kinds.count("offload_sync") == 2 and kinds.index("offload_sync") < kinds.index("scale_sync")
+    assert kinds == ["pre_process", "offload_sync", "scale_sync", "offload_sync", "scale_sync"]
+    assert [e.kind for e in static.scheduler.events if e.step == 2][-2:] == ["offload_sync", "scale_sync"]
 
     # ... and changed nothing: every metric and every exported weight is identical
     for a, b in zip(static.history, dynamic.history, strict=True):
