@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import check_overrides, structure
 from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.dynamic_schedule import DynamicScheduleRunner
 from rlinf_like.runners.reasoning import ReasoningRunner
 from rlinf_like.utils.threads import limit_threads
 
@@ -34,7 +35,8 @@ ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
 @hydra.main(config_path="config", config_name="grpo_collocated", version_base="1.3")
 def main(cfg) -> None:
     limit_threads()
-    ReasoningRunner(structure(ReasoningConfig, cfg)).run()
+    config = structure(ReasoningConfig, cfg)
+    (DynamicScheduleRunner if config.runner.schedule == "dynamic" else ReasoningRunner)(config).run()
 
 
 if __name__ == "__main__":

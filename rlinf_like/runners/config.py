@@ -83,6 +83,7 @@ class RunnerConfig:
     resume: bool = False
     output_dir: str = "runs/reasoning"
     micro_batch_size: int = 64
+    schedule: str = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
     nonfinite: str = "skip"  # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
     seed: int = 0
 

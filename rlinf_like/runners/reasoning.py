@@ -36,6 +36,7 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.common import plot_series, write_json_atomic
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, PlacementMode, connect_groups, wait_all
+from rlinf_like.scheduler.dynamic import SCHEDULES
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
@@ -57,7 +58,8 @@ def check_config(cfg: ReasoningConfig) -> None:
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
                "rollout.engine": (cfg.rollout.engine, ["hf", "native", "sglang"]),
-               "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES))}
+               "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
+               "runner.schedule": (cfg.runner.schedule, list(SCHEDULES))}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
@@ -106,6 +108,8 @@ def check_batch_split(cfg: ReasoningConfig, world_sizes: dict[str, int]) -> None
 
 
 class ReasoningRunner:
+    actor_worker: type[ActorWorker] = ActorWorker  # runners/dynamic_schedule.py swaps in the elastic actor
+
     def __init__(self, cfg: ReasoningConfig):
         check_config(cfg)
         self.cfg = cfg
@@ -159,7 +163,7 @@ class ReasoningRunner:
                           a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
         loop = LoopConfig(a.mini_batches, cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
         actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, loop)
-        self.actor = ActorWorker.create_group(actor_cfg).launch(cluster, placement, "actor")
+        self.actor = self.actor_worker.create_group(actor_cfg).launch(cluster, placement, "actor")
         self.critic = None
         if a.advantage == "gae":
             critic_cfg = CriticConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop, a.value_clip)
@@ -299,24 +303,7 @@ class ReasoningRunner:
             clock = self.history[-1].get("elapsed_s", 0.0)  # GRPO seconds, without evals and checkpoints
             for step in bar:
                 step_start = time.perf_counter()
-                lead = 0 if self.collocated else r.max_staleness
-                while len(pending) <= lead and step + len(pending) < r.max_steps:
-                    reqs, problems = self._requests(step + len(pending))
-                    if self.collocated:
-                        wait_all([w.offload() for w in self._trainers()])
-                        self.rollout.onload().wait()
-                    start = time.perf_counter()
-                    pending.append((self.rollout.generate(reqs), reqs, problems, start))
-                handle, reqs, problems, start = pending.popleft()
-                results = gather_results(handle.wait(), reqs)
-                rollout_s = time.perf_counter() - start
-                if self.collocated:
-                    self.rollout.offload().wait()
-                metrics = self._train_on(results, problems)
-                tokens = sum(len(t) for res in results for t in res.response_ids)
-                metrics.update(rollout_s=rollout_s, rollout_tokens_per_s=tokens / max(rollout_s, 1e-9))
-                if self.collocated:
-                    self.rollout.onload().wait()
+                metrics = self._rollout_and_train(step, pending)
                 self._sync_weights()
                 self.step = step + 1
                 clock += time.perf_counter() - step_start
@@ -333,6 +320,29 @@ class ReasoningRunner:
             writer.close()
             self.actor.export_hf(str(self.out / "final_model")).wait()
         return self._summary()
+
+    def _rollout_and_train(self, step: int, pending: deque) -> dict[str, float]:
+        """One step up to (not including) the weight sync; the rollout is resident again on return."""
+        r = self.cfg.runner
+        lead = 0 if self.collocated else r.max_staleness
+        while len(pending) <= lead and step + len(pending) < r.max_steps:
+            reqs, problems = self._requests(step + len(pending))
+            if self.collocated:
+                wait_all([w.offload() for w in self._trainers()])
+                self.rollout.onload().wait()
+            start = time.perf_counter()
+            pending.append((self.rollout.generate(reqs), reqs, problems, start))
+        handle, reqs, problems, start = pending.popleft()
+        results = gather_results(handle.wait(), reqs)
+        rollout_s = time.perf_counter() - start
+        if self.collocated:
+            self.rollout.offload().wait()
+        metrics = self._train_on(results, problems)
+        tokens = sum(len(t) for res in results for t in res.response_ids)
+        metrics.update(rollout_s=rollout_s, rollout_tokens_per_s=tokens / max(rollout_s, 1e-9))
+        if self.collocated:
+            self.rollout.onload().wait()
+        return metrics
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def _checkpoint(self) -> None:

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
@@ -60,13 +60,16 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 class FSDPModelManager(ModelManager):
-    def __init__(self, model: nn.Module, config: FSDPConfig | None = None):
+    def __init__(self, model: nn.Module, config: FSDPConfig | None = None, mesh: DeviceMesh | None = None):
+        """`mesh`: the data-parallel mesh to shard over (default: the whole worker group). A one-rank
+        mesh makes every rank hold the whole model and reduce no gradients: the elastic actor
+        (`workers/actor/elastic.py`) reduces them itself over the ranks active at that step."""
         if not dist.is_initialized():
             raise RuntimeError("FSDPModelManager needs an initialized process group (launch it inside a Worker)")
         self.config = config or FSDPConfig()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.mesh = mesh if mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
         self.is_hf = _is_hf(model)
 
         if self.config.activation_checkpointing:

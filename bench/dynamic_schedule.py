@@ -1,0 +1,84 @@
+"""Dynamic vs static collocated schedule: GRPO step time, measured side by side in one process.
+
+    python bench/dynamic_schedule.py                       # small, CPU (2 slots)
+    python bench/dynamic_schedule.py --gpu --placement "0-1" --hidden 512 --layers 8 --prompts 64 --max-new-tokens 256
+
+Both sides run `DynamicScheduleRunner` with the same config and seed (so they train the same
+weights; see tests/test_dynamic_schedule.py); only the hand-over differs: static gives the actor
+the devices once the whole rollout has offloaded, dynamic gives it each replica's devices as soon as
+that replica has finished. Runs alternate (static, dynamic, dynamic, static, ...); the first step of
+each run is dropped (warm-up). Step time = rollout + hand-over + training + weight sync.
+Last line: {"bench": "dynamic_schedule", "speedup": static step time / dynamic step time}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlinf_like.runners.config import ReasoningConfig  # noqa: E402
+from rlinf_like.runners.dynamic_schedule import DynamicScheduleRunner  # noqa: E402
+from rlinf_like.scheduler import ClusterConfig  # noqa: E402
+from rlinf_like.utils.threads import limit_threads  # noqa: E402
+
+
+def config(args, out: Path) -> ReasoningConfig:
+    cfg = ReasoningConfig()
+    cfg.cluster = ClusterConfig(num_cpus=None if args.gpu else 2, collective_timeout_s=300,
+                                component_placement={"actor,rollout": args.placement, "reward": args.reward_placement})
+    cfg.model.hidden_size, cfg.model.num_layers = args.hidden, args.layers
+    cfg.model.intermediate_size = args.hidden * 11 // 4
+    cfg.task.sft_problems, cfg.task.test_problems = 64, 8
+    r = cfg.runner
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = args.steps, args.prompts, args.max_new_tokens, 8
+    r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 2, 16, 10_000, 10_000
+    r.output_dir = str(out)
+    cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.entropy_coef = 4, args.mini_batches, 0.01
+    return cfg
+
+
+def step_times(history: list[dict]) -> list[float]:
+    clock = [h["elapsed_s"] for h in history if "elapsed_s" in h]
+    return [b - a for a, b in zip(clock, clock[1:])]  # drops step 1 (warm-up)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=1, help="runs per schedule")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--mini-batches", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--placement", default="0-1", help="actor,rollout devices (one replica per device)")
+    p.add_argument("--reward-placement", default="0")
+    p.add_argument("--gpu", action="store_true")
+    args = p.parse_args()
+    limit_threads()
+    times: dict[str, list[float]] = {"static": [], "dynamic": []}
+    order = [s for i in range(args.reps) for s in (("static", "dynamic") if i % 2 == 0 else ("dynamic", "static"))]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, schedule in enumerate(order):
+            runner = DynamicScheduleRunner(config(args, Path(tmp) / f"{schedule}{i}"), schedule=schedule)
+            runner.run()
+            times[schedule] += step_times(runner.history)
+            early = sum(h.get("sched_early_minibatches", 0) for h in runner.history)
+            print(f"{schedule}: step times {[round(t, 3) for t in step_times(runner.history)]}, "
+                  f"mini-batches trained before the rollout ended: {early:.0f}", flush=True)
+    static, dynamic = statistics.median(times["static"]), statistics.median(times["dynamic"])
+    print(f"median step: static {static:.3f} s, dynamic {dynamic:.3f} s")
+    print(json.dumps({"bench": "dynamic_schedule", "speedup": round(static / dynamic, 3),
+                      "static_step_s": round(static, 4), "dynamic_step_s": round(dynamic, 4)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Who owns which device during a collocated step: the dynamic scheduler's decisions and its log.
+
+Collocated, the trainer and the rollout share devices and take turns. The static schedule hands
+every device to the trainer once the whole rollout is done. The dynamic one (after RLinf's
+pre-process / offload-sync / scale-sync protocol) hands a rollout unit's devices over as soon as that
+unit has finished and offloaded, so the trainer starts on fewer ranks while the tail is generated,
+and grows at optimizer-step boundaries:
+
+- `pre_process(step)`: a step starts; every device belongs to the rollout.
+- `offload_sync(unit)`: rollout unit `unit` reports it has offloaded; its devices are free.
+- `scale_sync()`: the trainer, at an optimizer-step boundary, asks which of its ranks train the
+  next step (`active`) and which of them join now (`joining`, they must take the current state first).
+
+Pure bookkeeping (no Ray, no RL): the runner calls it and acts on the answers. Every decision is
+recorded as an `Event`, so a test can check that a hand-over happened and when.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+SCHEDULES = ("static", "dynamic")
+
+
+def check_schedule(value: str, key: str = "runner.schedule") -> str:
+    if value not in SCHEDULES:
+        raise ValueError(f"{key}={value!r} is not one of {list(SCHEDULES)}")
+    return value
+
+
+@dataclass
+class Event:
+    kind: str  # "pre_process" | "offload_sync" | "scale_sync"
+    step: int
+    detail: dict
+    time_s: float = field(default_factory=time.perf_counter)
+
+
+class DeviceScheduler:
+    """`units[j]`: the trainer ranks that share devices with rollout unit j (a replica). Trainer
+    rank i and rollout rank i sit on the same device."""
+
+    def __init__(self, units: list[list[int]], schedule: str):
+        self.schedule = check_schedule(schedule)
+        ranks = sorted(r for unit in units for r in unit)
+        if ranks != list(range(len(ranks))):
+            raise ValueError(f"rollout units {units} must cover trainer ranks 0..n-1 exactly once")
+        self.units = [sorted(u) for u in units]
+        self.world = len(ranks)
+        self.events: list[Event] = []
+        self.step = -1
+        self._offloaded: set[int] = set()
+        self._active: list[int] = []
+
+    def pre_process(self, step: int) -> None:
+        self.step, self._offloaded, self._active = step, set(), []
+        self.events.append(Event("pre_process", step, {"rollout_units": len(self.units)}))
+
+    def offload_sync(self, unit: int) -> None:
+        if unit in self._offloaded:
+            raise RuntimeError(f"rollout unit {unit} reported offloaded twice in step {self.step}")
+        self._offloaded.add(unit)
+        self.events.append(Event("offload_sync", self.step, {"unit": unit, "ranks": self.units[unit]}))
+
+    @property
+    def rollout_done(self) -> bool:
+        return len(self._offloaded) == len(self.units)
+
+    def free_ranks(self) -> list[int]:
+        """Trainer ranks whose devices the rollout has given back (dynamic), or all of them once the
+        whole rollout has offloaded (static)."""
+        if self.schedule == "static" and not self.rollout_done:
+            return []
+        return sorted(r for u in self._offloaded for r in self.units[u])
+
+    def scale_sync(self) -> tuple[list[int], list[int]]:
+        """(active, joining) for the next optimizer step; `active` is empty when no device is free yet."""
+        free = self.free_ranks()
+        joining = [r for r in free if r not in self._active]
+        if joining:
+            self._active = free
+            self.events.append(Event("scale_sync", self.step, {"active": list(free), "joining": joining}))
+        return list(self._active), joining
+
+    def dp_sizes(self, step: int | None = None) -> list[int]:
+        """The trainer's data-parallel sizes, in the order they were granted (for a step or all)."""
+        return [len(e.detail["active"]) for e in self.events
+                if e.kind == "scale_sync" and (step is None or e.step == step)]
