@@ -198,3 +198,34 @@ def test_token_budget_micro_batches_accumulate_the_whole_batch_gradient(cluster,
             assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
     finally:
         group.shutdown()
+
+
+def test_batch_resizer_gathers_global_batches_from_a_channel_then_splits_by_tokens(cluster):
+    from rlinf_like.scheduler import Channel
+    from rlinf_like.workers.batch_resizer import BatchResizer
+
+    full = rl_batch()
+    pieces = [{k: v[i:i + 3, :max(LENGTHS[i:i + 3]) + 1 if v.shape[1] == WIDTH else max(LENGTHS[i:i + 3])]
+               if v.dim() == 2 else v[i:i + 3] for k, v in full.items()} for i in (0, 3)]  # 3 + 3 rows, own widths
+    pieces.append({k: v[6:] for k, v in full.items()})
+    channel = Channel.create("resizer-test", item_type=dict)
+    for piece in pieces:
+        channel.put(piece)
+    channel.close()
+    seen = []
+
+    def whiten(batch):  # a hook sees the whole global batch
+        seen.append(batch)
+        adv = batch["advantages"]
+        return {**batch, "advantages": (adv - adv.mean()) * batch["response_mask"]}
+
+    loop = LoopConfig(max_tokens_per_micro_batch=30, pack_sequences=True)
+    steps = list(BatchResizer(channel, global_rows=7, hooks=[whiten], rank=0, world_size=2, loop=loop))
+    assert len(seen) == 1 and len(steps) == 1  # 8 rows: one global batch of 7, the last row held back
+    width = seen[0]["input_ids"].shape[1]
+    torch.testing.assert_close(seen[0]["input_ids"], full["input_ids"][:7, :width])
+    ranks = [list(BatchResizer(pieces, 7, [whiten], rank=r, world_size=2, loop=loop))[0] for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 2  # 91 tokens over 2 ranks x 30: two micro-batches each
+    assert sum(scale for rank in ranks for _, scale in rank) == pytest.approx(2.0)  # shares x world size
+    assert all("packing" in micro and micro["packing"].tokens <= 30 for rank in ranks for micro, _ in rank)
+    channel.destroy()
