@@ -180,8 +180,9 @@ class ReasoningRunner:
             cluster, placement, "reward", init_process_group=False)
         self.reference = None
         if a.kl_beta > 0:
-            self.reference = InferenceWorker.create_group(self.model_path, cfg.runner.micro_batch_size,
-                                                          cfg.runner.temperature).launch(cluster, placement, "reference")
+            self.reference = InferenceWorker.create_group(
+                self.model_path, cfg.runner.micro_batch_size, cfg.runner.temperature, cfg.runner.pack_sequences,
+                cfg.runner.max_batch_seqlen).launch(cluster, placement, "reference")
         connect_groups(self.actor, self.rollout, "weights")
         [src] = self.actor.on_ranks(0).weight_layouts().wait()
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
