@@ -51,6 +51,9 @@ def test_plan_packs_every_token_once_within_the_budget():
     x = torch.randn(len(LENGTHS), WIDTH, 3)
     assert torch.equal(p.unpack(p.pack(x)), x * batch["attention_mask"][..., None])
     assert torch.equal(p.pack(batch["input_ids"]), p.input_ids)
+    short = trim_padding({k: v[1:2] for k, v in batch.items()})  # a 5-token row: [1, 5] and [1, 4] tensors
+    assert short["input_ids"].shape == (1, 5) and short["response_mask"].shape == (1, 4)
+    assert torch.equal(short["old_logprobs"], batch["old_logprobs"][1:2, :4])
     with pytest.raises(ValueError, match="max_batch_seqlen=16 is shorter than the longest sequence"):
         Packing.plan(batch["input_ids"], batch["attention_mask"], 16)
     with pytest.raises(ValueError, match="right-padded rows.*row 0"):
@@ -143,9 +146,9 @@ class Trainer(Worker):
 
     def accumulated_grads(self, batch):
         """The loop's plan and scales, stopping before the optimizer step to read the gradients."""
-        from rlinf_like.workers.training import _by_tokens
+        from rlinf_like.workers.training import token_budget_steps
 
-        plan = _by_tokens(batch, self.rank, self.world_size, LOOP, torch.Generator().manual_seed(0), loss_tokens)
+        plan = token_budget_steps(batch, self.rank, self.world_size, LOOP, torch.Generator().manual_seed(0), loss_tokens)
         for i, (micro, scale) in enumerate(plan[0]):
             self.manager.forward_backward(micro, token_nll_loss, loss_scale=scale, sync_gradients=i == len(plan[0]) - 1)
         grads = {n: p.grad.full_tensor() for n, p in self.manager.model.named_parameters()}

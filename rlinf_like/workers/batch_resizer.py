@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import torch
 
 from rlinf_like.data.batch import Batch, select_rows
-from rlinf_like.workers.training import LoopConfig, _by_tokens, loss_tokens, num_rows
+from rlinf_like.workers.training import LoopConfig, loss_tokens, num_rows, token_budget_steps
 
 Hook = Callable[[Batch], Batch]
 
@@ -71,6 +71,6 @@ class BatchResizer:
         step = 0
         for batch in self.global_batches():
             generator = torch.Generator().manual_seed(self.loop.seed * 1000 + step)
-            for micros in _by_tokens(batch, self.rank, self.world_size, self.loop, generator, self.weigh):
+            for micros in token_budget_steps(batch, self.rank, self.world_size, self.loop, generator, self.weigh):
                 yield micros
             step += 1

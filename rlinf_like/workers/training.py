@@ -81,7 +81,7 @@ def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generat
     return steps
 
 
-def _by_tokens(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generator,
+def token_budget_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generator,
                weigh: Callable[[Batch], float]) -> list[list[tuple[Batch, float]]]:
     """Per optimizer step: this rank's token-budget micro-batches, each scaled by its loss share."""
     order = torch.randperm(num_rows(batch), generator=generator)  # the same on every rank
@@ -112,7 +112,7 @@ def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int
         if loop.max_tokens_per_micro_batch is None:
             plan = _by_rows(batch, rank, world_size, loop, generator)
         else:
-            plan = _by_tokens(batch, rank, world_size, loop, generator, weigh)
+            plan = token_budget_steps(batch, rank, world_size, loop, generator, weigh)
         for micros in plan:
             for i, (micro, scale) in enumerate(micros):
                 metrics = manager.forward_backward(micro, loss_fn, loss_scale=scale,
