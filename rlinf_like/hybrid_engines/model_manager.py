@@ -25,10 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlinf_like.hybrid_engines.packing import Packing
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import PARTS, MoveStats, ResidencyManager
 
-Batch = Mapping[str, torch.Tensor]
+Batch = Mapping[str, Any]  # tensors, plus an optional "packing": Packing
 LossFn = Callable[[nn.Module, Batch], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -55,18 +56,50 @@ def swap_checkpoint_into_place(tmp: Path, final: Path) -> None:
 
 
 def model_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits of an HF causal LM (output with .logits) or a plain module returning a tensor."""
+    """Logits of an HF causal LM (output with .logits) or a plain module returning a tensor, in the
+    batch's padded layout [B, T, V] (a packed batch is run packed, then unpacked)."""
+    packing = batch.get("packing")
+    if packing is not None:
+        return packing.unpack(_packed_logits(model, packing))
     out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
     return out.logits if hasattr(out, "logits") else out
 
 
-def token_logprobs(model: nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1]; logits never leave this function."""
-    logits = model_logits(model, batch)[:, :-1].float()
+def _packed_logits(model: nn.Module, packing: Packing) -> torch.Tensor:
+    # no 2-D mask: the model derives the block-diagonal causal mask from the restarting position ids
+    # (and no KV cache: transformers skips the packing detection when one exists)
+    out = model(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0,
+                entropy_grad: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token logprobs [B, T-1] (position t: log p(token t+1 | tokens <= t)) and, unless
+    `entropy_grad` is None, the entropy of each next-token distribution (with gradient when True).
+    With a "packing" entry the model runs on the packed rows and the softmax covers real tokens
+    only; positions whose next token is padding are then 0 (every loss masks them)."""
+    packing = batch.get("packing")
+    if packing is None:
+        logits, targets = model_logits(model, batch)[:, :-1].float(), batch["input_ids"][:, 1:]
+    else:
+        logits, targets = _packed_logits(model, packing)[:, :-1].float(), packing.input_ids[:, 1:]
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch["input_ids"][:, 1:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if entropy_grad is not None:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if packing is not None:
+        logprobs = packing.unpack_next(logprobs)
+        entropy = None if entropy is None else packing.unpack_next(entropy)
+    return logprobs, entropy
+
+
+def token_logprobs(model: nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1]; logits never leave this function."""
+    return token_stats(model, batch, temperature)[0]
 
 
 def token_nll_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -84,6 +84,9 @@ class RunnerConfig:
     output_dir: str = "runs/reasoning"
     micro_batch_size: int = 64
     schedule: str = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
+    pack_sequences: bool = False  # actor/critic micro-batches run packed (no compute on padding)
+    max_batch_seqlen: int | None = None  # packed row length; null: each micro-batch's longest sequence
+    max_tokens_per_micro_batch: int | None = None  # token-budget micro-batches (per rank) instead of micro_batch_size
     nonfinite: str = "skip"  # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
     seed: int = 0
 

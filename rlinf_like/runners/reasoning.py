@@ -44,7 +44,7 @@ from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
-from rlinf_like.workers.training import LoopConfig
+from rlinf_like.workers.training import LoopConfig, check_loop
 
 CHECKPOINT = "checkpoint"
 TOKEN_ADVANTAGES = ("reinforce_pp", "gae")
@@ -78,6 +78,14 @@ def check_config(cfg: ReasoningConfig) -> None:
         raise ValueError(f"runner.max_staleness must be >= 0, got {cfg.runner.max_staleness}")
     if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
         raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+    check_loop(runner_loop(cfg), "runner")
+
+
+def runner_loop(cfg: ReasoningConfig) -> LoopConfig:
+    """The actor's and critic's training loop from the runner and algorithm sections."""
+    r, a = cfg.runner, cfg.algorithm
+    return LoopConfig(a.mini_batches, r.micro_batch_size, a.epochs, r.seed, r.pack_sequences, r.max_batch_seqlen,
+                      r.max_tokens_per_micro_batch)
 
 
 def check_finite(metrics: dict[str, float], step: int, policy: str) -> str | None:
@@ -161,7 +169,7 @@ class ReasoningRunner:
         loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
         loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), loss_kl,
                           a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
-        loop = LoopConfig(a.mini_batches, cfg.runner.micro_batch_size, a.epochs, cfg.runner.seed)
+        loop = runner_loop(cfg)
         actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, loop)
         self.actor = self.actor_worker.create_group(actor_cfg).launch(cluster, placement, "actor")
         self.critic = None
@@ -176,8 +184,9 @@ class ReasoningRunner:
             cluster, placement, "reward", init_process_group=False)
         self.reference = None
         if a.kl_beta > 0:
-            self.reference = InferenceWorker.create_group(self.model_path, cfg.runner.micro_batch_size,
-                                                          cfg.runner.temperature).launch(cluster, placement, "reference")
+            self.reference = InferenceWorker.create_group(
+                self.model_path, cfg.runner.micro_batch_size, cfg.runner.temperature, cfg.runner.pack_sequences,
+                cfg.runner.max_batch_seqlen).launch(cluster, placement, "reference")
         connect_groups(self.actor, self.rollout, "weights")
         [src] = self.actor.on_ranks(0).weight_layouts().wait()
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()

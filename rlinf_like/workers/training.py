@@ -1,15 +1,25 @@
 """The one training loop every trained role runs (actor, critic): epochs x mini-batches, one
 optimizer step per mini-batch, micro-batches accumulating gradients inside it with only the last
-one syncing them. The manager owns parallelism; the loss function owns the algorithm."""
+one syncing them. The manager owns parallelism; the loss function owns the algorithm.
+
+Micro-batches are either `micro_batch_size` rows of this rank's shard (each scaled 1 / count), or,
+with `max_tokens_per_micro_batch`, cut by token count and balanced over the ranks
+(`micro_batching.py`); each is then scaled by its share of the mini-batch's loss tokens (times the
+data-parallel size, which the gradient average divides out), so the accumulated gradient equals
+that of the whole mini-batch in one pass. `pack_sequences` runs every micro-batch packed.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlinf_like.data.batch import Batch, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
+from rlinf_like.hybrid_engines.packing import pack_batch
+from rlinf_like.workers.micro_batching import sequence_lengths, token_budget_plan, trim_padding
 
 
 @dataclass
@@ -18,10 +28,36 @@ class LoopConfig:
     micro_batch_size: int | None = 64  # rows per forward/backward (per rank); None: a mini-batch in one pass
     epochs: int = 1  # passes over each batch
     seed: int = 0
+    pack_sequences: bool = False  # run micro-batches packed (no compute on padding)
+    max_batch_seqlen: int | None = None  # packed row length; None: the micro-batch's longest sequence
+    max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch and rank; replaces micro_batch_size
+
+
+def check_loop(loop: LoopConfig, owner: str = "loop") -> None:
+    """Errors name the key (`owner.field`) and what is allowed."""
+    for key in ("micro_batch_size", "max_batch_seqlen", "max_tokens_per_micro_batch"):
+        value = getattr(loop, key)
+        if value is not None and value < 1:
+            raise ValueError(f"{owner}.{key} must be >= 1 or null, got {value}")
+    if loop.max_batch_seqlen is not None and not loop.pack_sequences:
+        raise ValueError(f"{owner}.max_batch_seqlen={loop.max_batch_seqlen} needs {owner}.pack_sequences=true")
+    if (loop.pack_sequences and loop.max_tokens_per_micro_batch is not None and loop.max_batch_seqlen is not None
+            and loop.max_batch_seqlen > loop.max_tokens_per_micro_batch):
+        raise ValueError(f"{owner}.max_batch_seqlen={loop.max_batch_seqlen} exceeds "
+                         f"{owner}.max_tokens_per_micro_batch={loop.max_tokens_per_micro_batch}")
 
 
 def num_rows(batch: Batch) -> int:
     return next(iter(batch.values())).shape[0]
+
+
+def loss_tokens(batch: Batch) -> float:
+    """The tokens a token-mean loss averages over: response_mask, else loss_mask / attention_mask
+    shifted to the predicted tokens, else every predicted token."""
+    if "response_mask" in batch:
+        return float(batch["response_mask"].sum())
+    mask = batch.get("loss_mask", batch.get("attention_mask"))
+    return float(mask[:, 1:].sum()) if mask is not None else float(batch["input_ids"][:, 1:].numel())
 
 
 def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
@@ -30,23 +66,56 @@ def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
     return [select_rows(batch, slice(i, i + size)) for i in range(0, n, size)]
 
 
-def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int, world_size: int,
-                 loop: LoopConfig, epochs: int | None = None) -> dict[str, float]:
-    """Train this data-parallel rank on its rows of `batch`; returns metrics averaged over steps.
-    Every rank must run the same number of micro-batches (each is a collective under FSDP): the
-    runner checks that the rows divide by world_size x mini_batches before launching."""
+def _prepare(micro: Batch, loop: LoopConfig) -> Batch:
+    return pack_batch(micro, loop.max_batch_seqlen) if loop.pack_sequences else micro
+
+
+def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generator) -> list[list[tuple[Batch, float]]]:
+    """Per optimizer step: this rank's (micro-batch, loss scale) pairs, `micro_batch_size` rows each."""
     mine = shard_rows(batch, rank, world_size)
-    rows = num_rows(mine)
+    order = torch.randperm(num_rows(mine), generator=generator)
+    steps = []
+    for mini in order.tensor_split(loop.mini_batches):  # always that many pieces (chunk may give fewer)
+        micros = micro_batches(select_rows(mine, mini), loop.micro_batch_size)
+        steps.append([(_prepare(m, loop), 1 / len(micros)) for m in micros])
+    return steps
+
+
+def token_budget_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generator,
+               weigh: Callable[[Batch], float]) -> list[list[tuple[Batch, float]]]:
+    """Per optimizer step: this rank's token-budget micro-batches, each scaled by its loss share."""
+    order = torch.randperm(num_rows(batch), generator=generator)  # the same on every rank
+    steps = []
+    for mini_rows in order.tensor_split(loop.mini_batches):
+        mini = select_rows(batch, mini_rows)
+        plan = token_budget_plan(sequence_lengths(mini).tolist(), world_size, loop.max_tokens_per_micro_batch,
+                                 packed=loop.pack_sequences)[rank]
+        total = weigh(mini) or 1.0
+        micros = [trim_padding(select_rows(mini, torch.tensor(rows))) for rows in plan]
+        steps.append([(_prepare(m, loop), world_size * weigh(m) / total) for m in micros])
+    return steps
+
+
+def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int, world_size: int,
+                 loop: LoopConfig, epochs: int | None = None,
+                 weigh: Callable[[Batch], float] = loss_tokens) -> dict[str, float]:
+    """Train this data-parallel rank on its rows of `batch`; returns metrics averaged over steps.
+    Every rank must run the same number of micro-batches (each is a collective under FSDP): by rows
+    the runner checks that the rows divide by world_size x mini_batches before launching; by tokens
+    the plan gives every rank the same count. `weigh` is what the loss averages over (loss tokens
+    for token-mean losses, `num_rows` for sequence means); it sets the token-budget scales."""
     totals: dict[str, float] = {}
     steps = 0
     # the shuffle depends on the optimizer step only, so a resumed run replays the same order
     generator = torch.Generator().manual_seed(loop.seed * 1000 + manager.step)
     for _ in range(loop.epochs if epochs is None else epochs):
-        order = torch.randperm(rows, generator=generator)
-        for mini in order.tensor_split(loop.mini_batches):  # always that many pieces (chunk may give fewer)
-            micros = micro_batches(select_rows(mine, mini), loop.micro_batch_size)
-            for i, micro in enumerate(micros):
-                metrics = manager.forward_backward(micro, loss_fn, loss_scale=1 / len(micros),
+        if loop.max_tokens_per_micro_batch is None:
+            plan = _by_rows(batch, rank, world_size, loop, generator)
+        else:
+            plan = token_budget_steps(batch, rank, world_size, loop, generator, weigh)
+        for micros in plan:
+            for i, (micro, scale) in enumerate(micros):
+                metrics = manager.forward_backward(micro, loss_fn, loss_scale=scale,
                                                    sync_gradients=i == len(micros) - 1)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v / len(micros)

@@ -37,6 +37,7 @@ from rlinf_like.hybrid_engines.model_manager import (
     token_logprobs,
     token_nll_loss,
 )
+from rlinf_like.hybrid_engines.packing import Packing
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.reshard.sync import dtensor_layout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
@@ -96,7 +97,7 @@ class FSDPModelManager(ModelManager):
 
     # --- training ---------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return {k: v.to(self.device) if isinstance(v, (torch.Tensor, Packing)) else v for k, v in batch.items()}
 
     def forward_backward(
         self, batch: Batch, loss_fn: LossFn | None = None, *, loss_scale: float = 1.0, sync_gradients: bool = True

@@ -31,6 +31,7 @@ from rlinf_like.hybrid_engines.megatron.parallel import destroy_parallel, init_p
 from rlinf_like.hybrid_engines.model_manager import (
     Batch, LossFn, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
 )
+from rlinf_like.hybrid_engines.packing import Packing
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.utils.extras import require
@@ -164,8 +165,16 @@ class MegatronModelManager(ModelManager):
         if rows % n:
             raise ValueError(f"megatron manager: micro_batches={n} must divide the batch's {rows} rows")
         per = rows // n
-        return [{k: v[i * per:(i + 1) * per].to(self.device) if isinstance(v, torch.Tensor) else v
-                 for k, v in batch.items()} for i in range(n)]
+        micro = [{k: v[i * per:(i + 1) * per].to(self.device) if isinstance(v, torch.Tensor) else v
+                  for k, v in batch.items()} for i in range(n)]
+        packing = batch.get("packing")
+        if packing is not None:  # each slice is packed on its own
+            if self.config.pipeline_parallel > 1 or self.te_spec:
+                raise ValueError("megatron manager: packed batches need pipeline_parallel=1 and the local layer "
+                                 "spec (stages would exchange varying shapes; TE would need PackedSeqParams)")
+            for mb in micro:
+                mb["packing"] = Packing.plan(mb["input_ids"], mb.get("attention_mask"), packing.max_batch_seqlen)
+        return micro
 
     def _run(self, batch: Batch, loss_of, forward_only: bool) -> list[dict]:
         """Megatron's schedule over the micro-batches; returns the last stage's per-micro-batch outputs."""
@@ -175,7 +184,11 @@ class MegatronModelManager(ModelManager):
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            output = self.model(mb["input_ids"], mb.get("attention_mask"))
+            packing = mb.get("packing")
+            if packing is None:
+                output = self.model(mb["input_ids"], mb.get("attention_mask"))
+            else:  # the loss functions see the packed logits through FixedOutput and unpack them
+                output = self.model(packing.input_ids, position_ids=packing.position_ids)
             return output, partial(loss_of, mb)
 
         rows, seq = micro[0]["input_ids"].shape

@@ -91,6 +91,17 @@ def build_stage(config, hf: dict, te_spec: bool, pre_process: bool, post_process
     )
 
 
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """The block-diagonal causal mask of packed rows, True where a query may NOT look: the future and
+    other sequences. A sequence starts where the position ids do not go up by one (as transformers
+    detects packing)."""
+    start = torch.ones_like(position_ids[:, :1], dtype=torch.bool)
+    segment = torch.cat([start, position_ids[:, 1:] != position_ids[:, :-1] + 1], 1).cumsum(1)
+    s = position_ids.shape[1]
+    future = torch.ones(s, s, dtype=torch.bool, device=position_ids.device).triu(1)
+    return (future[None] | (segment[:, :, None] != segment[:, None, :]))[:, None]
+
+
 def causal_padding_mask(input_ids: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
     """Megatron's boolean mask [B, 1, S, S], True where a query may NOT look: the future and padding keys."""
     s = input_ids.shape[1]
@@ -109,10 +120,15 @@ class LogitsModule(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+        """With `position_ids` (packed rows, no 2-D mask) attention stays inside each sequence. RoPE
+        here is applied by row position, not by `position_ids`: within a sequence scores depend only
+        on the distance between tokens, so the result is the unpacked one up to float rounding."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return self.model(input_ids, positions, causal_padding_mask(input_ids, attention_mask),
-                          runtime_gather_output=True)
+        mask = (packed_causal_mask(position_ids) if position_ids is not None and attention_mask is None
+                else causal_padding_mask(input_ids, attention_mask))
+        return self.model(input_ids, positions, mask, runtime_gather_output=True)
 
 
 class FixedOutput(nn.Module):

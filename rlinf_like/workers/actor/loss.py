@@ -14,7 +14,7 @@ from torch import nn
 
 from rlinf_like.algorithms import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig, policy_loss, truncated_is_weights
 from rlinf_like.algorithms.masked import masked_mean
-from rlinf_like.hybrid_engines.model_manager import model_logits
+from rlinf_like.hybrid_engines.model_manager import token_stats
 
 
 @dataclass
@@ -31,9 +31,8 @@ def rl_loss(config: LossConfig):
     """A `LossFn` for `ModelManager.forward_backward`."""
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        logits = model_logits(model, batch)[:, :-1].float() / config.temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logprobs = logp_all.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+        # entropy is always reported; it carries gradient only when it is weighted into the loss
+        logprobs, entropy = token_stats(model, batch, config.temperature, entropy_grad=config.entropy_coef > 0)
         mask = batch["response_mask"]
         old = batch.get("recomputed_logprobs", batch["old_logprobs"])
         is_weights = None
@@ -47,10 +46,8 @@ def rl_loss(config: LossConfig):
             kl_term = AGGREGATIONS.get(config.policy.aggregation)(kl, mask)
             loss = loss + config.kl_beta * kl_term
             metrics["kl"] = float(kl_term.detach())
-        # entropy is always reported; it carries gradient only when it is weighted into the loss
-        with torch.set_grad_enabled(config.entropy_coef > 0 and torch.is_grad_enabled()):
-            mean_entropy = masked_mean(-(logp_all.exp() * logp_all).sum(-1), mask)
-        metrics["entropy"] = float(mean_entropy)
+        mean_entropy = masked_mean(entropy, mask)
+        metrics["entropy"] = float(mean_entropy.detach())
         if config.entropy_coef > 0:
             loss = loss - config.entropy_coef * mean_entropy
         return loss, metrics

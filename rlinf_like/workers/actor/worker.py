@@ -15,8 +15,9 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import token_nll_loss
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, train_epochs
+from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, num_rows, train_epochs
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ActorWorker(TrainedWorker):
     def __init__(self, config: ActorConfig):
         from transformers import AutoModelForCausalLM
 
+        check_loop(config.loop, "actor.loop")
         torch.manual_seed(config.loop.seed)
         self.config = config
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
@@ -38,8 +40,9 @@ class ActorWorker(TrainedWorker):
         self._loss = rl_loss(config.loss)
 
     # --- training -------------------------------------------------------------------------------------
-    def _train(self, batch: Batch, loss_fn, epochs: int) -> dict[str, float]:
-        return train_epochs(self.manager, batch, loss_fn, self.rank, self.world_size, self.config.loop, epochs)
+    def _train(self, batch: Batch, loss_fn, epochs: int, weigh=loss_tokens) -> dict[str, float]:
+        return train_epochs(self.manager, batch, loss_fn, self.rank, self.world_size, self.config.loop, epochs,
+                            weigh=weigh)
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised warm-start (loss on `loss_mask` tokens)."""
@@ -47,7 +50,9 @@ class ActorWorker(TrainedWorker):
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """RL update on a `build_rl_batch` batch (plus ref_logprobs when the KL term is on)."""
-        return self._train(batch, self._loss, epochs=self.config.loop.epochs)
+        # token-budget micro-batches are scaled by what the loss averages over
+        weigh = num_rows if self.config.loss.policy.aggregation.startswith("seq-mean") else loss_tokens
+        return self._train(batch, self._loss, epochs=self.config.loop.epochs, weigh=weigh)
 
     def set_lr(self, lr: float) -> None:
         """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule
@@ -58,5 +63,7 @@ class ActorWorker(TrainedWorker):
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Trainer-side logprobs of this rank's rows (to correct for the rollout engine's)."""
-        return self.manager.compute_logprobs(shard_rows(batch, self.rank, self.world_size),
-                                             self.config.loss.temperature)
+        mine = shard_rows(batch, self.rank, self.world_size)
+        if self.config.loop.pack_sequences:
+            mine = pack_batch(mine, self.config.loop.max_batch_seqlen)
+        return self.manager.compute_logprobs(mine, self.config.loss.temperature)

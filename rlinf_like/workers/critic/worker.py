@@ -16,9 +16,9 @@ from torch import nn
 from rlinf_like.algorithms import value_loss
 from rlinf_like.data.batch import Batch, select_rows, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
-from rlinf_like.hybrid_engines.model_manager import LossFn
+from rlinf_like.hybrid_engines.model_manager import LossFn, model_logits
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, train_epochs
+from rlinf_like.workers.training import LoopConfig, check_loop, train_epochs
 
 
 @dataclass
@@ -31,8 +31,7 @@ class CriticConfig:
 
 def token_values(model: nn.Module, batch: Batch) -> torch.Tensor:
     """V(s_t) for t = 0..T-2, shape [B, T-1], aligned with `token_logprobs`."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
-    return out.logits[:, :-1, 0].float()
+    return model_logits(model, batch)[:, :-1, 0].float()  # a packed batch runs packed
 
 
 def value_model_loss(clip: float | None) -> LossFn:
@@ -52,6 +51,7 @@ class CriticWorker(TrainedWorker):
     def __init__(self, config: CriticConfig):
         from transformers import AutoModelForTokenClassification
 
+        check_loop(config.loop, "critic.loop")
         torch.manual_seed(config.loop.seed + 1)
         self.config = config
         model = AutoModelForTokenClassification.from_pretrained(config.model_path, num_labels=1,

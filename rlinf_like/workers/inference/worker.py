@@ -9,17 +9,20 @@ import torch
 
 from rlinf_like.data.batch import Batch, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
+from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.scheduler import Worker
 
 
 class InferenceWorker(Worker):
-    def __init__(self, model_path: str, micro_batch_size: int = 64, temperature: float = 1.0):
+    def __init__(self, model_path: str, micro_batch_size: int = 64, temperature: float = 1.0,
+                 pack_sequences: bool = False, max_batch_seqlen: int | None = None):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.torch_device).eval()
         self.model.requires_grad_(False)
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        self.pack_sequences, self.max_batch_seqlen = pack_sequences, max_batch_seqlen
         self.residency = ResidencyManager(self.model)
 
     @torch.inference_mode()
@@ -29,6 +32,8 @@ class InferenceWorker(Worker):
         parts = []
         for i in range(0, rows, self.micro_batch_size):
             micro = {k: v.to(self.torch_device) for k, v in select_rows(mine, slice(i, i + self.micro_batch_size)).items()}
+            if self.pack_sequences:  # no compute on padding; logprobs come back padded
+                micro = pack_batch(micro, self.max_batch_seqlen)
             parts.append(token_logprobs(self.model, micro, self.temperature).cpu())
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 

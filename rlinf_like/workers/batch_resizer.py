@@ -1,0 +1,76 @@
+"""The pipeline mode's batch-resizing iterator: streamed pieces (e.g. rollout groups arriving on a
+Channel, each a right-padded Batch) are gathered into global batches of exactly `global_rows` rows,
+hooks run on each whole global batch (advantages need every sample of a group; normalisation needs
+the whole batch), and each global batch is cut into this rank's token-budget micro-batches with
+their loss scales (the same plan as `workers/training.py`, so every rank runs the same count).
+
+    for micros in BatchResizer(channel, global_rows=256, hooks=[add_advantages], rank=r, world_size=w,
+                               loop=LoopConfig(max_tokens_per_micro_batch=4096, pack_sequences=True)):
+        for i, (micro, scale) in enumerate(micros): manager.forward_backward(micro, loss, loss_scale=scale, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from rlinf_like.data.batch import Batch, select_rows
+from rlinf_like.workers.training import LoopConfig, loss_tokens, num_rows, token_budget_steps
+
+Hook = Callable[[Batch], Batch]
+
+
+def concat_batches(pieces: Sequence[Batch]) -> Batch:
+    """Rows of several right-padded batches in one, per-token tensors right-padded with 0 to the widest
+    piece ([B, T] and [B, T-1] tensors keep their offset of one)."""
+    width = max(p["input_ids"].shape[1] for p in pieces)
+    out = {}
+    for key in pieces[0]:
+        parts = []
+        for p in pieces:
+            value = p[key]
+            if value.dim() >= 2:
+                short = width - p["input_ids"].shape[1]
+                value = torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, short))
+            parts.append(value)
+        out[key] = torch.cat(parts)
+    return out
+
+
+class BatchResizer:
+    def __init__(self, source: Iterable[Batch], global_rows: int, hooks: Sequence[Hook] = (), *, rank: int = 0,
+                 world_size: int = 1, loop: LoopConfig | None = None, weigh: Callable[[Batch], float] = loss_tokens):
+        if global_rows < world_size:
+            raise ValueError(f"batch resizer: global_rows={global_rows} must be >= world_size={world_size}")
+        self.loop = loop or LoopConfig(max_tokens_per_micro_batch=None)
+        if self.loop.max_tokens_per_micro_batch is None:
+            raise ValueError("batch resizer: loop.max_tokens_per_micro_batch must be set (micro-batches by token budget)")
+        self.source, self.global_rows, self.hooks = iter(source), global_rows, list(hooks)
+        self.rank, self.world_size, self.weigh = rank, world_size, weigh
+        self._held: list[Batch] = []  # rows received beyond the last global batch
+
+    def global_batches(self) -> Iterator[Batch]:
+        """Exactly `global_rows` rows each, hooks applied; a short tail at the end of the source is dropped."""
+        rows = sum(num_rows(b) for b in self._held)
+        for piece in self.source:
+            self._held.append(piece)
+            rows += num_rows(piece)
+            while rows >= self.global_rows:
+                merged = concat_batches(self._held)
+                batch = select_rows(merged, slice(0, self.global_rows))
+                rest = select_rows(merged, slice(self.global_rows, None))
+                self._held, rows = ([rest] if num_rows(rest) else []), rows - self.global_rows
+                for hook in self.hooks:
+                    batch = hook(batch)
+                yield batch
+
+    def __iter__(self) -> Iterator[list[tuple[Batch, float]]]:
+        """Per optimizer step (`loop.mini_batches` per global batch): this rank's (micro-batch, loss
+        scale) pairs, as many on every rank."""
+        step = 0
+        for batch in self.global_batches():
+            generator = torch.Generator().manual_seed(self.loop.seed * 1000 + step)
+            for micros in token_budget_steps(batch, self.rank, self.world_size, self.loop, generator, self.weigh):
+                yield micros
+            step += 1
