@@ -106,7 +106,7 @@ def test_bad_reward_config_is_named(change, message):
         check_reward_config(RewardConfig(**change))
 
 
-def test_reward_worker_combines_rules_and_the_model(reward_model_path):
+def test_reward_worker_combines_rules_and_the_model(reward_model_path, cluster):
     """The worker as the runner calls it: one request, two samples (one right, one truncated)."""
     from transformers import AutoTokenizer
 
@@ -116,7 +116,12 @@ def test_reward_worker_combines_rules_and_the_model(reward_model_path):
     result = RolloutResult("r0", prompt, [right, wrong], [[0.0] * len(right), [0.0] * len(wrong)], ["stop", "length"])
     cfg = RewardConfig(kind="both", model_path=reward_model_path, rule_weight=1.0, model_weight=0.5,
                        model_penalise_no_eos=True, model_penalty=-2.0)
-    [[a, b]] = RewardWorker(reward_model_path, cfg).score([result], ["3"])
+    group = RewardWorker.create_group(reward_model_path, cfg).launch(cluster, cluster.place({"reward": "0"}), "reward",
+                                                                   init_process_group=False)
+    try:
+        [[a, b]] = group.score([result], ["3"]).wait(timeout=120)[0]
+    finally:
+        group.shutdown()
     scores = unpadded_reference(reward_model_path, [prompt + right])
     assert (a["correct"], b["correct"]) == (True, False)
     assert a["rule_reward"] == 1.0 and b["rule_reward"] == pytest.approx(0.1)

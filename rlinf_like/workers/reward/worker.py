@@ -23,7 +23,7 @@ class RewardWorker(Worker):
         if config.kind != "rule":
             from rlinf_like.workers.reward.model import RewardModel
 
-            self.model = RewardModel(config.model_path, config.model_micro_batch_size)
+            self.model = RewardModel(config.model_path, config.model_micro_batch_size, self.torch_device)
 
     def score(self, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[dict]]:
         """Per request, per sample: {"reward", "correct", "formatted"} (+ "rule_reward", "model_score"
