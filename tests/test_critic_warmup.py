@@ -73,6 +73,7 @@ def test_warmup_trains_the_critic_only_then_the_actor(runner_with_workers):
 
 
 def test_warmup_needs_a_critic(tmp_path):
-    cfg = ReasoningConfig(algorithm=AlgorithmConfig(critic_warmup_steps=2), runner=RunnerConfig(output_dir=str(tmp_path)))
+    cfg = ReasoningConfig(algorithm=AlgorithmConfig(critic_warmup_steps=2),
+                          runner=RunnerConfig(output_dir=str(tmp_path)))
     with pytest.raises(ValueError, match=r"algorithm.critic_warmup_steps=2 .* only with algorithm.advantage=gae"):
         ReasoningRunner(cfg)

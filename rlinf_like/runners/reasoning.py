@@ -81,8 +81,9 @@ def check_config(cfg: ReasoningConfig) -> None:
     if cfg.runner.temperature <= 0:  # trainer logprobs are taken under the sampling temperature
         raise ValueError(f"runner.temperature must be > 0 for training (greedy has no logprobs to train on), "
                          f"got {cfg.runner.temperature}")
-    if cfg.algorithm.critic_warmup_steps < 0 or (cfg.algorithm.critic_warmup_steps and cfg.algorithm.advantage != "gae"):
-        raise ValueError(f"algorithm.critic_warmup_steps={cfg.algorithm.critic_warmup_steps} needs to be >= 0, "
+    warmup = cfg.algorithm.critic_warmup_steps
+    if warmup < 0 or (warmup and cfg.algorithm.advantage != "gae"):
+        raise ValueError(f"algorithm.critic_warmup_steps={warmup} needs to be >= 0, "
                          f"and > 0 only with algorithm.advantage=gae (the critic)")
     check_reward_config(cfg.reward)
 

@@ -46,7 +46,8 @@ from rlinf_like.hybrid_engines.residency import ResidencyManager
 
 @dataclass
 class FSDPConfig:
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU; fp16: with a GradScaler
+    # auto: bf16 on GPU, fp32 on CPU; fp16: with a gradient scaler
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
