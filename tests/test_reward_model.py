@@ -128,3 +128,25 @@ def test_reward_worker_combines_rules_and_the_model(reward_model_path, cluster):
     assert a["model_score"] == pytest.approx(float(scores[0]), abs=2e-5) and b["model_score"] == -2.0
     assert a["reward"] == pytest.approx(1.0 + 0.5 * float(scores[0]), abs=2e-5)
     assert b["reward"] == pytest.approx(0.1 - 1.0)
+
+
+def test_reward_keys_override_through_hydra_and_are_checked_before_launch(tmp_path):
+    """The preset composes with reward.* overrides (a frozen schema made hydra refuse them all)."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config import structure
+    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning import ReasoningRunner
+
+    ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+    config_dir = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
+    with initialize_config_dir(str(config_dir), version_base="1.3"):
+        cfg = compose("grpo_collocated", ["reward.kind=both", "reward.model_weight=0.5", "reward.whiten=true",
+                                          f"runner.output_dir={tmp_path}"])
+    parsed = structure(ReasoningConfig, cfg)
+    assert (parsed.reward.kind, parsed.reward.model_weight, parsed.reward.whiten) == ("both", 0.5, True)
+    with pytest.raises(ValueError, match=r"reward.kind='both' needs reward.model_path"):
+        ReasoningRunner(parsed)

@@ -63,7 +63,7 @@ def answers_match(predicted: str | None, reference: str) -> bool:
     return _normalise(predicted) == _normalise(reference)
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: hydra makes a frozen schema read-only, refusing every reward.* override
 class RewardConfig:
     correct: float = 1.0
     format: float = 0.1  # an answer could be extracted at all (well-formed but wrong)
