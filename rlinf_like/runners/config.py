@@ -59,6 +59,7 @@ class AlgorithmConfig:
     lam: float = 1.0  # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
     critic_lr: float = 1.0e-3  # gae: the value model's learning rate
     value_clip: float | None = 0.2  # gae: PPO value clipping; null = off
+    critic_warmup_steps: int = 0  # gae: the first k steps train the value model only (actor unchanged)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class RolloutSection:
     engine: str = "native"  # native | hf | sglang
     tp_size: int = 1  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
     max_batch_size: int = 128  # continuous-batching slots per engine
+    dtype: str = "float32"  # the rollout's weights; a weight sync converts to it once, at the sender
 
 
 @dataclass

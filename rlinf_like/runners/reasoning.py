@@ -41,6 +41,7 @@ from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
+from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
@@ -58,6 +59,7 @@ def check_config(cfg: ReasoningConfig) -> None:
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
                "rollout.engine": (cfg.rollout.engine, ["hf", "native", "sglang"]),
+               "rollout.dtype": (cfg.rollout.dtype, ["float32", "bfloat16", "float16"]),
                "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
                "runner.schedule": (cfg.runner.schedule, list(SCHEDULES))}
     for key, (value, allowed) in choices.items():
@@ -78,6 +80,14 @@ def check_config(cfg: ReasoningConfig) -> None:
         raise ValueError(f"runner.max_staleness must be >= 0, got {cfg.runner.max_staleness}")
     if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
         raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+    if cfg.runner.temperature <= 0:  # trainer logprobs are taken under the sampling temperature
+        raise ValueError(f"runner.temperature must be > 0 for training (greedy has no logprobs to train on), "
+                         f"got {cfg.runner.temperature}")
+    warmup = cfg.algorithm.critic_warmup_steps
+    if warmup < 0 or (warmup and cfg.algorithm.advantage != "gae"):
+        raise ValueError(f"algorithm.critic_warmup_steps={warmup} needs to be >= 0, "
+                         f"and > 0 only with algorithm.advantage=gae (the critic)")
+    check_reward_config(cfg.reward)
     check_loop(runner_loop(cfg), "runner")
 
 
@@ -178,7 +188,7 @@ class ReasoningRunner:
             self.critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
         rollout_cfg = RolloutConfig(engine=cfg.rollout.engine, model_path=self.model_path,
                                     max_batch_size=cfg.rollout.max_batch_size, tp_size=cfg.rollout.tp_size,
-                                    seed=cfg.runner.seed)
+                                    dtype=cfg.rollout.dtype, seed=cfg.runner.seed)
         self.rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
         self.reward = RewardWorker.create_group(self.model_path, cfg.reward).launch(
             cluster, placement, "reward", init_process_group=False)
@@ -261,9 +271,7 @@ class ReasoningRunner:
             batch["recomputed_logprobs"] = torch.cat(self.actor.compute_logprobs(batch).wait())
             gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
             times["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
-        metrics = self.actor.train_step(batch).wait()[0]
-        if self.critic is not None:
-            metrics.update(self.critic.train_step(batch).wait()[0])
+        metrics = self._update(batch)
         times["train_s"] = time.perf_counter() - start
         warning = check_finite(metrics, self.step + 1, self.cfg.runner.nonfinite)
         if warning:
@@ -272,6 +280,15 @@ class ReasoningRunner:
         return {**metrics, **times, "reward": float(rewards.mean()), "train_accuracy": sum(correct) / len(correct),
                 "staleness": float(self.version - min(r.version for r in results)),
                 "response_tokens": float(batch["response_mask"].sum() / len(rows))}
+
+    def _update(self, batch) -> dict[str, float]:
+        """One update of the trained models. During critic warmup (the first
+        `algorithm.critic_warmup_steps` steps) only the value model trains: the actor is left as it is."""
+        warmup = self.critic is not None and self.step < self.cfg.algorithm.critic_warmup_steps
+        metrics = {} if warmup else self.actor.train_step(batch).wait()[0]
+        if self.critic is not None:
+            metrics.update(self.critic.train_step(batch).wait()[0], critic_warmup=float(warmup))
+        return metrics
 
     def _advantages(self, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token advantages [rows, tokens-1] from the [prompts, samples] outcome rewards; for gae also

@@ -2,7 +2,8 @@
 
 Runs inside a worker whose default process group is initialized (gloo on CPU, NCCL on GPU).
 Every nn.ModuleList item (e.g. HF decoder layers) becomes its own FSDP unit, then the root.
-bf16 compute with fp32 gradient reduction on GPU; fp32 on CPU.
+bf16 compute with fp32 gradient reduction on GPU; fp32 on CPU; fp16 on request, with a gradient
+scaler (`hybrid_engines/grad_scaling.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from rlinf_like.hybrid_engines import grad_scaling
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
 from rlinf_like.hybrid_engines.model_manager import (
     Batch,
@@ -45,7 +47,8 @@ from rlinf_like.hybrid_engines.residency import ResidencyManager
 
 @dataclass
 class FSDPConfig:
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16 on GPU, fp32 on CPU; fp16: with a gradient scaler
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -78,10 +81,15 @@ class FSDPModelManager(ModelManager):
                 raise ValueError("activation_checkpointing is supported for HF models (gradient_checkpointing_enable)")
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
-        bf16 = self.config.precision == "bf16" or (self.config.precision == "auto" and self.device.type == "cuda")
+        precision = self.config.precision
+        if precision not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"FSDPConfig.precision={precision!r} is not one of ['auto', 'bf16', 'fp16', 'fp32']")
+        if precision == "auto":
+            precision = "bf16" if self.device.type == "cuda" else "fp32"
         shard_kwargs: dict[str, Any] = dict(mesh=self.mesh, reshard_after_forward=self.config.reshard_after_forward)
-        if bf16:
-            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if precision in ("bf16", "fp16"):  # fp32 master weights, low-precision compute, fp32 gradient reduction
+            compute = torch.bfloat16 if precision == "bf16" else torch.float16
+            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         for block in _blocks(model):
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
@@ -93,6 +101,7 @@ class FSDPModelManager(ModelManager):
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(self.config.scheduler))
         self.residency = ResidencyManager(model, self.optimizer)
+        self.scaler = grad_scaling.make_grad_scaler(precision, self.device)  # fp16 only
         self.step = 0
 
     # --- training ---------------------------------------------------------------------------------
@@ -106,22 +115,21 @@ class FSDPModelManager(ModelManager):
         # Non-last micro-batches accumulate unsharded gradients locally; the last one reduce-scatters.
         self.model.set_requires_gradient_sync(sync_gradients)
         loss, metrics = (loss_fn or token_nll_loss)(self.model, self._to_device(batch))
-        (loss * loss_scale).backward()
+        grad_scaling.backward(loss * loss_scale, self.scaler)
         return {"loss": loss.item(), **metrics}
 
     def optim_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.optim.clip_grad if self.config.optim.clip_grad is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         lr = self.optimizer.param_groups[0]["lr"]
-        skipped = not np.isfinite(norm)
-        if not skipped:  # a NaN/inf gradient never reaches the weights
-            self.optimizer.step()
+        # a NaN/inf gradient never reaches the weights (under fp16 the scaler then lowers its scale)
+        norm, skipped = grad_scaling.optimizer_step(self.optimizer, params, max_norm, self.scaler)
+        if not skipped:
             self.scheduler.step()
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": norm, "lr": lr, "skipped": float(skipped)}
+        scale = {"grad_scale": float(self.scaler.get_scale())} if self.scaler is not None else {}
+        return {"grad_norm": norm, "lr": lr, "skipped": float(skipped), **scale}
 
     def clear_gradients(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -145,6 +153,7 @@ class FSDPModelManager(ModelManager):
         extra = {
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         }
         torch.save(extra, tmp / f"extra_rank{self.rank}.pt")
@@ -161,6 +170,8 @@ class FSDPModelManager(ModelManager):
         extra = torch.load(Path(path) / f"extra_rank{self.rank}.pt", weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.step = extra["step"]
+        if self.scaler is not None and extra.get("scaler"):
+            self.scaler.load_state_dict(extra["scaler"])
         torch.set_rng_state(extra["rng"]["torch"])
         random.setstate(extra["rng"]["python"])
         np.random.set_state(extra["rng"]["numpy"])

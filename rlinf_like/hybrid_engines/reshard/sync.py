@@ -22,13 +22,13 @@ import itertools
 import pickle
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 
 import torch
 
 from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slices, dtype_from_name, split_bounds
-from rlinf_like.hybrid_engines.reshard.planner import NameMap, Transfer, bucketize, plan_reshard
+from rlinf_like.hybrid_engines.reshard.planner import NameMap, ReshardError, Transfer, bucketize, plan_reshard
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.scheduler.comm import PeerGroup
 
@@ -84,7 +84,8 @@ class SyncPlan:
     src_group: str
     dst_group: str
     buckets: tuple[Bucket, ...]
-    dst_dtypes: Mapping[str, str]
+    dst_dtypes: Mapping[str, str]  # what travels and what the rollout holds: one conversion, at the sender
+    src_dtypes: Mapping[str, str] = field(default_factory=dict)  # what the actor's tensors must be
 
     @classmethod
     def build(
@@ -95,13 +96,22 @@ class SyncPlan:
         dst_group: str,
         bucket_bytes: int = 256 << 20,
         name_map: NameMap | None = None,
+        transfer_dtype: str | None = None,
     ) -> SyncPlan:
+        """`transfer_dtype` (e.g. "torch.bfloat16"): what the weights travel as; by default (None) each
+        target tensor's own dtype. A rollout tensor of another dtype is an error, never a silent cast."""
+        if transfer_dtype is not None:
+            for t in targets:
+                if t.dtype != transfer_dtype:
+                    raise ReshardError(f"tensor {t.name!r}: transfer dtype {transfer_dtype} differs from the "
+                                       f"{dst_group} dtype {t.dtype}; weights travel in the receiver's dtype")
         pairs = bucketize(plan_reshard(sources, targets, name_map), bucket_bytes)
         buckets = []
         for (src, dst), groups in sorted(pairs.items()):
             for transfers in groups:
                 buckets.append(Bucket(len(buckets), src, dst, tuple(transfers)))
-        return cls(src_group, dst_group, tuple(buckets), {t.name: t.dtype for t in targets})
+        return cls(src_group, dst_group, tuple(buckets), {t.name: t.dtype for t in targets},
+                   {s.name: s.dtype for s in sources})
 
     @property
     def nbytes(self) -> int:
@@ -109,6 +119,15 @@ class SyncPlan:
 
 
 TRANSPORTS = ("group", "ipc")
+
+
+def check_dtypes(expected: Mapping[str, str], tensors: Mapping[str, torch.Tensor], who: str) -> None:
+    """Each tensor must have the dtype the plan was built for: a sync converts once, from the dtype the
+    plan names, so a tensor that changed dtype since is refused, naming it and both dtypes."""
+    for name, dtype in expected.items():
+        if name in tensors and str(local_tensor(tensors[name]).dtype) != dtype:
+            raise WeightSyncError(f"{who}: tensor {name!r} is {local_tensor(tensors[name]).dtype}, "
+                                  f"the sync plan was built for {dtype}")
 
 
 def _slot(buffer: torch.Tensor, offset: int, transfer: Transfer, dtype: torch.dtype) -> torch.Tensor:
@@ -195,6 +214,7 @@ class WeightSender(_Endpoint):
     def publish(self, version: int, tensors: Mapping[str, torch.Tensor], timeout_s: float | None = None) -> int:
         """Send this rank's slices of `tensors` (local shards or DTensors) as `version`; returns bytes sent.
         `timeout_s` bounds the data phase (default: the peer group's timeout)."""
+        check_dtypes(self.plan.src_dtypes, tensors, f"{self.plan.src_group} rank {self.rank}")
         self._handshake(version)
         buffers = [self._pack(bucket, tensors) for bucket in self.mine]
         if self.transport == "group":
@@ -235,9 +255,7 @@ class WeightReceiver(_Endpoint):
         self.version: int | None = None
         self._requested: int | None = None
         self._opened: dict[int, tuple[bytes, torch.Tensor]] = {}  # ipc: bucket tag -> (handle, sender's buffer)
-        for name, dtype in plan.dst_dtypes.items():
-            if name in tensors and str(local_tensor(tensors[name]).dtype) != dtype:
-                raise ValueError(f"tensor {name!r}: the plan carries {dtype}, the rollout holds {tensors[name].dtype}")
+        check_dtypes(plan.dst_dtypes, tensors, f"{plan.dst_group} rank {rank}")
 
     def _check(self, sent_version: int) -> str | None:
         if sent_version != self._requested:

@@ -1,0 +1,53 @@
+"""How rule-based rewards and a learned reward model's scores make one reward per response:
+`reward.kind` picks rule, model or both (a weighted sum), the model score goes through the penalty
+rules, and the result is optionally whitened over the batch. Pure functions; the RewardWorker
+calls them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlinf_like.workers.reward.penalties import apply_penalty, penalty_mask, whiten
+from rlinf_like.workers.reward.rules import RewardConfig
+
+REWARD_KINDS = ("rule", "model", "both")
+
+
+def check_reward_config(config: RewardConfig) -> None:
+    """Raises naming the `reward.*` key and the allowed values."""
+    if config.kind not in REWARD_KINDS:
+        raise ValueError(f"reward.kind={config.kind!r} is not one of {list(REWARD_KINDS)}")
+    for key in ("rule_weight", "model_weight", "model_penalty"):
+        if not math.isfinite(getattr(config, key)):
+            raise ValueError(f"reward.{key} must be finite, got {getattr(config, key)}")
+    if config.kind != "rule" and not config.model_path:
+        raise ValueError(f"reward.kind={config.kind!r} needs reward.model_path (a *ForSequenceClassification "
+                         f"checkpoint with num_labels=1)")
+    if config.kind == "both" and config.rule_weight == 0 and config.model_weight == 0:
+        raise ValueError("reward.kind='both' with reward.rule_weight=0 and reward.model_weight=0 gives no reward")
+    if config.model_micro_batch_size <= 0:
+        raise ValueError(f"reward.model_micro_batch_size must be > 0, got {config.model_micro_batch_size}")
+    if config.model_min_response_tokens < 0:
+        raise ValueError(f"reward.model_min_response_tokens must be >= 0, got {config.model_min_response_tokens}")
+
+
+def combine_rewards(config: RewardConfig, rule: torch.Tensor, model_scores: torch.Tensor | None,
+                    finished: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[N] rewards, and the penalised model scores (None for kind=rule)."""
+    penalised = None
+    if config.kind != "rule":
+        if model_scores is None:
+            raise ValueError(f"reward.kind={config.kind!r} needs model scores")
+        mask = penalty_mask(finished, lengths, config.model_penalise_no_eos, config.model_min_response_tokens)
+        penalised = apply_penalty(model_scores.float(), mask, config.model_penalty)
+    if config.kind == "rule":
+        total = rule.float()
+    elif config.kind == "model":
+        total = config.model_weight * penalised
+    else:
+        total = config.rule_weight * rule.float() + config.model_weight * penalised
+    if config.whiten and total.numel() > 1:
+        total = whiten(total, shift_mean=config.whiten_shift_mean)
+    return total, penalised

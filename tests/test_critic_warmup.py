@@ -1,0 +1,79 @@
+"""Critic warmup: during the first `algorithm.critic_warmup_steps` steps only the value model
+trains. Real actor and critic worker groups driven by the runner's own update step."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlinf_like.data.batch import build_rl_batch
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
+from rlinf_like.workers.critic import CriticConfig, CriticWorker
+from rlinf_like.workers.training import LoopConfig
+
+WARMUP = 3
+
+
+def toy_batch(rows=4):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 60, (4,), generator=g).tolist() for _ in range(rows)]
+    responses = [torch.randint(4, 60, (3,), generator=g).tolist() for _ in range(rows)]
+    batch = build_rl_batch(prompts, responses, [[-2.0] * 3] * rows, [1.0, -1.0] * (rows // 2))
+    batch["returns"] = torch.tensor([1.0, -1.0] * (rows // 2)).unsqueeze(1) * batch["response_mask"]
+    return batch
+
+
+@pytest.fixture()
+def runner_with_workers(cluster, tmp_path):
+    path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
+    loop = LoopConfig(mini_batches=1, micro_batch_size=4, epochs=2)
+    placement = cluster.place({"actor": "0", "critic": "0"})
+    actor = ActorWorker.create_group(ActorConfig(str(path), FSDPConfig(optim=OptimConfig(lr=1e-2)), loop=loop)).launch(
+        cluster, placement, "actor")
+    critic = CriticWorker.create_group(CriticConfig(str(path), FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
+                                                    loop, value_clip=None)).launch(cluster, placement, "critic")
+    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", critic_warmup_steps=WARMUP),
+                          runner=RunnerConfig(output_dir=str(tmp_path / "run")))
+    runner = ReasoningRunner(cfg)
+    runner.actor, runner.critic = actor, critic
+    yield runner, path, tmp_path
+    actor.shutdown()
+    critic.shutdown()
+
+
+def actor_weights(runner, path):
+    runner.actor.export_hf(str(path)).wait(timeout=120)
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_warmup_trains_the_critic_only_then_the_actor(runner_with_workers):
+    runner, model_path, tmp = runner_with_workers
+    init = load_file(str(model_path / "model.safetensors"))
+    batch = toy_batch()
+    batch["old_values"] = torch.cat(runner.critic.compute_values(batch).wait(timeout=120))
+    losses = []
+    for step in range(WARMUP):
+        runner.step = step
+        metrics = runner._update(batch)
+        assert metrics["critic_warmup"] == 1.0 and "policy_loss" not in metrics
+        losses.append(metrics["value_loss"])
+    assert losses[-1] < 0.7 * losses[0], losses  # the value model learns the fixed returns
+    during = actor_weights(runner, tmp / "after_warmup")
+    assert during.keys() == init.keys() and all(torch.equal(during[k], init[k]) for k in init)  # bit-identical
+
+    runner.step = WARMUP  # warmup over: the policy trains
+    metrics = runner._update(batch)
+    assert metrics["critic_warmup"] == 0.0 and "policy_loss" in metrics and "value_loss" in metrics
+    after = actor_weights(runner, tmp / "after_update")
+    assert any(not torch.equal(after[k], init[k]) for k in init)
+
+
+def test_warmup_needs_a_critic(tmp_path):
+    cfg = ReasoningConfig(algorithm=AlgorithmConfig(critic_warmup_steps=2),
+                          runner=RunnerConfig(output_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"algorithm.critic_warmup_steps=2 .* only with algorithm.advantage=gae"):
+        ReasoningRunner(cfg)
