@@ -146,12 +146,18 @@ def cartpole_runs(tmp_path_factory) -> dict:
     first = launch_main(seq, root / "seq.log", *CARTPOLE, "runner.total_env_steps=3072")
     uninterrupted = launch_main(whole, root / "whole.log", *CARTPOLE, "runner.total_env_steps=4096")
     pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
-    finish(first, root / "seq.log")
-    runs = history(seq)
-    resume = launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true")
-    again = finish(resume, root / "resume.log")
-    finish(uninterrupted, root / "whole.log")
-    finish(pipe, root / "pipe.log")
+    procs = [first, uninterrupted, pipe]
+    try:
+        finish(first, root / "seq.log")
+        runs = history(seq)
+        procs.append(launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true"))
+        again = finish(procs[-1], root / "resume.log")
+        finish(uninterrupted, root / "whole.log")
+        finish(pipe, root / "pipe.log")
+    finally:  # a failed run must not leave the others running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped),
             "whole": history(whole)}
 

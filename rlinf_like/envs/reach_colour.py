@@ -126,6 +126,11 @@ class ReachColourEnv(VectorEnv):
         truncated = not terminated and self.t[i] >= self.max_steps
         return self._observe(i), float(reward), terminated, truncated, {"is_success": float(success)}
 
+    def expert_actions(self) -> np.ndarray:
+        """A scripted expert with privileged state: full force towards the named target ([n, 2])."""
+        return np.stack([np.clip((self._targets(i)[self.goal[i]] - self.data[i].qpos) / 0.05, -1, 1)
+                         for i in range(self.num_envs)])
+
     def _get_env_state(self, i: int) -> dict:
         return {"physics": physics_state(self.model, self.data[i]), "rng": rng_state(self.rngs[i]),
                 "goal": int(self.goal[i]), "t": int(self.t[i]), "dist": float(self.dist[i])}

@@ -2,15 +2,15 @@
 
 RT-2 / OpenVLA style at toy scale: each action dimension is discretized into `bins` tokens (a
 chunk of `chunk` future actions is predicted at once), and the policy is a product of
-categoricals over them. The image encoder is a small CNN ending in a spatial softmax: the frame
-(normalized to [-0.5, 0.5], plus two coordinate channels) goes through a stride-2 conv whose
-features the instruction embedding modulates (FiLM: "red" can change what is looked at), then a
-conv to `keypoints` maps, each reduced to the expected (x, y) of its softmax over the image.
-Keypoints are what a reaching policy needs (where things are) in a few numbers, and even random
-conv weights already give blob positions, so PPO can learn from pixels in minutes instead of
-hours (a flattened-CNN encoder did not learn here within 15 minutes). Keypoints, the instruction
-embedding (mean over its tokens) and proprioception join an MLP trunk shared by the action-token
-head and the value head.
+categoricals over them. The image encoder is a small CNN (frame normalized to [-0.5, 0.5], plus two
+coordinate channels; a 5x5 conv with stride 2, then a 1x1 conv) whose per-pixel features are read by `keypoints` attention heads:
+each head's query is a learned vector plus a projection of the instruction embedding (mean over
+its tokens), its softmax over the image gives an expected (x, y). So the instruction selects where
+to look (cross-attention from language to pixels), and the trunk gets positions, the few numbers a
+reaching policy needs. (An earlier encoder that flattened the conv features into the trunk did not
+learn this task from pixels within 15 minutes; see docs/architecture.md.) Keypoints, the
+instruction embedding and proprioception join an MLP trunk shared by the action-token head and the
+value head.
 """
 
 from __future__ import annotations
@@ -24,18 +24,23 @@ from rlinf_like.envs.base import ActionSpec, FieldSpec
 from rlinf_like.models.policies import PolicyOut
 
 
-class SpatialSoftmax(nn.Module):
-    """[B, K, H, W] feature maps -> [B, 2K] expected (x, y) in [-1, 1] per map (learned temperature)."""
+class KeypointAttention(nn.Module):
+    """Per-pixel features [B, C, H, W] and instruction embeddings [B, E] -> [B, 2K]: for each of K
+    heads, the expected (x, y) in [-1, 1] under softmax(query . feature) over the pixels, where the
+    query is a learned vector plus a projection of the instruction."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, channels: int, embed: int, heads: int):
         super().__init__()
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
         self.register_buffer("grid", torch.stack([xs.flatten(), ys.flatten()], 1), persistent=False)  # [HW, 2]
-        self.log_temperature = nn.Parameter(torch.zeros(()))
+        self.heads, self.channels = heads, channels
+        self.query = nn.Parameter(torch.randn(heads, channels))
+        self.from_words = nn.Linear(embed, heads * channels)
 
-    def forward(self, maps: torch.Tensor) -> torch.Tensor:
-        attention = torch.softmax(maps.flatten(2) / self.log_temperature.exp(), dim=-1)  # [B, K, HW]
-        return (attention @ self.grid).flatten(1)
+    def forward(self, features: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        query = self.query + self.from_words(words).view(-1, self.heads, self.channels)  # [B, K, C]
+        logits = query @ features.flatten(2) / self.channels ** 0.5  # [B, K, HW]
+        return (torch.softmax(logits, dim=-1) @ self.grid).flatten(1)
 
 
 class VLAPolicy(nn.Module):
@@ -52,19 +57,16 @@ class VLAPolicy(nn.Module):
         self.action, self.bins, self.chunk = action, bins, chunk
         self.act_dim = int(np.prod(action.shape))
         self.proprio_dim = int(np.prod(obs_spec["state"].shape)) if "state" in obs_spec else 0
-        self.conv1 = nn.Conv2d(5, width, 5, 2, 2)  # stride 2: a quarter of the pixels for the rest
-        self.conv2 = nn.Sequential(nn.ReLU(), nn.Conv2d(width, width, 3, 1, 1), nn.ReLU(), nn.Conv2d(width, keypoints, 1))
-        self.keypoints = SpatialSoftmax((size + 1) // 2)
+        self.conv = nn.Sequential(nn.Conv2d(5, width, 5, 2, 2), nn.ReLU(),  # stride 2: a quarter of the pixels
+                                  nn.Conv2d(width, width, 1))  # per-pixel features: colour and place
         self.embed = nn.Embedding(vocab_size, width, padding_idx=0)
-        self.film = nn.Linear(width, 2 * width)
+        self.keypoints = KeypointAttention((size + 1) // 2, width, width, keypoints)
         self.trunk = nn.Sequential(nn.Linear(2 * keypoints + width + self.proprio_dim, trunk), nn.ReLU(),
                                    nn.Linear(trunk, trunk), nn.ReLU())
         self.action_head = nn.Linear(trunk, chunk * self.act_dim * bins)
         self.value_head = nn.Linear(trunk, 1)
         nn.init.zeros_(self.action_head.weight)  # uniform over tokens at the start: maximal exploration
         nn.init.zeros_(self.action_head.bias)
-        nn.init.zeros_(self.film.weight)  # FiLM starts as the identity
-        nn.init.zeros_(self.film.bias)
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
         low, high = torch.tensor(action.low), torch.tensor(action.high)
@@ -77,8 +79,7 @@ class VLAPolicy(nn.Module):
         x = torch.cat([image, self.coords.expand(image.shape[0], -1, -1, -1)], 1)
         tokens = obs["instruction"].long()
         words = self.embed(tokens).sum(1) / (tokens != 0).sum(1, keepdim=True).clamp(min=1)
-        gamma, beta = self.film(words)[:, :, None, None].chunk(2, dim=1)
-        points = self.keypoints(self.conv2(self.conv1(x) * (1 + gamma) + beta))
+        points = self.keypoints(self.conv(x), words)
         parts = [points, words] + ([obs["state"].float()] if self.proprio_dim else [])
         z = self.trunk(torch.cat(parts, 1))
         logits = self.action_head(z).view(-1, self.chunk, self.act_dim, self.bins)
@@ -86,6 +87,12 @@ class VLAPolicy(nn.Module):
         if actions is None:
             actions = logits.argmax(-1) if deterministic else dist.sample()
         return actions, dist.log_prob(actions).sum((1, 2)), dist.entropy().sum((1, 2)), self.value_head(z).squeeze(-1).clone()
+
+    def tokens(self, values: np.ndarray) -> torch.Tensor:
+        """Continuous actions [B, act_dim] -> the nearest token ids [B, chunk, act_dim] (chunk repeats them),
+        e.g. to label an expert's actions for behaviour cloning."""
+        values = torch.as_tensor(values, dtype=self.centres.dtype).reshape(-1, 1, self.act_dim, 1)
+        return (values - self.centres[None, None]).abs().argmin(-1).expand(-1, self.chunk, -1)
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Token ids [B, chunk, act_dim] -> continuous actions [B, chunk, act_dim] (or [B, act_dim])."""
