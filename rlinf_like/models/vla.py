@@ -2,8 +2,8 @@
 
 RT-2 / OpenVLA style at toy scale: each action dimension is discretized into `bins` tokens (a
 chunk of `chunk` future actions is predicted at once), and the policy is a product of
-categoricals over them. The image encoder is a small CNN (frame normalized to [-0.5, 0.5], plus two
-coordinate channels; a 5x5 conv with stride 2, then a 1x1 conv) whose per-pixel features are read by `keypoints` attention heads:
+categoricals over them. The image encoder is a small CNN (frame normalized to [-0.5, 0.5]; a 5x5
+conv with stride 2, then a 1x1 conv) whose per-pixel features are read by `keypoints` attention heads:
 each head's query is a learned vector plus a projection of the instruction embedding (mean over
 its tokens), its softmax over the image gives an expected (x, y). So the instruction selects where
 to look (cross-attention from language to pixels), and the trunk gets positions, the few numbers a
@@ -36,10 +36,13 @@ class KeypointAttention(nn.Module):
         self.heads, self.channels = heads, channels
         self.query = nn.Parameter(torch.randn(heads, channels))
         self.from_words = nn.Linear(embed, heads * channels)
+        self.log_scale = nn.Parameter(torch.tensor(2.0))
 
     def forward(self, features: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         query = self.query + self.from_words(words).view(-1, self.heads, self.channels)  # [B, K, C]
-        logits = query @ features.flatten(2) / self.channels ** 0.5  # [B, K, HW]
+        # sharp from the start (a learned scale, initially e^2): the few target pixels must outweigh
+        # hundreds of background ones, or every keypoint sits at the image centre
+        logits = query @ features.flatten(2) * self.log_scale.exp()  # [B, K, HW]
         return (torch.softmax(logits, dim=-1) @ self.grid).flatten(1)
 
 
@@ -57,7 +60,7 @@ class VLAPolicy(nn.Module):
         self.action, self.bins, self.chunk = action, bins, chunk
         self.act_dim = int(np.prod(action.shape))
         self.proprio_dim = int(np.prod(obs_spec["state"].shape)) if "state" in obs_spec else 0
-        self.conv = nn.Sequential(nn.Conv2d(5, width, 5, 2, 2), nn.ReLU(),  # stride 2: a quarter of the pixels
+        self.conv = nn.Sequential(nn.Conv2d(3, width, 5, 2, 2), nn.ReLU(),  # stride 2: a quarter of the pixels
                                   nn.Conv2d(width, width, 1))  # per-pixel features: colour and place
         self.embed = nn.Embedding(vocab_size, width, padding_idx=0)
         self.keypoints = KeypointAttention((size + 1) // 2, width, width, keypoints)
@@ -67,8 +70,6 @@ class VLAPolicy(nn.Module):
         self.value_head = nn.Linear(trunk, 1)
         nn.init.zeros_(self.action_head.weight)  # uniform over tokens at the start: maximal exploration
         nn.init.zeros_(self.action_head.bias)
-        ys, xs = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
-        self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
         low, high = torch.tensor(action.low), torch.tensor(action.high)
         self.register_buffer("centres", low[:, None] + (high - low)[:, None] * torch.linspace(0, 1, bins)[None],
                              persistent=False)  # [act_dim, bins]: token -> value
@@ -76,10 +77,9 @@ class VLAPolicy(nn.Module):
     def forward(self, obs: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
                 deterministic: bool = False) -> PolicyOut:
         image = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5
-        x = torch.cat([image, self.coords.expand(image.shape[0], -1, -1, -1)], 1)
         tokens = obs["instruction"].long()
         words = self.embed(tokens).sum(1) / (tokens != 0).sum(1, keepdim=True).clamp(min=1)
-        points = self.keypoints(self.conv(x), words)
+        points = self.keypoints(self.conv(image), words)
         parts = [points, words] + ([obs["state"].float()] if self.proprio_dim else [])
         z = self.trunk(torch.cat(parts, 1))
         logits = self.action_head(z).view(-1, self.chunk, self.act_dim, self.bins)
