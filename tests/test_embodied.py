@@ -212,3 +212,28 @@ def test_bad_config_fails_before_launch(tmp_path):
                                    f"runner.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match="env.num_envs=5 must be even"):
         EmbodiedRunner(structure(EmbodiedConfig, cfg))
+
+
+def test_vla_tokens_instruction_attention_and_init_weights(tmp_path):
+    # expert labels -> tokens -> env actions is the nearest-bin round trip; the instruction changes
+    # where the keypoint heads look; policy.init_weights starts from a saved state dict
+    from rlinf_like.models.policies import PolicyConfig, build_policy
+
+    env = make_env(EnvConfig(kind="reach_colour", obs_mode="pixels", image_size=16, num_envs=3))
+    obs = {k: torch.from_numpy(v) for k, v in env.reset(0).items()}
+    cfg = PolicyConfig(kind="vla", bins=5)
+    policy = build_policy(cfg, env.obs_spec, env.action_spec)
+    tokens = policy.tokens(np.array([[-1.0, 0.2], [0.6, 1.0], [0.0, -0.4]]))
+    assert tokens.tolist() == [[[0, 2]], [[3, 4]], [[2, 1]]]  # bins at -1, -0.5, 0, 0.5, 1
+    np.testing.assert_array_equal(policy.env_actions(tokens), [[-1.0, 0.0], [0.5, 1.0], [0.0, -0.5]])
+    _, logprobs, _, _ = policy(obs, tokens)
+    np.testing.assert_allclose(logprobs.detach().numpy(), 2 * np.log(1 / 5), rtol=1e-6)  # uniform at init
+    other = dict(obs, instruction=obs["instruction"].roll(1, 0))  # other colours named
+    assert not torch.equal(policy(obs)[3], policy(other)[3])
+    torch.save(policy.state_dict(), tmp_path / "w.pt")
+    again = build_policy(PolicyConfig(kind="vla", bins=5, init_weights=str(tmp_path / "w.pt")), env.obs_spec,
+                         env.action_spec)
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), again.state_dict().values()))
+    with pytest.raises(ValueError, match=r"policy.init_weights=.* does not load into policy.kind=vla"):
+        build_policy(PolicyConfig(kind="vla", bins=7, init_weights=str(tmp_path / "w.pt")), env.obs_spec,
+                     env.action_spec)
