@@ -36,7 +36,7 @@ class KeypointAttention(nn.Module):
         self.heads, self.channels = heads, channels
         self.query = nn.Parameter(torch.randn(heads, channels))
         self.from_words = nn.Linear(embed, heads * channels)
-        self.log_scale = nn.Parameter(torch.tensor(2.0))
+        self.log_scale = nn.Parameter(torch.full((1,), 2.0))  # 1-D: FSDP2 does not shard scalars
 
     def forward(self, features: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         query = self.query + self.from_words(words).view(-1, self.heads, self.channels)  # [B, K, C]
