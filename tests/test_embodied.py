@@ -1,7 +1,8 @@
 """Embodied RL: the env interface on real simulators, GAE over episode segments, the wire format,
 the env worker's named errors, and the runner end to end through the hydra example (subprocesses:
 each run starts its own local Ray): return goes up on CartPole, resume continues, and pipeline
-mode (2 env stages overlapping inference) produces exactly the sequential run's data."""
+mode (2 env stages overlapping inference) produces exactly the sequential run's data; env state
+save/restore continues bit-exactly on every adapter."""
 
 import json
 import os
@@ -15,10 +16,12 @@ import torch
 
 from rlinf_like.data.trajectory import episode_gae
 from rlinf_like.envs import EnvConfig, make_env
+from rlinf_like.envs.render import ensure_gl
 from rlinf_like.scheduler import WorkerError
 from rlinf_like.workers.env import EnvWorker
 from rlinf_like.workers.env.link import step_layout, step_message
 
+ensure_gl()  # at collection, before any test imports MuJoCo (it picks its GL backend once)
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "examples" / "embodied" / "main_embodied.py"
 CARTPOLE = ["env=cartpole", "runner.steps_per_rollout=64", "env.num_envs=8", "runner.save_every=3"]
@@ -40,6 +43,39 @@ def test_gym_vector_env_chunks_autoreset_stats_and_seeding():
     assert all(e.ret == e.length and e.success is None for e in episodes)
     assert result.terminated.any() or result.truncated.any() or episodes  # auto-reset kept going
     assert np.abs(env.step(np.zeros(3)).obs["state"]).max() < 1.0  # fresh episodes after the resets
+
+
+@pytest.mark.parametrize("cfg", [EnvConfig(kind="reach_colour", num_envs=2),
+                                 EnvConfig(id="CartPole-v1", num_envs=2), EnvConfig(id="Reacher-v5", num_envs=2)],
+                         ids=["reach_colour", "cartpole", "reacher"])
+def test_env_state_restores_bit_exactly(cfg):
+    # mid-episode state -> pickled -> a fresh env reset with another seed: the next 60 steps (with
+    # auto-resets, which draw from the restored RNGs) equal the original's bit for bit
+    import pickle
+
+    rng = np.random.default_rng(0)
+    spec = make_env(cfg).action_spec
+    actions = [rng.integers(0, spec.n, 2) if spec.kind == "discrete" else rng.uniform(-1, 1, (2, *spec.shape))
+               for _ in range(80)]
+    env = make_env(cfg)
+    env.reset(1)
+    for a in actions[:20]:
+        env.step(a)
+    saved = pickle.loads(pickle.dumps(env.get_state()))
+    other = make_env(cfg)
+    other.reset(99)
+    other.set_state(saved)
+    episodes = 0
+    for a in actions[20:]:
+        x, y = env.step(a), other.step(a)
+        for k in x.obs:
+            np.testing.assert_array_equal(x.obs[k], y.obs[k])
+        np.testing.assert_array_equal(x.rewards, y.rewards)
+        assert x.episodes == y.episodes
+        episodes += len(x.episodes)
+    assert episodes >= 1  # the auto-reset path was exercised
+    with pytest.raises(ValueError, match="saved env state has 2 envs, this one 3"):
+        make_env(cfg, num_envs=3).set_state(saved)
 
 
 def test_invalid_actions_name_the_env_worker(cluster):
@@ -101,20 +137,29 @@ def history(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cartpole_runs(tmp_path_factory) -> dict:
-    """Three runs of the hydra example, each with its own local Ray (the costly part is starting one,
-    not the PPO updates): sequential 6 updates, then resumed for 2 more; pipelined 2 updates, started
-    alongside the first so the two startups overlap."""
+    """Four runs of the hydra example, each with its own local Ray (the costly part is starting one,
+    not the PPO updates): sequential 6 updates, then resumed for 2 more; an uninterrupted 8-update run
+    and a pipelined 2-update run, started alongside the first so the startups overlap."""
     root = tmp_path_factory.mktemp("cartpole")
-    seq, piped = root / "seq", root / "pipe"
+    seq, whole, piped = root / "seq", root / "whole", root / "pipe"
     # 6 updates of 8 envs x 64 steps
     first = launch_main(seq, root / "seq.log", *CARTPOLE, "runner.total_env_steps=3072")
+    uninterrupted = launch_main(whole, root / "whole.log", *CARTPOLE, "runner.total_env_steps=4096")
     pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
-    finish(first, root / "seq.log")
-    runs = history(seq)
-    resume = launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true")
-    again = finish(resume, root / "resume.log")
-    finish(pipe, root / "pipe.log")
-    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped)}
+    procs = [first, uninterrupted, pipe]
+    try:
+        finish(first, root / "seq.log")
+        runs = history(seq)
+        procs.append(launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true"))
+        again = finish(procs[-1], root / "resume.log")
+        finish(uninterrupted, root / "whole.log")
+        finish(pipe, root / "pipe.log")
+    finally:  # a failed run must not leave the others running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped),
+            "whole": history(whole)}
 
 
 def test_ppo_on_cartpole_learns(cartpole_runs):
@@ -126,13 +171,19 @@ def test_ppo_on_cartpole_learns(cartpole_runs):
     assert (out / "curves.png").stat().st_size > 0 and (out / "tensorboard").is_dir()
 
 
-def test_resume_continues_the_history(cartpole_runs):
-    runs, resumed = cartpole_runs["runs"], cartpole_runs["resumed"]
+def deterministic(h: dict) -> dict:
+    """A history row without its timings."""
+    return {k: v for k, v in h.items() if not k.endswith("_s")}
+
+
+def test_resume_continues_the_exact_history(cartpole_runs):
+    runs, resumed, whole = cartpole_runs["runs"], cartpole_runs["resumed"], cartpole_runs["whole"]
     assert "resumed at update 6" in cartpole_runs["resume_log"]
     assert resumed[:6] == runs and [h["iteration"] for h in resumed[6:]] == [7, 8]
     assert resumed[-1]["env_steps"] == 8 * 512
-    first = runs[0]["episode_return"]
-    assert np.mean([h["episode_return"] for h in resumed[6:]]) > first + 10  # not restarted from scratch
+    # env state (sims, RNGs, episode counters), sampling RNG and actor state restored: the resumed
+    # updates 7-8 equal the uninterrupted run's bit for bit (same episodes, same losses)
+    assert [deterministic(h) for h in resumed] == [deterministic(h) for h in whole]
 
 
 def test_pipeline_gives_the_sequential_runs_data(cartpole_runs):
@@ -161,3 +212,28 @@ def test_bad_config_fails_before_launch(tmp_path):
                                    f"runner.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match="env.num_envs=5 must be even"):
         EmbodiedRunner(structure(EmbodiedConfig, cfg))
+
+
+def test_vla_tokens_instruction_attention_and_init_weights(tmp_path):
+    # expert labels -> tokens -> env actions is the nearest-bin round trip; the instruction changes
+    # where the keypoint heads look; policy.init_weights starts from a saved state dict
+    from rlinf_like.models.policies import PolicyConfig, build_policy
+
+    env = make_env(EnvConfig(kind="reach_colour", obs_mode="pixels", image_size=16, num_envs=3))
+    obs = {k: torch.from_numpy(v) for k, v in env.reset(0).items()}
+    cfg = PolicyConfig(kind="vla", bins=5)
+    policy = build_policy(cfg, env.obs_spec, env.action_spec)
+    tokens = policy.tokens(np.array([[-1.0, 0.2], [0.6, 1.0], [0.0, -0.4]]))
+    assert tokens.tolist() == [[[0, 2]], [[3, 4]], [[2, 1]]]  # bins at -1, -0.5, 0, 0.5, 1
+    np.testing.assert_array_equal(policy.env_actions(tokens), [[-1.0, 0.0], [0.5, 1.0], [0.0, -0.5]])
+    _, logprobs, _, _ = policy(obs, tokens)
+    np.testing.assert_allclose(logprobs.detach().numpy(), 2 * np.log(1 / 5), rtol=1e-6)  # uniform at init
+    other = dict(obs, instruction=obs["instruction"].roll(1, 0))  # other colours named
+    assert not torch.equal(policy(obs)[3], policy(other)[3])
+    torch.save(policy.state_dict(), tmp_path / "w.pt")
+    again = build_policy(PolicyConfig(kind="vla", bins=5, init_weights=str(tmp_path / "w.pt")), env.obs_spec,
+                         env.action_spec)
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), again.state_dict().values()))
+    with pytest.raises(ValueError, match=r"policy.init_weights=.* does not load into policy.kind=vla"):
+        build_policy(PolicyConfig(kind="vla", bins=7, init_weights=str(tmp_path / "w.pt")), env.obs_spec,
+                     env.action_spec)

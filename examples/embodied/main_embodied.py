@@ -4,6 +4,9 @@
     python examples/embodied/main_embodied.py env=cartpole runner.total_env_steps=30000
     python examples/embodied/main_embodied.py runner.pipeline=true          # env stages overlap inference
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla runner.gif=true
+    python examples/embodied/bc_warmstart.py --out runs/bc/vla.pt      # VLA: behaviour-cloning warm start,
+    python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla \
+        policy.init_weights=runs/bc/vla.pt algorithm.lr=3e-4          # then PPO from it
 
 Prints a progress bar, writes TensorBoard scalars (return, success rate, env steps/s, losses), a
 plot of the return, checkpoints every `runner.save_every` updates (`runner.resume=true` continues).

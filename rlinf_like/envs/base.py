@@ -74,8 +74,34 @@ class VectorEnv(ABC):
     def _step_one(self, i: int, action: Any) -> tuple[Obs, float, bool, bool, dict]:
         """(obs, reward, terminated, truncated, info) of env i; info may hold 'is_success'."""
 
+    def _get_env_state(self, i: int) -> dict:
+        """Everything env i needs to continue bit-exactly (simulator state, RNG, step counters)."""
+        raise NotImplementedError(f"{self.name}: {type(self).__name__} cannot save its env state")
+
+    def _set_env_state(self, i: int, state: dict) -> None:
+        raise NotImplementedError(f"{self.name}: {type(self).__name__} cannot restore an env state")
+
     def close(self) -> None:
         pass
+
+    # --- checkpointing -----------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """Picklable state of all envs: after `set_state` on an env built with the same config, `step`
+        continues exactly (same episodes, same auto-reset draws)."""
+        if not self._obs:
+            raise RuntimeError(f"{self.name}: get_state before reset")
+        return {"num_envs": self.num_envs, "returns": self._returns.copy(), "lengths": self._lengths.copy(),
+                "obs": [{k: v.copy() for k, v in o.items()} for o in self._obs],
+                "envs": [self._get_env_state(i) for i in range(self.num_envs)]}
+
+    def set_state(self, state: dict) -> None:
+        if state["num_envs"] != self.num_envs:
+            raise ValueError(f"{self.name}: the saved env state has {state['num_envs']} envs, this one "
+                             f"{self.num_envs}")
+        self._returns[:], self._lengths[:] = state["returns"], state["lengths"]
+        self._obs = [{k: v.copy() for k, v in o.items()} for o in state["obs"]]
+        for i, env_state in enumerate(state["envs"]):
+            self._set_env_state(i, env_state)
 
     # --- the batched interface ----------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> Obs:

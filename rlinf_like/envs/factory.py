@@ -17,7 +17,7 @@ class EnvConfig:
     max_episode_steps: int | None = None  # None: the env's own limit (reach_colour: 50)
     obs_mode: str = "state"  # reach_colour: state | pixels
     image_size: int = 48
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make; reach_colour: frame_skip
 
 
 def make_env(cfg: EnvConfig, num_envs: int | None = None, name: str = "env") -> VectorEnv:
@@ -29,5 +29,8 @@ def make_env(cfg: EnvConfig, num_envs: int | None = None, name: str = "env") -> 
     if cfg.kind == "reach_colour":
         from rlinf_like.envs.reach_colour import ReachColourEnv
 
-        return ReachColourEnv(n, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps or 50)
+        unknown = sorted(set(cfg.kwargs) - {"frame_skip"})
+        if unknown:
+            raise ValueError(f"{name}: env.kwargs {unknown} are not options of reach_colour; allowed: ['frame_skip']")
+        return ReachColourEnv(n, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps or 50, **cfg.kwargs)
     raise ValueError(f"{name}: env.kind={cfg.kind!r} is not one of {list(KINDS)}")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec, Obs, VectorEnv
+from rlinf_like.envs.state import gym_env_state, set_gym_env_state
 
 
 class GymVectorEnv(VectorEnv):
@@ -41,6 +42,12 @@ class GymVectorEnv(VectorEnv):
         a = int(action) if self.action_spec.kind == "discrete" else action.astype(np.float32)
         obs, reward, terminated, truncated, info = self.envs[i].step(a)
         return {"state": np.asarray(obs, dtype=np.float32)}, float(reward), bool(terminated), bool(truncated), info
+
+    def _get_env_state(self, i: int) -> dict:
+        return gym_env_state(self.envs[i])
+
+    def _set_env_state(self, i: int, state: dict) -> None:
+        set_gym_env_state(self.envs[i], state)
 
     def render(self, i: int = 0) -> np.ndarray | None:
         return self.envs[i].render()

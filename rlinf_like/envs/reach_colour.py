@@ -18,6 +18,7 @@ import numpy as np
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec, Obs, VectorEnv
 from rlinf_like.envs.render import ensure_gl
+from rlinf_like.envs.state import physics_state, rng_state, set_physics_state
 
 COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.75, 0.1), "blue": (0.1, 0.2, 0.9)}
 VOCAB = ("<pad>", "reach", "the", "target", *COLOURS)
@@ -124,6 +125,20 @@ class ReachColourEnv(VectorEnv):
         reward += 1.0 if success else 0.0
         truncated = not terminated and self.t[i] >= self.max_steps
         return self._observe(i), float(reward), terminated, truncated, {"is_success": float(success)}
+
+    def expert_actions(self) -> np.ndarray:
+        """A scripted expert with privileged state: full force towards the named target ([n, 2])."""
+        return np.stack([np.clip((self._targets(i)[self.goal[i]] - self.data[i].qpos) / 0.05, -1, 1)
+                         for i in range(self.num_envs)])
+
+    def _get_env_state(self, i: int) -> dict:
+        return {"physics": physics_state(self.model, self.data[i]), "rng": rng_state(self.rngs[i]),
+                "goal": int(self.goal[i]), "t": int(self.t[i]), "dist": float(self.dist[i])}
+
+    def _set_env_state(self, i: int, state: dict) -> None:
+        set_physics_state(self.model, self.data[i], state["physics"])
+        self.rngs[i].bit_generator.state = state["rng"]
+        self.goal[i], self.t[i], self.dist[i] = state["goal"], state["t"], state["dist"]
 
     def frame(self, i: int = 0, size: int = 128) -> np.ndarray:
         """A larger picture of env i, for GIFs."""

@@ -32,6 +32,7 @@ class PolicyConfig:
     chunk: int = 1  # vla: actions predicted per inference (an action chunk)
     width: int = 32  # vla: conv channels and instruction embedding size
     vocab_size: int = 16  # vla: instruction token ids below this
+    init_weights: str | None = None  # a state dict file to start from (e.g. a behaviour-cloning warm start)
 
 
 def _mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
@@ -80,6 +81,17 @@ class MLPActorCritic(nn.Module):
 
 
 def build_policy(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> nn.Module:
+    policy = _build(cfg, obs_spec, action)
+    if cfg.init_weights:
+        try:
+            policy.load_state_dict(torch.load(cfg.init_weights, map_location="cpu"))
+        except (OSError, RuntimeError) as err:
+            raise ValueError(f"policy.init_weights={cfg.init_weights!r} does not load into policy.kind={cfg.kind}: "
+                             f"{err}") from err
+    return policy
+
+
+def _build(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> nn.Module:
     if cfg.kind == "mlp":
         if set(obs_spec) != {"state"}:
             raise ValueError(f"policy.kind=mlp takes state observations; the env gives {sorted(obs_spec)} "

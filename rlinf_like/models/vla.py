@@ -2,10 +2,15 @@
 
 RT-2 / OpenVLA style at toy scale: each action dimension is discretized into `bins` tokens (a
 chunk of `chunk` future actions is predicted at once), and the policy is a product of
-categoricals over them. The image goes through a small CNN with two coordinate channels (so
-positions are easy to read); the instruction embedding (mean over its tokens) modulates the conv
-features (FiLM), which is how "red" selects what the network looks at. Proprioception joins the
-trunk. One shared trunk feeds the action-token head and the value head.
+categoricals over them. The image encoder is a small CNN (frame normalized to [-0.5, 0.5]; a 5x5
+conv with stride 2, then a 1x1 conv) whose per-pixel features are read by `keypoints` attention heads:
+each head's query is a learned vector plus a projection of the instruction embedding (mean over
+its tokens), its softmax over the image gives an expected (x, y). So the instruction selects where
+to look (cross-attention from language to pixels), and the trunk gets positions, the few numbers a
+reaching policy needs. (An earlier encoder that flattened the conv features into the trunk did not
+learn this task from pixels within 15 minutes; see docs/architecture.md.) Keypoints, the
+instruction embedding and proprioception join an MLP trunk shared by the action-token head and the
+value head.
 """
 
 from __future__ import annotations
@@ -19,11 +24,33 @@ from rlinf_like.envs.base import ActionSpec, FieldSpec
 from rlinf_like.models.policies import PolicyOut
 
 
+class KeypointAttention(nn.Module):
+    """Per-pixel features [B, C, H, W] and instruction embeddings [B, E] -> [B, 2K]: for each of K
+    heads, the expected (x, y) in [-1, 1] under softmax(query . feature) over the pixels, where the
+    query is a learned vector plus a projection of the instruction."""
+
+    def __init__(self, size: int, channels: int, embed: int, heads: int):
+        super().__init__()
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
+        self.register_buffer("grid", torch.stack([xs.flatten(), ys.flatten()], 1), persistent=False)  # [HW, 2]
+        self.heads, self.channels = heads, channels
+        self.query = nn.Parameter(torch.randn(heads, channels))
+        self.from_words = nn.Linear(embed, heads * channels)
+        self.log_scale = nn.Parameter(torch.full((1,), 2.0))  # 1-D: FSDP2 does not shard scalars
+
+    def forward(self, features: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        query = self.query + self.from_words(words).view(-1, self.heads, self.channels)  # [B, K, C]
+        # sharp from the start (a learned scale, initially e^2): the few target pixels must outweigh
+        # hundreds of background ones, or every keypoint sits at the image centre
+        logits = query @ features.flatten(2) * self.log_scale.exp()  # [B, K, HW]
+        return (torch.softmax(logits, dim=-1) @ self.grid).flatten(1)
+
+
 class VLAPolicy(nn.Module):
     obs_keys = ("image", "instruction", "state")
 
     def __init__(self, obs_spec: dict[str, FieldSpec], action: ActionSpec, bins: int = 7, chunk: int = 1,
-                 width: int = 32, vocab_size: int = 16, trunk: int = 128):
+                 width: int = 32, vocab_size: int = 16, trunk: int = 128, keypoints: int = 16):
         super().__init__()
         missing = {"image", "instruction"} - set(obs_spec)
         if missing or action.kind != "continuous":
@@ -33,38 +60,39 @@ class VLAPolicy(nn.Module):
         self.action, self.bins, self.chunk = action, bins, chunk
         self.act_dim = int(np.prod(action.shape))
         self.proprio_dim = int(np.prod(obs_spec["state"].shape)) if "state" in obs_spec else 0
-        self.conv1 = nn.Sequential(nn.Conv2d(5, width // 2, 5, 2, 2), nn.ReLU(), nn.Conv2d(width // 2, width, 3, 2, 1))
-        self.conv2 = nn.Sequential(nn.ReLU(), nn.Conv2d(width, width, 3, 2, 1), nn.ReLU())
+        self.conv = nn.Sequential(nn.Conv2d(3, width, 5, 2, 2), nn.ReLU(),  # stride 2: a quarter of the pixels
+                                  nn.Conv2d(width, width, 1))  # per-pixel features: colour and place
         self.embed = nn.Embedding(vocab_size, width, padding_idx=0)
-        self.film = nn.Linear(width, 2 * width)
-        feat = width * ((size + 7) // 8) ** 2
-        self.trunk = nn.Sequential(nn.Linear(feat + width + self.proprio_dim, trunk), nn.ReLU(),
+        self.keypoints = KeypointAttention((size + 1) // 2, width, width, keypoints)
+        self.trunk = nn.Sequential(nn.Linear(2 * keypoints + width + self.proprio_dim, trunk), nn.ReLU(),
                                    nn.Linear(trunk, trunk), nn.ReLU())
         self.action_head = nn.Linear(trunk, chunk * self.act_dim * bins)
         self.value_head = nn.Linear(trunk, 1)
         nn.init.zeros_(self.action_head.weight)  # uniform over tokens at the start: maximal exploration
         nn.init.zeros_(self.action_head.bias)
-        ys, xs = torch.meshgrid(torch.linspace(-1, 1, size), torch.linspace(-1, 1, size), indexing="ij")
-        self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
         low, high = torch.tensor(action.low), torch.tensor(action.high)
         self.register_buffer("centres", low[:, None] + (high - low)[:, None] * torch.linspace(0, 1, bins)[None],
                              persistent=False)  # [act_dim, bins]: token -> value
 
     def forward(self, obs: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
                 deterministic: bool = False) -> PolicyOut:
-        image = obs["image"].permute(0, 3, 1, 2).float() / 255.0
-        x = torch.cat([image, self.coords.expand(image.shape[0], -1, -1, -1)], 1)
+        image = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5
         tokens = obs["instruction"].long()
         words = self.embed(tokens).sum(1) / (tokens != 0).sum(1, keepdim=True).clamp(min=1)
-        gamma, beta = self.film(words)[:, :, None, None].chunk(2, dim=1)
-        h = self.conv2(self.conv1(x) * (1 + gamma) + beta).flatten(1)
-        parts = [h, words] + ([obs["state"].float()] if self.proprio_dim else [])
+        points = self.keypoints(self.conv(image), words)
+        parts = [points, words] + ([obs["state"].float()] if self.proprio_dim else [])
         z = self.trunk(torch.cat(parts, 1))
         logits = self.action_head(z).view(-1, self.chunk, self.act_dim, self.bins)
         dist = Categorical(logits=logits)
         if actions is None:
             actions = logits.argmax(-1) if deterministic else dist.sample()
         return actions, dist.log_prob(actions).sum((1, 2)), dist.entropy().sum((1, 2)), self.value_head(z).squeeze(-1).clone()
+
+    def tokens(self, values: np.ndarray) -> torch.Tensor:
+        """Continuous actions [B, act_dim] -> the nearest token ids [B, chunk, act_dim] (chunk repeats them),
+        e.g. to label an expert's actions for behaviour cloning."""
+        values = torch.as_tensor(values, dtype=self.centres.dtype).reshape(-1, 1, self.act_dim, 1)
+        return (values - self.centres[None, None]).abs().argmin(-1).expand(-1, self.chunk, -1)
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Token ids [B, chunk, act_dim] -> continuous actions [B, chunk, act_dim] (or [B, act_dim])."""

@@ -5,13 +5,16 @@ wire (see workers/env/worker.py); each rollout rank puts its `Trajectory` on a c
 actor, already waiting on that channel, trains as soon as they arrive (GAE, PPO epochs and
 mini-batches), then publishes the new weights to the rollout. `runner.pipeline=true` splits each
 env worker's envs into 2 stages, so the simulator steps one while the policy infers the other.
-Checkpoints: actor state (DCP) then the runner state, flipped atomically; resume continues the
-step count and history (the envs start fresh episodes).
+Checkpoints: actor state (DCP), then the env workers' state (sims, RNGs, episode counters, current
+obs) with the rollout's sampling RNG, then the runner state, each written atomically; resume
+continues exactly where the checkpoint was taken (the same episodes, actions and losses as an
+uninterrupted run). A checkpoint without the env state (older runs) resumes with fresh episodes.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +35,7 @@ from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
 
 CHECKPOINT = "checkpoint"
+WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, tagged with its iteration
 
 
 def check_config(cfg: EmbodiedConfig) -> None:
@@ -129,10 +133,12 @@ class EmbodiedRunner:
         r = self.cfg.runner
         resume = r.resume and (self.out / CHECKPOINT / "runner.json").exists()
         state = json.loads((self.out / CHECKPOINT / "runner.json").read_text()) if resume else {}
+        workers = self._saved_workers(state) if resume else None
         with Cluster(self.cfg.cluster) as cluster:
-            self._launch(cluster, r.seed + 100_003 * state.get("iteration", 0))
+            # without saved env state, a resumed run's envs start fresh episodes from other seeds
+            self._launch(cluster, r.seed + (0 if workers or not resume else 100_003 * state["iteration"]))
             if resume:
-                self._restore(state)
+                self._restore(state, workers)
             else:
                 self._sync_weights()
             per_update = r.steps_per_rollout * self.envs_total
@@ -165,13 +171,29 @@ class EmbodiedRunner:
     def _checkpoint(self) -> None:
         path = self.out / CHECKPOINT
         self.actor.save(str(path / "actor")).wait()
+        workers = {"iteration": self.iteration, "env": self.env.get_state().wait(),
+                   "rollout_rng": self.rollout.rng_state().wait()}
+        tmp = path / f"{WORKER_STATE}.tmp"
+        tmp.write_bytes(pickle.dumps(workers))
+        tmp.replace(path / WORKER_STATE)
         write_json_atomic(path / "runner.json", {"iteration": self.iteration, "env_steps": self.env_steps,
                                                  "version": self.version, "clock": self.clock,
                                                  "history": self.history})
 
-    def _restore(self, state: dict) -> None:
+    def _saved_workers(self, state: dict) -> dict | None:
+        file = self.out / CHECKPOINT / WORKER_STATE
+        workers = pickle.loads(file.read_bytes()) if file.exists() else None
+        if workers is None or workers["iteration"] != state["iteration"]:
+            print(f"no env state for update {state['iteration']} in {file}: the envs start fresh episodes")
+            return None
+        return workers
+
+    def _restore(self, state: dict, workers: dict | None) -> None:
         path = self.out / CHECKPOINT
         self.actor.load(str(path / "actor")).wait()
+        if workers is not None:
+            wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +
+                     [self.rollout.on_ranks(i).set_rng_state(s) for i, s in enumerate(workers["rollout_rng"])])
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
         self._sync_weights()  # the rollout starts from the checkpoint's weights

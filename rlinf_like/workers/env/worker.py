@@ -47,6 +47,19 @@ class EnvWorker(Worker):
         self.obs[stage] = result.obs
         return result
 
+    # --- checkpoints ------------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """Every stage's env state (sim, RNG, episode counters) and current obs, for a checkpoint."""
+        return {"stages": [env.get_state() for env in self.envs], "obs": self.obs}
+
+    def set_state(self, state: dict) -> None:
+        if len(state["stages"]) != len(self.envs):
+            raise ValueError(f"env worker {self.name}: the saved state has {len(state['stages'])} pipeline stages, "
+                             f"this worker {len(self.envs)}")
+        for env, saved in zip(self.envs, state["stages"]):
+            env.set_state(saved)
+        self.obs = state["obs"]
+
     # --- over the wire to a rollout rank -----------------------------------------------------------
     def connect_rollout(self, peer_group: str, rollout_peer_rank: int) -> None:
         self._link = Link(self.peer_group(peer_group), rollout_peer_rank)

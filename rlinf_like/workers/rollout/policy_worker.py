@@ -64,6 +64,13 @@ class PolicyRolloutWorker(Worker):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.policy.state_dict().items()}
 
+    def rng_state(self) -> torch.Tensor:
+        """The sampling RNG, so a resumed run draws the same actions as an uninterrupted one."""
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
     # --- serving envs -----------------------------------------------------------------------------
     def connect_envs(self, peer_group: str, env_peer_ranks: list[int]) -> None:
         group = self.peer_group(peer_group)
