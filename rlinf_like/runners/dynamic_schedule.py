@@ -100,6 +100,7 @@ class DynamicScheduleRunner(ReasoningRunner):
                 self.rollout.on_ranks(*self.units[unit]).offload().wait()
                 self.scheduler.offload_sync(unit)
                 del generating[unit]
+                return  # one hand-over per poll: each replica's devices get their own scale-sync
 
     def _scale(self, active: list[int]) -> list[int]:
         """scale-sync: onload and bring in the ranks the scheduler grants now."""
