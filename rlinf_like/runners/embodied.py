@@ -24,7 +24,7 @@ from rlinf_like.data.trajectory import Trajectory
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
-from rlinf_like.runners.common import plot_series, write_json_atomic
+from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
@@ -99,6 +99,7 @@ class EmbodiedRunner:
         chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)
         self.envs_total = cfg.env.num_envs * n_env
+        write_worker_pids(self.out, {"env": self.env, "rollout": self.rollout, "actor": self.actor})
 
     def _sync_weights(self) -> None:
         self.version += 1
@@ -127,12 +128,13 @@ class EmbodiedRunner:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> dict:
         r = self.cfg.runner
-        resume = r.resume and (self.out / CHECKPOINT / "runner.json").exists()
-        state = json.loads((self.out / CHECKPOINT / "runner.json").read_text()) if resume else {}
+        checkpoints = Checkpoints(self.out / CHECKPOINT)
+        resume = r.resume and checkpoints.exists()
+        path, state = checkpoints.latest() if resume else (None, {})
         with Cluster(self.cfg.cluster) as cluster:
             self._launch(cluster, r.seed + 100_003 * state.get("iteration", 0))
             if resume:
-                self._restore(state)
+                self._restore(path, state)
             else:
                 self._sync_weights()
             per_update = r.steps_per_rollout * self.envs_total
@@ -163,14 +165,13 @@ class EmbodiedRunner:
 
     # --- checkpoints ------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        path = self.out / CHECKPOINT
-        self.actor.save(str(path / "actor")).wait()
-        write_json_atomic(path / "runner.json", {"iteration": self.iteration, "env_steps": self.env_steps,
-                                                 "version": self.version, "clock": self.clock,
-                                                 "history": self.history})
+        checkpoints = Checkpoints(self.out / CHECKPOINT)
+        self.actor.save(str(checkpoints.step_dir(self.iteration) / "actor")).wait()
+        crash_point("checkpoint", self.iteration)  # fault tests: the actor's state written, not yet committed
+        checkpoints.commit(self.iteration, {"iteration": self.iteration, "env_steps": self.env_steps,
+                                            "version": self.version, "clock": self.clock, "history": self.history})
 
-    def _restore(self, state: dict) -> None:
-        path = self.out / CHECKPOINT
+    def _restore(self, path: Path, state: dict) -> None:
         self.actor.load(str(path / "actor")).wait()
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
