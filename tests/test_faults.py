@@ -28,7 +28,10 @@ TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runne
              "runner.micro_batch_size=8", "task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32",
              "model.intermediate_size=64", "model.num_heads=2", "model.num_kv_heads=1", "algorithm.entropy_coef=0.01",
              "runner.max_steps=8", "runner.save_every=2", "runner.eval_every=100"]
-SMALL = TINY_GRPO[6:14]  # the data and model sizes alone
+SMALL = ["task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32", "model.intermediate_size=64",
+         "model.num_heads=2", "model.num_kv_heads=1"]
+
+
 def start(script: Path, out: Path, *overrides: str, crash_at: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
     env.pop(CRASH_ENV, None)
