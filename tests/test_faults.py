@@ -121,6 +121,7 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
     killed_at = time.monotonic()
     log = finish(resumed, timeout=120)  # no hang
     stopped_after = time.monotonic() - killed_at
+    print(f"the run stopped {stopped_after:.1f} s after its actor was killed")
     assert "resumed at step 2" in log, log[-3000:]
     assert resumed.returncode not in (0, -signal.SIGKILL), log[-3000:]
     assert "WorkerDiedError" in log and "actor[rank 0]" in log, log[-3000:]  # the error names the worker

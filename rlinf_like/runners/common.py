@@ -40,6 +40,9 @@ class Checkpoints:
     def latest(self) -> tuple[Path, dict]:
         """The complete checkpoint's directory and runner state."""
         state = json.loads(self.state_file.read_text())
+        if "checkpoint" not in state:
+            raise ValueError(f"{self.state_file} names no step directory (a checkpoint from before step "
+                             f"directories); start a new runner.output_dir")
         return self.root / state["checkpoint"], state
 
     def commit(self, step: int, state: dict) -> None:
