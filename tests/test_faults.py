@@ -23,13 +23,12 @@ GRPO = ROOT / "examples" / "reasoning" / "main_grpo.py"
 EMBODIED = ROOT / "examples" / "embodied" / "main_embodied.py"
 # the smallest run that still trains: 3 processes (actor | rollout + reward), on-policy so that a resumed
 # run can equal an uninterrupted one, no SFT; the entropy bonus gives a gradient while every reward is 0
-TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runner.sft_steps=0",
-             "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_new_tokens=8",
-             "runner.micro_batch_size=8", "task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32",
-             "model.intermediate_size=64", "model.num_heads=2", "model.num_kv_heads=1", "algorithm.entropy_coef=0.01",
-             "runner.max_steps=8", "runner.save_every=2", "runner.eval_every=100"]
 SMALL = ["task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32", "model.intermediate_size=64",
          "model.num_heads=2", "model.num_kv_heads=1"]
+TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runner.sft_steps=0", *SMALL,
+             "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_new_tokens=8",
+             "runner.micro_batch_size=8", "algorithm.entropy_coef=0.01", "runner.max_steps=8", "runner.save_every=2",
+             "runner.eval_every=100"]
 
 
 def start(script: Path, out: Path, *overrides: str, crash_at: str | None = None) -> subprocess.Popen:
@@ -47,8 +46,9 @@ def start(script: Path, out: Path, *overrides: str, crash_at: str | None = None)
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
     proc.wait(timeout=timeout)
-    proc.log.seek(0)
-    return proc.log.read()
+    with proc.log:
+        proc.log.seek(0)
+        return proc.log.read()
 
 
 def runner_state(out: Path) -> dict:
@@ -157,12 +157,14 @@ def test_embodied_run_killed_during_a_save_resumes_from_the_previous_checkpoint(
     assert crashed.returncode == -signal.SIGKILL, log[-3000:]
     committed = runner_state(run)
     assert (committed["iteration"], committed["checkpoint"]) == (1, "step_1")
+    assert (run / "checkpoint" / "step_2" / "actor").is_dir()  # written, never committed
     procs.append(resumed := start(EMBODIED, run, *cartpole, "runner.resume=true"))
     log = finish(resumed)
     assert resumed.returncode == 0 and "resumed at update 1 (128 env steps)" in log, log[-3000:]
     state = runner_state(run)
     assert [h["iteration"] for h in state["history"]] == [1, 2, 3] and state["env_steps"] == 384
     assert state["history"][0] == committed["history"][0]  # kept from the checkpoint, not recomputed
+    assert sorted(p.name for p in (run / "checkpoint").glob("step_*")) == ["step_3"]
 
 
 def compose_grpo(*overrides: str):
