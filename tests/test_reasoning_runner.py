@@ -68,7 +68,7 @@ def test_pipelined_ppo_run_is_one_version_stale_with_kl_and_a_critic(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     steps = history(out)[1:]
     assert all({"value_loss", "value_mse", "value_mean", "critic_grad_norm"} <= set(h) for h in steps)
-    assert (out / "checkpoint" / "critic").is_dir()  # the critic's state is checkpointed with the actor's
+    assert (out / "checkpoint" / "step_3" / "critic").is_dir()  # the critic's state is checkpointed with the actor's
     assert [h["staleness"] for h in steps] == [0.0, 1.0, 1.0]  # later batches were made one version back
     assert all(h["kl"] >= 0 for h in steps)  # k3 is non-negative
     # the trainer recomputed pi_old: on-policy (step 1) it agrees with the rollout engine's numbers to

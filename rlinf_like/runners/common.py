@@ -1,9 +1,15 @@
-"""Helpers both runners use: the atomic runner-state file of a checkpoint and the closing plot."""
+"""Helpers both runners use: checkpoint directories with an atomic runner-state file, the workers'
+pid file, a crash hook for fault tests, and the closing plot."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 from pathlib import Path
+
+CRASH_ENV = "RLINF_LIKE_CRASH_AT"
 
 
 def write_json_atomic(path: Path, state: dict) -> None:
@@ -12,6 +18,54 @@ def write_json_atomic(path: Path, state: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(path)
+
+
+class Checkpoints:
+    """`root/step_<n>/` holds the workers' state after step n; `root/runner.json` (the runner state,
+    written atomically and last) names the one complete directory. A crash at any point of a save
+    leaves runner.json naming the previous complete step; the next commit removes the partial one.
+    (Saving over one fixed directory would not do: the actor's state could flip to step n while
+    runner.json still says step n - k.)"""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.state_file = root / "runner.json"
+
+    def exists(self) -> bool:
+        return self.state_file.exists()
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step_{step}"
+
+    def latest(self) -> tuple[Path, dict]:
+        """The complete checkpoint's directory and runner state."""
+        state = json.loads(self.state_file.read_text())
+        if "checkpoint" not in state:
+            raise ValueError(f"{self.state_file} names no step directory (a checkpoint from before step "
+                             f"directories); start a new runner.output_dir")
+        return self.root / state["checkpoint"], state
+
+    def commit(self, step: int, state: dict) -> None:
+        """Call after every worker finished writing `step_dir(step)`: flip runner.json to it, then
+        drop every other step directory (older ones, and partial ones of a crashed save)."""
+        current = self.step_dir(step)
+        write_json_atomic(self.state_file, {**state, "checkpoint": current.name})
+        for other in self.root.glob("step_*"):
+            if other != current:
+                shutil.rmtree(other, ignore_errors=True)
+
+
+def write_worker_pids(out: Path, groups: dict) -> None:
+    """`out/workers.json`: each worker group's process ids by rank, for an operator (or a fault test)
+    who needs to find, inspect or kill a worker from outside."""
+    write_json_atomic(out / "workers.json", {name: g.pids for name, g in groups.items() if g is not None})
+
+
+def crash_point(where: str, step: int) -> None:
+    """Test hook: with RLINF_LIKE_CRASH_AT="<where>:<step>" this process SIGKILLs itself here (no
+    cleanup, like a lost node), so a test can interrupt a run at an exact point. Unset: a no-op."""
+    if os.environ.get(CRASH_ENV) == f"{where}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def plot_series(path: Path, series: list[tuple[str, list[tuple[float, float]], dict]], xlabel: str,

@@ -27,7 +27,7 @@ from rlinf_like.data.trajectory import Trajectory
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
-from rlinf_like.runners.common import plot_series, write_json_atomic
+from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
@@ -35,7 +35,7 @@ from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
 
 CHECKPOINT = "checkpoint"
-WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, tagged with its iteration
+WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, inside each step directory
 
 
 def check_config(cfg: EmbodiedConfig) -> None:
@@ -103,6 +103,7 @@ class EmbodiedRunner:
         chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)
         self.envs_total = cfg.env.num_envs * n_env
+        write_worker_pids(self.out, {"env": self.env, "rollout": self.rollout, "actor": self.actor})
 
     def _sync_weights(self) -> None:
         self.version += 1
@@ -131,14 +132,15 @@ class EmbodiedRunner:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> dict:
         r = self.cfg.runner
-        resume = r.resume and (self.out / CHECKPOINT / "runner.json").exists()
-        state = json.loads((self.out / CHECKPOINT / "runner.json").read_text()) if resume else {}
-        workers = self._saved_workers(state) if resume else None
+        checkpoints = Checkpoints(self.out / CHECKPOINT)
+        resume = r.resume and checkpoints.exists()
+        path, state = checkpoints.latest() if resume else (None, {})
+        workers = self._saved_workers(path) if resume else None
         with Cluster(self.cfg.cluster) as cluster:
             # without saved env state, a resumed run's envs start fresh episodes from other seeds
             self._launch(cluster, r.seed + (0 if workers or not resume else 100_003 * state["iteration"]))
             if resume:
-                self._restore(state, workers)
+                self._restore(path, state, workers)
             else:
                 self._sync_weights()
             per_update = r.steps_per_rollout * self.envs_total
@@ -169,27 +171,24 @@ class EmbodiedRunner:
 
     # --- checkpoints ------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        path = self.out / CHECKPOINT
+        checkpoints = Checkpoints(self.out / CHECKPOINT)
+        path = checkpoints.step_dir(self.iteration)
         self.actor.save(str(path / "actor")).wait()
-        workers = {"iteration": self.iteration, "env": self.env.get_state().wait(),
-                   "rollout_rng": self.rollout.rng_state().wait()}
-        tmp = path / f"{WORKER_STATE}.tmp"
-        tmp.write_bytes(pickle.dumps(workers))
-        tmp.replace(path / WORKER_STATE)
-        write_json_atomic(path / "runner.json", {"iteration": self.iteration, "env_steps": self.env_steps,
-                                                 "version": self.version, "clock": self.clock,
-                                                 "history": self.history})
+        workers = {"env": self.env.get_state().wait(), "rollout_rng": self.rollout.rng_state().wait()}
+        (path / WORKER_STATE).write_bytes(pickle.dumps(workers))
+        crash_point("checkpoint", self.iteration)  # fault tests: the workers' state written, not yet committed
+        checkpoints.commit(self.iteration, {"iteration": self.iteration, "env_steps": self.env_steps,
+                                            "version": self.version, "clock": self.clock, "history": self.history})
 
-    def _saved_workers(self, state: dict) -> dict | None:
-        file = self.out / CHECKPOINT / WORKER_STATE
-        workers = pickle.loads(file.read_bytes()) if file.exists() else None
-        if workers is None or workers["iteration"] != state["iteration"]:
-            print(f"no env state for update {state['iteration']} in {file}: the envs start fresh episodes")
+    @staticmethod
+    def _saved_workers(path: Path) -> dict | None:
+        file = path / WORKER_STATE
+        if not file.exists():
+            print(f"no env state in {path}: the envs start fresh episodes")
             return None
-        return workers
+        return pickle.loads(file.read_bytes())
 
-    def _restore(self, state: dict, workers: dict | None) -> None:
-        path = self.out / CHECKPOINT
+    def _restore(self, path: Path, state: dict, workers: dict | None) -> None:
         self.actor.load(str(path / "actor")).wait()
         if workers is not None:
             wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +

@@ -33,7 +33,7 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.common import plot_series, write_json_atomic
+from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, PlacementMode, connect_groups, wait_all
 from rlinf_like.scheduler.dynamic import SCHEDULES
@@ -164,7 +164,7 @@ class ReasoningRunner:
 
     def _launch(self, cluster: Cluster) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
-        placement = cluster.place(known_components=COMPONENTS)
+        placement = cluster.place(cfg.cluster.component_placement, known_components=COMPONENTS)
         optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0),
                      "critic": ("algorithm.advantage=gae", a.advantage == "gae")}
         needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
@@ -202,6 +202,8 @@ class ReasoningRunner:
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
         plan = SyncPlan.build(src, dst, "actor", "rollout")
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
+        write_worker_pids(self.out, {"actor": self.actor, "critic": self.critic, "rollout": self.rollout,
+                                     "reward": self.reward, "reference": self.reference})
 
     # --- phases -----------------------------------------------------------------------------------------
     def _trainers(self) -> list:
@@ -318,7 +320,7 @@ class ReasoningRunner:
         r = self.cfg.runner
         with Cluster(self.cfg.cluster) as cluster:
             self._launch(cluster)
-            if r.resume and (self.out / CHECKPOINT / "runner.json").exists():
+            if r.resume and Checkpoints(self.out / CHECKPOINT).exists():
                 self._restore()
             else:
                 self.warm_start()
@@ -372,15 +374,15 @@ class ReasoningRunner:
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        path = self.out / CHECKPOINT
+        checkpoints = Checkpoints(self.out / CHECKPOINT)
+        path = checkpoints.step_dir(self.step)
         wait_all([self.actor.save(str(path / "actor"))]
                  + ([self.critic.save(str(path / "critic"))] if self.critic is not None else []))
-        state = {"step": self.step, "version": self.version, "history": self.history}
-        write_json_atomic(path / "runner.json", state)  # flips only after the actor state is complete
+        crash_point("checkpoint", self.step)  # fault tests: the workers' state written, not yet committed
+        checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history})
 
     def _restore(self) -> None:
-        path = self.out / CHECKPOINT
-        state = json.loads((path / "runner.json").read_text())
+        path, state = Checkpoints(self.out / CHECKPOINT).latest()
         wait_all([self.actor.load(str(path / "actor"))]
                  + ([self.critic.load(str(path / "critic"))] if self.critic is not None else []))
         self.step, self.version, self.history = state["step"], state["version"], state["history"]

@@ -12,6 +12,7 @@ import os
 import sys
 import sysconfig
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -97,6 +98,8 @@ class Cluster:
         self.is_local = not address
         ray.init(**init_kwargs)
         self._reservations: dict[tuple[str, int], PlacementGroup] = {}
+        # names this driver's actors and placement groups, so that two runs can share one Ray cluster
+        self.run_id = uuid.uuid4().hex[:8]
         self.nodes = self._wait_for_nodes()
         self.devices = self._enumerate_devices(self.nodes)
         log.info("cluster: %s", self.describe())
@@ -176,7 +179,7 @@ class Cluster:
             pg = placement_group(
                 [bundle],
                 strategy="STRICT_PACK",
-                name=f"{self.config.namespace}-{device.kind}{device.index}",
+                name=f"{self.config.namespace}-{self.run_id}-{device.kind}{device.index}",
                 bundle_label_selector=[{NODE_ID_LABEL: device.node_id}],
             )
             try:

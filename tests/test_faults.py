@@ -1,0 +1,211 @@
+"""Faults at runner level, through the example scripts as a user runs them (each run a subprocess with
+its own local Ray): the driver killed in the middle of a save, a worker killed in the middle of a step.
+Each time the run stops, the last complete checkpoint is intact, and resuming continues from it."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from rlinf_like.runners.common import CRASH_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+GRPO = ROOT / "examples" / "reasoning" / "main_grpo.py"
+EMBODIED = ROOT / "examples" / "embodied" / "main_embodied.py"
+# the smallest run that still trains: 3 processes (actor | rollout + reward), on-policy so that a resumed
+# run can equal an uninterrupted one, no SFT; the entropy bonus gives a gradient while every reward is 0
+SMALL = ["task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32", "model.intermediate_size=64",
+         "model.num_heads=2", "model.num_kv_heads=1"]
+TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runner.sft_steps=0", *SMALL,
+             "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_new_tokens=8",
+             "runner.micro_batch_size=8", "algorithm.entropy_coef=0.01", "runner.max_steps=8", "runner.save_every=2",
+             "runner.eval_every=100"]
+
+
+def start(script: Path, out: Path, *overrides: str, crash_at: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
+    env.pop(CRASH_ENV, None)
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out.parent / f"{out.name}.{time.monotonic_ns()}.log", "w+")  # a file: a full pipe cannot block it
+    proc = subprocess.Popen([sys.executable, str(script), *overrides, f"runner.output_dir={out}"], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log = log
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+    proc.wait(timeout=timeout)
+    with proc.log:
+        proc.log.seek(0)
+        return proc.log.read()
+
+
+def runner_state(out: Path) -> dict:
+    return json.loads((out / "checkpoint" / "runner.json").read_text())
+
+
+def wait_until_gone(pids: list[int], timeout: float = 30) -> list[int]:
+    """The pids still alive after `timeout` (zombies count as gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists()
+                 and ") Z" not in Path(f"/proc/{p}/stat").read_text()]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def same_tensors(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def actor_state(checkpoint: Path, tmp: Path) -> dict:
+    """An actor checkpoint's weights, optimizer state, scheduler, step and RNG, in one process."""
+    single = tmp / f"{checkpoint.parent.name}-{time.monotonic_ns()}.pt"
+    dcp_to_torch_save(checkpoint / "dcp", single)
+    state = torch.load(single, weights_only=False)
+    return {**state, "extra": torch.load(checkpoint / "extra_rank0.pt", weights_only=False)}
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:  # a failed assertion must not leave a run (and its Ray) behind
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.timeout(900)  # ~1 min on a quiet 2-core machine; the bound is for a heavily shared one
+def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(tmp_path, procs):
+    run, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoint"
+    # 1. the driver dies (SIGKILL) after the actor wrote step 4's state, before runner.json names it
+    procs.append(crashed := start(GRPO, run, *TINY_GRPO, crash_at="checkpoint:4"))
+    log = finish(crashed)
+    assert crashed.returncode == -signal.SIGKILL, log[-3000:]
+    committed = runner_state(run)
+    assert (committed["step"], committed["checkpoint"]) == (2, "step_2")  # the previous complete checkpoint
+    assert [h["step"] for h in committed["history"]] == [0, 1, 2]
+    assert (ckpt / "step_2" / "actor").is_dir() and (ckpt / "step_4" / "actor").is_dir()  # 4: never committed
+    shutil.copytree(ckpt / "step_4", tmp_path / "uncommitted_step_4")  # what an uninterrupted run has at step 4
+    shutil.copytree(ckpt / "step_2", tmp_path / "step_2")
+    workers = [p for ps in json.loads((run / "workers.json").read_text()).values() for p in ps]
+    assert not wait_until_gone(workers)  # the dead driver's workers went with it
+
+    # 2. resumed from step 2; once step 4 is committed, the actor's process is SIGKILLed during step 5
+    procs.append(resumed := start(GRPO, run, *TINY_GRPO, "runner.resume=true"))
+    while resumed.poll() is None and runner_state(run)["step"] < 4:
+        time.sleep(0.02)
+    assert resumed.poll() is None, finish(resumed)[-3000:]  # still running, in step 5 or later
+    actor_pid = json.loads((run / "workers.json").read_text())["actor"][0]
+    assert actor_pid not in workers
+    os.kill(actor_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    log = finish(resumed, timeout=120)  # no hang
+    stopped_after = time.monotonic() - killed_at
+    print(f"the run stopped {stopped_after:.1f} s after its actor was killed")
+    assert "resumed at step 2" in log, log[-3000:]
+    assert resumed.returncode not in (0, -signal.SIGKILL), log[-3000:]
+    assert "WorkerDiedError" in log and "actor[rank 0]" in log, log[-3000:]  # the error names the worker
+    assert stopped_after < 60, stopped_after  # seconds in practice: Ray reports the death, the driver exits
+    at_kill = runner_state(run)
+    assert (at_kill["step"], at_kill["checkpoint"]) == (4, "step_4")  # intact
+    assert at_kill["history"][:3] == committed["history"]
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_4"]  # the older and the partial ones are gone
+    # steps 3-4 replayed from the step-2 checkpoint end bit-identical to the crashed run's own steps 3-4:
+    # weights, Adam moments, scheduler, step counter and RNG were all restored
+    replayed, original = actor_state(ckpt / "step_4" / "actor", tmp_path), \
+        actor_state(tmp_path / "uncommitted_step_4" / "actor", tmp_path)
+    assert replayed["extra"]["step"] == 4 and same_tensors(replayed, original)
+    before = actor_state(tmp_path / "step_2" / "actor", tmp_path)
+    assert not same_tensors(before["model"], replayed["model"])  # steps 3-4 did change the weights
+
+    # 3. resumed from step 4 to the end, the history continuous
+    procs.append(final := start(GRPO, run, *TINY_GRPO, "runner.resume=true"))
+    log = finish(final)
+    assert final.returncode == 0 and "resumed at step 4" in log, log[-3000:]
+    history = runner_state(run)["history"]
+    assert history[:5] == at_kill["history"] and [h["step"] for h in history] == list(range(9))
+    assert all(h["grad_norm"] > 0 and h["skipped"] == 0 for h in history[1:])
+
+
+@pytest.mark.timeout(600)
+def test_embodied_run_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, procs):
+    run = tmp_path / "run"
+    cartpole = ["env=cartpole", "runner.steps_per_rollout=32", "env.num_envs=4", "runner.save_every=1",
+                "runner.total_env_steps=384"]  # 3 updates of 128 env steps
+    procs.append(crashed := start(EMBODIED, run, *cartpole, crash_at="checkpoint:2"))
+    log = finish(crashed)
+    assert crashed.returncode == -signal.SIGKILL, log[-3000:]
+    committed = runner_state(run)
+    assert (committed["iteration"], committed["checkpoint"]) == (1, "step_1")
+    assert (run / "checkpoint" / "step_2" / "actor").is_dir()  # written, never committed
+    procs.append(resumed := start(EMBODIED, run, *cartpole, "runner.resume=true"))
+    log = finish(resumed)
+    assert resumed.returncode == 0 and "resumed at update 1 (128 env steps)" in log, log[-3000:]
+    state = runner_state(run)
+    assert [h["iteration"] for h in state["history"]] == [1, 2, 3] and state["env_steps"] == 384
+    assert state["history"][0] == committed["history"][0]  # kept from the checkpoint, not recomputed
+    assert sorted(p.name for p in (run / "checkpoint").glob("step_*")) == ["step_3"]
+
+
+def compose_grpo(*overrides: str):
+    """What main_grpo.py does before the runner starts: hydra composes the preset over the schema."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config import structure
+    from rlinf_like.runners.config import ReasoningConfig
+
+    ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+    with initialize_config_dir(str(GRPO.parent / "config"), version_base="1.3"):
+        return structure(ReasoningConfig, compose("grpo_collocated", list(overrides)))
+
+
+def test_a_wrongly_typed_value_is_named():
+    # hydra checks override types against the schema: the message names the override and the type wanted
+    for override, wanted in (("runner.max_steps=ten", "Integer"), ("runner.resume=maybe", "not a valid bool"),
+                             ("algorithm.lr=fast", "Float")):
+        with pytest.raises(Exception) as err:
+            compose_grpo(override)
+        message = f"{err.value}: {err.value.__cause__}"
+        assert f"Error merging override {override}" in message and wanted in message, message
+        assert f"full_key: {override.split('=')[0]}" in message
+
+
+@pytest.mark.parametrize("placement,overrides,error", [
+    ({"actor": "0-3", "rollout": "0-1", "reward": "0"}, [],
+     r"component 'actor': range '0-3' uses cpu devices \[2, 3\], but the cluster has 2 cpu device\(s\) \(valid: 0-1\)"),
+    ({"actor": "0", "rollout,reward": "1"}, ["algorithm.advantage=gae"],
+     r"places no \['critic'\] \(critic: with algorithm.advantage=gae\)"),
+    (None, ["runner.prompts_per_step=3", "algorithm.samples_per_prompt=1"],
+     r"= 3 rows per step do not divide by actor ranks \(2\) x algorithm.mini_batches \(1\)"),
+])
+def test_impossible_placements_and_batch_splits_fail_before_any_worker_starts(cluster, tmp_path, placement,
+                                                                               overrides, error):
+    from rlinf_like.runners.reasoning import ReasoningRunner
+
+    cfg = compose_grpo(f"runner.output_dir={tmp_path}", *SMALL, *overrides)
+    cfg.cluster.component_placement = placement or cfg.cluster.component_placement
+    runner = ReasoningRunner(cfg)
+    with pytest.raises(ValueError, match=error):
+        runner._launch(cluster)  # on the test session's 2-CPU Ray
+    assert not hasattr(runner, "actor") and not (tmp_path / "workers.json").exists()  # nothing launched
