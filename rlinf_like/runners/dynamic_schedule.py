@@ -29,7 +29,7 @@ import torch
 from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.runners.reasoning import ReasoningRunner, check_finite
-from rlinf_like.scheduler import Channel, Cluster, PlacementMode, wait_all
+from rlinf_like.scheduler import Channel, Cluster, PlacementMode
 from rlinf_like.scheduler.dynamic import DeviceScheduler, check_schedule
 from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
