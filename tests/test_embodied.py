@@ -1,7 +1,8 @@
 """Embodied RL: the env interface on real simulators, GAE over episode segments, the wire format,
 the env worker's named errors, and the runner end to end through the hydra example (subprocesses:
 each run starts its own local Ray): return goes up on CartPole, resume continues, and pipeline
-mode (2 env stages overlapping inference) produces exactly the sequential run's data."""
+mode (2 env stages overlapping inference) and envs stepped inside the rollout worker
+(`runner.env_in_rollout`) produce exactly the sequential run's data."""
 
 import json
 import os
@@ -101,20 +102,25 @@ def history(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cartpole_runs(tmp_path_factory) -> dict:
-    """Three runs of the hydra example, each with its own local Ray (the costly part is starting one,
+    """Four runs of the hydra example, each with its own local Ray (the costly part is starting one,
     not the PPO updates): sequential 6 updates, then resumed for 2 more; pipelined 2 updates, started
-    alongside the first so the two startups overlap."""
+    alongside the first, and 2 updates with the envs inside the rollout worker, alongside the resume,
+    so the startups overlap."""
     root = tmp_path_factory.mktemp("cartpole")
-    seq, piped = root / "seq", root / "pipe"
+    seq, piped, local = root / "seq", root / "pipe", root / "local"
     # 6 updates of 8 envs x 64 steps
     first = launch_main(seq, root / "seq.log", *CARTPOLE, "runner.total_env_steps=3072")
     pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
     finish(first, root / "seq.log")
     runs = history(seq)
     resume = launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true")
+    inside = launch_main(local, root / "local.log", *CARTPOLE, "runner.total_env_steps=1024",
+                         "runner.env_in_rollout=true")
     again = finish(resume, root / "resume.log")
     finish(pipe, root / "pipe.log")
-    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped)}
+    finish(inside, root / "local.log")
+    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped),
+            "local": history(local)}
 
 
 def test_ppo_on_cartpole_learns(cartpole_runs):
@@ -144,6 +150,16 @@ def test_pipeline_gives_the_sequential_runs_data(cartpole_runs):
         assert a["value_loss"] == pytest.approx(b["value_loss"], rel=1e-4)
 
 
+def test_envs_inside_the_rollout_give_the_sequential_runs_data(cartpole_runs):
+    # no env workers, no wire: the rollout steps the same seeded envs in its process, same sampling order
+    local, runs = cartpole_runs["local"], cartpole_runs["runs"]
+    assert [h["iteration"] for h in local] == [1, 2]
+    for a, b in zip(local, runs[:2]):
+        assert a["episodes"] == b["episodes"] and a["env_steps"] == b["env_steps"]
+        assert a["episode_return"] == pytest.approx(b["episode_return"], rel=1e-6)
+        assert a["value_loss"] == pytest.approx(b["value_loss"], rel=1e-4)
+
+
 def test_bad_config_fails_before_launch(tmp_path):
     # in-process, the same calls main_embodied.py makes before hydra composes / before any worker starts
     from hydra import compose, initialize_config_dir
@@ -160,4 +176,7 @@ def test_bad_config_fails_before_launch(tmp_path):
         cfg = compose("embodied", ["env=cartpole", "env.num_envs=5", "runner.pipeline=true",
                                    f"runner.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match="env.num_envs=5 must be even"):
+        EmbodiedRunner(structure(EmbodiedConfig, cfg))
+    cfg.env.num_envs, cfg.runner.env_in_rollout = 4, True
+    with pytest.raises(ValueError, match="runner.env_in_rollout=true has none"):
         EmbodiedRunner(structure(EmbodiedConfig, cfg))
