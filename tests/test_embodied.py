@@ -1,8 +1,8 @@
 """Embodied RL: the env interface on real simulators, GAE over episode segments, the wire format,
 the env worker's named errors, and the runner end to end through the hydra example (subprocesses:
 each run starts its own local Ray): return goes up on CartPole, resume continues, and pipeline
-mode (2 env stages overlapping inference) and envs stepped inside the rollout worker
-(`runner.env_in_rollout`) produce exactly the sequential run's data."""
+mode (2 env stages overlapping inference) produces exactly the sequential run's data; a rollout
+worker stepping its envs in its own process (`runner.env_in_rollout`) reads the wire's messages."""
 
 import json
 import os
@@ -19,6 +19,7 @@ from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.scheduler import WorkerError
 from rlinf_like.workers.env import EnvWorker
 from rlinf_like.workers.env.link import step_layout, step_message
+from rlinf_like.workers.env.local import LocalEnvLink
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "examples" / "embodied" / "main_embodied.py"
@@ -57,6 +58,31 @@ def test_invalid_actions_name_the_env_worker(cluster):
             assert words in str(err.value)
     finally:
         group.shutdown()
+
+
+def test_local_env_link_gives_the_wires_messages():
+    # runner.env_in_rollout: the rollout's loop reads LocalEnvLink as it reads the wire, so every message
+    # must equal what an env worker sends (packed and unpacked), across collects, with the same episodes
+    cfg = EnvConfig(id="CartPole-v1", num_envs=4)
+    link, env = LocalEnvLink(cfg, seed=3, name="envs in test"), make_env(cfg)
+    layout, obs, rng, episodes = step_layout(env.obs_spec, 4), env.reset(3), np.random.default_rng(0), []
+
+    def same(got, sent):
+        want = layout.unpack(layout.pack(sent))
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+    same(link.recv(), step_message(obs, None, 4))  # a collect starts with the observation alone
+    for _ in range(40):
+        actions = rng.integers(0, 2, 4).astype(np.float64)
+        link.send(None, {"actions": actions})
+        result = env.step(actions)
+        episodes += result.episodes
+        same(link.recv(), step_message(result.obs, result, 4))
+    same(link.recv(), step_message(result.obs, None, 4))  # the next collect starts where this one ended
+    assert len(episodes) > 0 and link.take_stats()["episodes"] == episodes
+    assert link.take_stats() == {"episodes": [], "env_busy_s": 0.0, "env_steps": 0}
 
 
 def test_episode_gae_cuts_at_episode_ends_and_bootstraps():
@@ -102,25 +128,20 @@ def history(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cartpole_runs(tmp_path_factory) -> dict:
-    """Four runs of the hydra example, each with its own local Ray (the costly part is starting one,
+    """Three runs of the hydra example, each with its own local Ray (the costly part is starting one,
     not the PPO updates): sequential 6 updates, then resumed for 2 more; pipelined 2 updates, started
-    alongside the first, and 2 updates with the envs inside the rollout worker, alongside the resume,
-    so the startups overlap."""
+    alongside the first so the two startups overlap."""
     root = tmp_path_factory.mktemp("cartpole")
-    seq, piped, local = root / "seq", root / "pipe", root / "local"
+    seq, piped = root / "seq", root / "pipe"
     # 6 updates of 8 envs x 64 steps
     first = launch_main(seq, root / "seq.log", *CARTPOLE, "runner.total_env_steps=3072")
     pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
     finish(first, root / "seq.log")
     runs = history(seq)
     resume = launch_main(seq, root / "resume.log", *CARTPOLE, "runner.total_env_steps=4096", "runner.resume=true")
-    inside = launch_main(local, root / "local.log", *CARTPOLE, "runner.total_env_steps=1024",
-                         "runner.env_in_rollout=true")
     again = finish(resume, root / "resume.log")
     finish(pipe, root / "pipe.log")
-    finish(inside, root / "local.log")
-    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped),
-            "local": history(local)}
+    return {"seq": seq, "runs": runs, "resumed": history(seq), "resume_log": again, "piped": history(piped)}
 
 
 def test_ppo_on_cartpole_learns(cartpole_runs):
@@ -146,16 +167,6 @@ def test_pipeline_gives_the_sequential_runs_data(cartpole_runs):
     piped, runs = cartpole_runs["piped"], cartpole_runs["runs"]
     assert [h["iteration"] for h in piped] == [1, 2]
     for a, b in zip(piped, runs[:2]):
-        assert a["episode_return"] == pytest.approx(b["episode_return"], rel=1e-6)
-        assert a["value_loss"] == pytest.approx(b["value_loss"], rel=1e-4)
-
-
-def test_envs_inside_the_rollout_give_the_sequential_runs_data(cartpole_runs):
-    # no env workers, no wire: the rollout steps the same seeded envs in its process, same sampling order
-    local, runs = cartpole_runs["local"], cartpole_runs["runs"]
-    assert [h["iteration"] for h in local] == [1, 2]
-    for a, b in zip(local, runs[:2]):
-        assert a["episodes"] == b["episodes"] and a["env_steps"] == b["env_steps"]
         assert a["episode_return"] == pytest.approx(b["episode_return"], rel=1e-6)
         assert a["value_loss"] == pytest.approx(b["value_loss"], rel=1e-4)
 
