@@ -76,7 +76,8 @@ class PolicyRolloutWorker(Worker):
         their specs. `collect` then also returns what an env worker's would (episodes, env_busy_s)."""
         link = LocalEnvLink(config, seed + self.rank * config.num_envs, f"envs in {self.name}")
         if link.specs()["obs_spec"] != self.obs_spec:
-            raise ValueError(f"{self.name}: attached envs give {link.specs()['obs_spec']}, the policy takes {self.obs_spec}")
+            raise ValueError(f"{self.name}: attached envs give {link.specs()['obs_spec']}, "
+                             f"the policy takes {self.obs_spec}")
         self._links = [link]
         return link.specs()
 
