@@ -2,12 +2,18 @@
 
 Same env (gymnasium Reacher-v5, 8 envs, env i seeded with seed + i), same env-step budget, same
 PPO settings: 256 steps per env per update (2048 samples), 10 epochs x 32 mini-batches of 64,
-lr 3e-4, Adam eps 1e-5, gamma 0.99, GAE lambda 0.95, clip 0.2, no value clipping, vf_coef 0.5,
-no entropy bonus, grad-norm clip 0.5, advantages normalized per mini-batch, separate tanh
-[64, 64] actor and critic with a state-independent log std starting at 0 (SB3's MlpPolicy
-default, which our `policy=mlp` preset copies). Ours runs the hydra example's Reacher preset (env
-worker on one core, rollout + actor on the other, one thread each); SB3 runs in one process with
-one torch thread. Both clocks exclude startup (our Ray launch; SB3's model construction).
+lr 3e-4, Adam eps 1e-5, gamma 0.99, GAE lambda 0.95, clip 0.2, no value clipping, the critic's
+squared error weighted 0.5 (SB3: vf_coef 0.5 x MSE; ours: vf_coef 1.0 x our value_loss, which is
+0.5 x MSE), no entropy bonus, grad-norm clip 0.5, advantages normalized per mini-batch, separate
+tanh [64, 64] actor and critic with a state-independent log std starting at 0 (SB3's MlpPolicy
+default, which our `policy=mlp` preset copies), actions sampled unclipped and clipped to the bounds
+only for the env, time-limit truncations bootstrapped from V(final obs) on both sides, no obs
+normalization on either. Ours runs the hydra example's Reacher preset: the rollout worker steps the
+8 envs in its own process (`runner.env_in_rollout`, as SB3's DummyVecEnv does; no env worker, no
+per-step handoff between processes) and the actor trains in another; one thread each. The actor's
+FSDPModelManager keeps a single fp32 rank a plain module (no FSDP/DTensor overhead per step). SB3
+runs in one process with one torch thread. Both clocks exclude startup (our Ray launch; SB3's model
+construction) but include each side's first update.
 
 The mean return of an update is the mean over the episodes that finished in its 2048 steps,
 smoothed over 3 updates. The target is the lower of the two sides' best smoothed returns (so both

@@ -2,7 +2,8 @@
 the env worker's named errors, and the runner end to end through the hydra example (subprocesses:
 each run starts its own local Ray): return goes up on CartPole, resume continues, and pipeline
 mode (2 env stages overlapping inference) produces exactly the sequential run's data; env state
-save/restore continues bit-exactly on every adapter."""
+save/restore continues bit-exactly on every adapter; a rollout worker stepping its envs in its own
+process (`runner.env_in_rollout`) reads the wire's messages."""
 
 import json
 import os
@@ -20,6 +21,7 @@ from rlinf_like.envs.render import ensure_gl
 from rlinf_like.scheduler import WorkerError
 from rlinf_like.workers.env import EnvWorker
 from rlinf_like.workers.env.link import step_layout, step_message
+from rlinf_like.workers.env.local import LocalEnvLink
 
 ensure_gl()  # at collection, before any test imports MuJoCo (it picks its GL backend once)
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +94,31 @@ def test_invalid_actions_name_the_env_worker(cluster):
             assert words in str(err.value)
     finally:
         group.shutdown()
+
+
+def test_local_env_link_gives_the_wires_messages():
+    # runner.env_in_rollout: the rollout's loop reads LocalEnvLink as it reads the wire, so every message
+    # must equal what an env worker sends (packed and unpacked), across collects, with the same episodes
+    cfg = EnvConfig(id="CartPole-v1", num_envs=4)
+    link, env = LocalEnvLink(cfg, seed=3, name="envs in test"), make_env(cfg)
+    layout, obs, rng, episodes = step_layout(env.obs_spec, 4), env.reset(3), np.random.default_rng(0), []
+
+    def same(got, sent):
+        want = layout.unpack(layout.pack(sent))
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+    same(link.recv(), step_message(obs, None, 4))  # a collect starts with the observation alone
+    for _ in range(40):
+        actions = rng.integers(0, 2, 4).astype(np.float64)
+        link.send(None, {"actions": actions})
+        result = env.step(actions)
+        episodes += result.episodes
+        same(link.recv(), step_message(result.obs, result, 4))
+    same(link.recv(), step_message(result.obs, None, 4))  # the next collect starts where this one ended
+    assert len(episodes) > 0 and link.take_stats()["episodes"] == episodes
+    assert link.take_stats() == {"episodes": [], "env_busy_s": 0.0, "env_steps": 0}
 
 
 def test_episode_gae_cuts_at_episode_ends_and_bootstraps():
@@ -211,6 +238,9 @@ def test_bad_config_fails_before_launch(tmp_path):
         cfg = compose("embodied", ["env=cartpole", "env.num_envs=5", "runner.pipeline=true",
                                    f"runner.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match="env.num_envs=5 must be even"):
+        EmbodiedRunner(structure(EmbodiedConfig, cfg))
+    cfg.env.num_envs, cfg.runner.env_in_rollout = 4, True
+    with pytest.raises(ValueError, match="runner.env_in_rollout=true has none"):
         EmbodiedRunner(structure(EmbodiedConfig, cfg))
 
 

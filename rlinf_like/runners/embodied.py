@@ -5,10 +5,13 @@ wire (see workers/env/worker.py); each rollout rank puts its `Trajectory` on a c
 actor, already waiting on that channel, trains as soon as they arrive (GAE, PPO epochs and
 mini-batches), then publishes the new weights to the rollout. `runner.pipeline=true` splits each
 env worker's envs into 2 stages, so the simulator steps one while the policy infers the other.
-Checkpoints: actor state (DCP), then the env workers' state (sims, RNGs, episode counters, current
-obs) with the rollout's sampling RNG, then the runner state, each written atomically; resume
-continues exactly where the checkpoint was taken (the same episodes, actions and losses as an
-uninterrupted run). A checkpoint without the env state (older runs) resumes with fresh episodes.
+`runner.env_in_rollout=true` has no env workers: each rollout rank steps its envs in its own process
+(`workers/env/local.py`), for simulators cheaper than a per-step handoff between processes.
+Checkpoints: actor state (DCP), then the env state (sims, RNGs, episode counters, current obs; in
+the env workers, or in the rollout ranks with `env_in_rollout`) with the rollout's sampling RNG,
+then the runner state, committed atomically; resume continues exactly where the checkpoint was
+taken (the same episodes, actions and losses as an uninterrupted run). A checkpoint without the env
+state resumes with fresh episodes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from rlinf_like.data.trajectory import Trajectory
+from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
@@ -36,6 +40,16 @@ from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
 
 CHECKPOINT = "checkpoint"
 WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, inside each step directory
+
+
+def env_specs(config: EnvConfig) -> dict:
+    """The specs an env worker would report, from one env made here (for `runner.env_in_rollout`)."""
+    env = make_env(config, 1, "env specs")
+    try:
+        return {"obs_spec": env.obs_spec, "action_spec": env.action_spec, "envs_per_stage": config.num_envs,
+                "stages": 1}
+    finally:
+        env.close()
 
 
 def check_config(cfg: EmbodiedConfig) -> None:
@@ -53,6 +67,9 @@ def check_config(cfg: EmbodiedConfig) -> None:
                        "algorithm.mini_batches": a.mini_batches, "runner.save_every": r.save_every}.items():
         if value <= 0:
             raise ValueError(f"{key} must be > 0, got {value}")
+    if r.pipeline and r.env_in_rollout:
+        raise ValueError("runner.pipeline=true overlaps env workers with the rollout; runner.env_in_rollout=true "
+                         "has none: set one of them to false")
     if r.pipeline and cfg.env.num_envs % 2:
         raise ValueError(f"runner.pipeline=true splits each env worker's envs in 2 stages: env.num_envs="
                          f"{cfg.env.num_envs} must be even")
@@ -71,28 +88,34 @@ class EmbodiedRunner:
     def _launch(self, cluster: Cluster, seed: int) -> None:
         cfg = self.cfg
         placement = cluster.place(known_components=COMPONENTS)
-        missing = [c for c in COMPONENTS if c not in placement.components]
+        needed = [c for c in COMPONENTS if c != "env" or not cfg.runner.env_in_rollout]
+        missing = [c for c in needed if c not in placement.components]
         if missing:
             raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
         print(placement.describe())
         self.stages = 2 if cfg.runner.pipeline else 1
-        self.env = EnvWorker.create_group(cfg.env, self.stages, seed).launch(cluster, placement, "env",
-                                                                             init_process_group=False)
-        specs = self.env.on_ranks(0).specs().wait()[0]
+        if cfg.runner.env_in_rollout:  # the envs live in the rollout ranks: no env group, no wire
+            self.env, specs = None, env_specs(cfg.env)
+        else:
+            self.env = EnvWorker.create_group(cfg.env, self.stages, seed).launch(cluster, placement, "env",
+                                                                                 init_process_group=False)
+            specs = self.env.on_ranks(0).specs().wait()[0]
         self.specs = specs
         self.rollout = PolicyRolloutWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"],
                                                         cfg.runner.seed).launch(cluster, placement, "rollout")
+        if self.env is None:
+            self.rollout.attach_envs(cfg.env, seed).wait()
         a = cfg.algorithm
         ppo = PPOConfig(**{k: getattr(a, k) for k in PPOConfig.__dataclass_fields__})
         fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm))
         self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"], ppo, fsdp,
                                                       cfg.runner.seed).launch(cluster, placement, "actor")
-        # env <-> rollout wire: env rank e talks to rollout rank e % rollout ranks
-        connect_groups(self.env, self.rollout, "env_wire")
-        n_env, n_roll = self.env.world_size, self.rollout.world_size
-        wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
-                 [self.rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll)))
-                  for r in range(n_roll)])
+        if self.env is not None:  # env <-> rollout wire: env rank e talks to rollout rank e % rollout ranks
+            connect_groups(self.env, self.rollout, "env_wire")
+            n_env, n_roll = self.env.world_size, self.rollout.world_size
+            wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
+                     [self.rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll)))
+                      for r in range(n_roll)])
         connect_groups(self.actor, self.rollout, "weights")
         [src] = self.actor.on_ranks(0).weight_layouts().wait()
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
@@ -102,7 +125,7 @@ class EmbodiedRunner:
         action = specs["action_spec"]
         chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)
-        self.envs_total = cfg.env.num_envs * n_env
+        self.envs_total = cfg.env.num_envs * (self.rollout if self.env is None else self.env).world_size
         write_worker_pids(self.out, {"env": self.env, "rollout": self.rollout, "actor": self.actor})
 
     def _sync_weights(self) -> None:
@@ -113,9 +136,12 @@ class EmbodiedRunner:
     def _iterate(self) -> dict[str, float]:
         r, start = self.cfg.runner, time.perf_counter()
         train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size)  # waits for data
-        env_out, roll_out = wait_all([self.env.collect(r.steps_per_rollout, self.action_shape),
-                                      self.rollout.collect(r.steps_per_rollout, self.stages, self.specs["envs_per_stage"],
-                                                           self.action_shape, self.channel.name)])
+        rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs["envs_per_stage"],
+                                       self.action_shape, self.channel.name)
+        if self.env is None:  # the rollout ranks stepped the envs and report what env workers would
+            env_out = roll_out = rollout.wait()
+        else:
+            env_out, roll_out = wait_all([self.env.collect(r.steps_per_rollout, self.action_shape), rollout])
         collect_s = time.perf_counter() - start
         metrics = train.wait()[0]
         train_s = time.perf_counter() - start - collect_s
@@ -174,7 +200,8 @@ class EmbodiedRunner:
         checkpoints = Checkpoints(self.out / CHECKPOINT)
         path = checkpoints.step_dir(self.iteration)
         self.actor.save(str(path / "actor")).wait()
-        workers = {"env": self.env.get_state().wait(), "rollout_rng": self.rollout.rng_state().wait()}
+        workers = {"env": self.env.get_state().wait() if self.env is not None else [],
+                   "rollout_rng": self.rollout.rng_state().wait()}
         (path / WORKER_STATE).write_bytes(pickle.dumps(workers))
         crash_point("checkpoint", self.iteration)  # fault tests: the workers' state written, not yet committed
         checkpoints.commit(self.iteration, {"iteration": self.iteration, "env_steps": self.env_steps,
@@ -191,7 +218,7 @@ class EmbodiedRunner:
     def _restore(self, path: Path, state: dict, workers: dict | None) -> None:
         self.actor.load(str(path / "actor")).wait()
         if workers is not None:
-            wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +
+            wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +  # [] without env workers
                      [self.rollout.on_ranks(i).set_rng_state(s) for i, s in enumerate(workers["rollout_rng"])])
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.version, self.clock, self.history = state["version"], state["clock"], state["history"]

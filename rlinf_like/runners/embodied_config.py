@@ -24,6 +24,7 @@ class EmbodiedRunnerConfig:
     total_env_steps: int = 100_000
     steps_per_rollout: int = 128  # T: steps per env per PPO update
     pipeline: bool = False  # each env worker splits its envs into 2 stages that overlap with inference
+    env_in_rollout: bool = False  # no env workers: each rollout rank steps env.num_envs envs in its own process
     save_every: int = 10  # PPO updates between checkpoints
     resume: bool = False
     output_dir: str = "runs/embodied"

@@ -4,6 +4,12 @@ Runs inside a worker whose default process group is initialized (gloo on CPU, NC
 Every nn.ModuleList item (e.g. HF decoder layers) becomes its own FSDP unit, then the root.
 bf16 compute with fp32 gradient reduction on GPU; fp32 on CPU; fp16 on request, with a gradient
 scaler (`hybrid_engines/grad_scaling.py`).
+
+On one rank in fp32 there is nothing to shard or reduce, so the model stays a plain module (no
+DTensors, no FSDP hooks, no collectives per step): same math, and for a small MLP a third of the
+cost per optimizer step (DTensor dispatch in Adam and in FSDP's backward hooks dominated it).
+bf16/fp16 keep the FSDP wrapping even on one rank, since its mixed-precision policy does the casting;
+so does an explicit `mesh` (the elastic actor).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from rlinf_like.hybrid_engines.model_manager import (
     token_nll_loss,
 )
 from rlinf_like.hybrid_engines.packing import Packing
-from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
+from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated
 from rlinf_like.hybrid_engines.reshard.sync import dtensor_layout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 
@@ -73,7 +79,6 @@ class FSDPModelManager(ModelManager):
         self.config = config or FSDPConfig()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.mesh = mesh if mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
         self.is_hf = _is_hf(model)
 
         if self.config.activation_checkpointing:
@@ -86,18 +91,24 @@ class FSDPModelManager(ModelManager):
             raise ValueError(f"FSDPConfig.precision={precision!r} is not one of ['auto', 'bf16', 'fp16', 'fp32']")
         if precision == "auto":
             precision = "bf16" if self.device.type == "cuda" else "fp32"
-        shard_kwargs: dict[str, Any] = dict(mesh=self.mesh, reshard_after_forward=self.config.reshard_after_forward)
-        if precision in ("bf16", "fp16"):  # fp32 master weights, low-precision compute, fp32 gradient reduction
-            compute = torch.bfloat16 if precision == "bf16" else torch.float16
-            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-        for block in _blocks(model):
-            fully_shard(block, **shard_kwargs)
-        fully_shard(model, **shard_kwargs)
+        # else a plain module (see the module docstring)
+        self.sharded = mesh is not None or self.world_size > 1 or precision != "fp32"
+        self.mesh = None
+        if self.sharded:
+            self.mesh = mesh if mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
+            shard_kwargs: dict[str, Any] = dict(mesh=self.mesh, reshard_after_forward=self.config.reshard_after_forward)
+            if precision in ("bf16", "fp16"):  # fp32 master weights, low-precision compute, fp32 gradient reduction
+                compute = torch.bfloat16 if precision == "bf16" else torch.float16
+                shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+            for block in _blocks(model):
+                fully_shard(block, **shard_kwargs)
+            fully_shard(model, **shard_kwargs)
         self.model = model
 
         o = self.config.optim
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+            foreach=None if self.sharded else True,  # plain CPU tensors: one foreach kernel per op, not one per tensor
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(self.config.scheduler))
         self.residency = ResidencyManager(model, self.optimizer)
@@ -111,9 +122,11 @@ class FSDPModelManager(ModelManager):
     def forward_backward(
         self, batch: Batch, loss_fn: LossFn | None = None, *, loss_scale: float = 1.0, sync_gradients: bool = True
     ) -> dict[str, float]:
-        self.model.train()
+        if not self.model.training:  # train() walks every submodule: only when eval() was set
+            self.model.train()
         # Non-last micro-batches accumulate unsharded gradients locally; the last one reduce-scatters.
-        self.model.set_requires_gradient_sync(sync_gradients)
+        if self.sharded:
+            self.model.set_requires_gradient_sync(sync_gradients)
         loss, metrics = (loss_fn or token_nll_loss)(self.model, self._to_device(batch))
         grad_scaling.backward(loss * loss_scale, self.scaler)
         return {"loss": loss.item(), **metrics}
@@ -194,7 +207,10 @@ class FSDPModelManager(ModelManager):
         return dict(self.model.named_parameters())
 
     def shard_layouts(self) -> list[TensorLayout]:
+        if not self.sharded:  # one rank holds every tensor whole
+            return [replicated(name, tuple(p.shape), 1, str(p.dtype)) for name, p in self.model.named_parameters()]
         return [dtensor_layout(name, p) for name, p in self.model.named_parameters()]
 
     def get_config(self) -> dict[str, Any]:
-        return {"backend": "fsdp2", "world_size": self.world_size, "device": str(self.device), **asdict(self.config)}
+        return {"backend": "fsdp2" if self.sharded else "plain", "world_size": self.world_size,
+                "device": str(self.device), **asdict(self.config)}

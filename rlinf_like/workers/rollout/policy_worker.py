@@ -5,7 +5,8 @@ weight sync (`connect_weights` once, `apply_weights(version)` each iteration), a
 ranks over the wire (`connect_envs`, `collect`). For every step it takes each (env rank, stage) in
 turn: receive the observation, infer, send the actions. With two stages per env worker, the env
 steps one stage while this worker infers the other. At the end it returns (or puts on a channel)
-one `Trajectory` of its envs with the values needed for bootstrapping.
+one `Trajectory` of its envs with the values needed for bootstrapping. With `attach_envs` the envs
+live in this process instead (`workers/env/local.py`): the same loop, no env worker, no per-step handoff.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import numpy as np
 import torch
 
 from rlinf_like.data.trajectory import Trajectory
-from rlinf_like.envs import ActionSpec, FieldSpec
+from rlinf_like.envs import ActionSpec, EnvConfig, FieldSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver, replicated
 from rlinf_like.models.policies import PolicyConfig, build_policy
 from rlinf_like.scheduler import Channel, Worker
 from rlinf_like.workers.env.link import Link, action_layout, step_layout
+from rlinf_like.workers.env.local import LocalEnvLink
 
 
 def _tensors(msg: dict[str, np.ndarray], keys) -> dict[str, torch.Tensor]:
@@ -44,7 +46,7 @@ class PolicyRolloutWorker(Worker):
         self.obs_spec = obs_spec
         self.version = 0
         self._receiver: WeightReceiver | None = None
-        self._links: list[Link] = []
+        self._links: list[Link | LocalEnvLink] = []
 
     # --- weights ----------------------------------------------------------------------------------
     def weight_layouts(self) -> list[TensorLayout]:
@@ -64,17 +66,37 @@ class PolicyRolloutWorker(Worker):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.policy.state_dict().items()}
 
-    def rng_state(self) -> torch.Tensor:
-        """The sampling RNG, so a resumed run draws the same actions as an uninterrupted one."""
-        return torch.get_rng_state()
+    def rng_state(self) -> dict:
+        """The sampling RNG (so a resumed run draws the same actions as an uninterrupted one), and the
+        state of envs stepped in this process (`attach_envs`), if any."""
+        local = [link for link in self._links if isinstance(link, LocalEnvLink)]
+        return {"torch": torch.get_rng_state(),
+                "envs": [{"env": link.env.get_state(), "obs": link.obs} for link in local]}
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        torch.set_rng_state(state)
+    def set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        local = [link for link in self._links if isinstance(link, LocalEnvLink)]
+        if len(local) != len(state["envs"]):
+            raise ValueError(f"{self.name}: the saved state has {len(state['envs'])} attached env sets, "
+                             f"this worker {len(local)}")
+        for link, saved in zip(local, state["envs"]):
+            link.env.set_state(saved["env"])
+            link.obs = saved["obs"]
 
     # --- serving envs -----------------------------------------------------------------------------
     def connect_envs(self, peer_group: str, env_peer_ranks: list[int]) -> None:
         group = self.peer_group(peer_group)
         self._links = [Link(group, r) for r in env_peer_ranks]
+
+    def attach_envs(self, config: EnvConfig, seed: int) -> dict:
+        """Step `config.num_envs` envs in this process (seeded as env worker `rank` would be); returns
+        their specs. `collect` then also returns what an env worker's would (episodes, env_busy_s)."""
+        link = LocalEnvLink(config, seed + self.rank * config.num_envs, f"envs in {self.name}")
+        if link.specs()["obs_spec"] != self.obs_spec:
+            raise ValueError(f"{self.name}: attached envs give {link.specs()['obs_spec']}, "
+                             f"the policy takes {self.obs_spec}")
+        self._links = [link]
+        return link.specs()
 
     @torch.no_grad()
     def _infer(self, msg: dict[str, np.ndarray]):
@@ -84,7 +106,7 @@ class PolicyRolloutWorker(Worker):
     def collect(self, steps: int, stages: int, envs_per_stage: int, action_shape: tuple[int, ...],
                 channel: str | None = None) -> Trajectory | dict:
         if not self._links:
-            raise RuntimeError(f"{self.name}: collect before connect_envs")
+            raise RuntimeError(f"{self.name}: collect before connect_envs or attach_envs")
         msg_layout, act_layout = step_layout(self.obs_spec, envs_per_stage), action_layout((envs_per_stage, *action_shape))
         streams = [_Stream(link) for link in self._links for _ in range(stages)]
         start, busy = time.perf_counter(), 0.0
@@ -125,6 +147,8 @@ class PolicyRolloutWorker(Worker):
             stream.link.flush()
         traj = self._trajectory(streams, last_values)
         stats = {"rollout_busy_s": busy, "rollout_wall_s": time.perf_counter() - start}
+        if isinstance(self._links[0], LocalEnvLink):
+            stats.update(self._links[0].take_stats())
         if channel is None:
             return {"trajectory": traj, **stats}
         Channel.connect(channel).put(traj)
