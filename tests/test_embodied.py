@@ -5,6 +5,7 @@ mode (2 env stages overlapping inference) produces exactly the sequential run's 
 save/restore continues bit-exactly on every adapter; a rollout worker stepping its envs in its own
 process (`runner.env_in_rollout`) reads the wire's messages."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_like.data.trajectory import episode_gae
+from rlinf_like.data.trajectory import StreamedGAE, Trajectory, episode_gae, ppo_batch, rows_batch
 from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.envs.render import ensure_gl
 from rlinf_like.scheduler import WorkerError
@@ -133,6 +134,42 @@ def test_episode_gae_cuts_at_episode_ends_and_bootstraps():
     torch.testing.assert_close(adv, ret - values)
 
 
+def test_streamed_chunks_give_the_whole_trajectorys_batch_bit_for_bit():
+    # 37 steps of 5 envs sent as chunks of 10, 10, 10, 7: episodes end inside chunks, on a chunk's last
+    # step (9) and first step (20), env 3 never ends, env 4 ends on the final step. The streamed GAE (each
+    # episode computed once its chunks are in) and batch equal the whole trajectory's exactly: same per-row ops.
+    g = torch.Generator().manual_seed(0)
+    steps, n = 37, 5
+    dones = torch.zeros(steps, n, dtype=torch.bool)
+    for env, ends in {0: [3, 9, 20, 33], 1: [9], 2: [20, 21, 22], 4: [12, 36]}.items():
+        dones[ends, env] = True
+    whole = Trajectory(obs={"state": torch.randn(steps, n, 4, generator=g)}, actions=torch.randint(0, 2, (steps, n)),
+                       logprobs=torch.randn(steps, n, generator=g), values=torch.randn(steps, n, generator=g),
+                       rewards=torch.randn(steps, n, generator=g), dones=dones,
+                       bootstrap=torch.randn(steps, n, generator=g), version=3, rank=1)
+    gae = StreamedGAE(0.99, 0.95)
+    finished = []  # per chunk: how many steps x envs had their GAE when it arrived
+    for lo in range(0, steps, 10):
+        hi = min(lo + 10, steps)
+        cut = lambda x: x[lo:hi]  # noqa: E731
+        gae.add(Trajectory({"state": cut(whole.obs["state"])}, cut(whole.actions), cut(whole.logprobs),
+                           cut(whole.values), cut(whole.rewards), cut(whole.dones), cut(whole.bootstrap),
+                           version=3, rank=1, start=lo, final=hi == steps))
+        finished.append(int(gae.done_to.sum()))
+    assert finished == [10 + 10 + 0 + 0 + 0, 10 + 10 + 0 + 0 + 13, 21 + 10 + 23 + 0 + 13, 5 * 37]  # env 3: at the end
+    streamed = rows_batch([gae.result()])
+    expected = ppo_batch([whole], 0.99, 0.95)
+    assert streamed.keys() == expected.keys()
+    for k in expected:
+        assert torch.equal(streamed[k], expected[k]), k
+    with pytest.raises(ValueError, match="rollout rank 1: a chunk after its final one"):
+        gae.add(whole)
+    with pytest.raises(ValueError, match="rollout rank 1: chunk starts at step 0, expected 10"):
+        first = StreamedGAE(0.99, 0.95)
+        first.add(dataclasses.replace(whole, final=False, rewards=whole.rewards[:10], dones=whole.dones[:10]))
+        first.add(dataclasses.replace(whole, final=False))
+
+
 def test_wire_message_round_trip():
     env = make_env(EnvConfig(kind="reach_colour", num_envs=2))
     obs = env.reset(0)
@@ -166,12 +203,14 @@ def history(out: Path) -> list[dict]:
 def cartpole_runs(tmp_path_factory) -> dict:
     """Four runs of the hydra example, each with its own local Ray (the costly part is starting one,
     not the PPO updates): sequential 6 updates, then resumed for 2 more; an uninterrupted 8-update run
-    and a pipelined 2-update run, started alongside the first so the startups overlap."""
+    streaming its trajectories (chunks of 24, 24, 16 steps) and a pipelined 2-update run, started
+    alongside the first so the startups overlap."""
     root = tmp_path_factory.mktemp("cartpole")
     seq, whole, piped = root / "seq", root / "whole", root / "pipe"
     # 6 updates of 8 envs x 64 steps
     first = launch_main(seq, root / "seq.log", *CARTPOLE, "runner.total_env_steps=3072")
-    uninterrupted = launch_main(whole, root / "whole.log", *CARTPOLE, "runner.total_env_steps=4096")
+    uninterrupted = launch_main(whole, root / "whole.log", *CARTPOLE, "runner.total_env_steps=4096",
+                                "runner.stream_trajectories=true", "runner.stream_chunk_steps=24")
     pipe = launch_main(piped, root / "pipe.log", *CARTPOLE, "runner.total_env_steps=1024", "runner.pipeline=true")
     procs = [first, uninterrupted, pipe]
     try:
@@ -199,8 +238,8 @@ def test_ppo_on_cartpole_learns(cartpole_runs):
 
 
 def deterministic(h: dict) -> dict:
-    """A history row without its timings."""
-    return {k: v for k, v in h.items() if not k.endswith("_s")}
+    """A history row without its timings (and the number of trajectory chunks, 3 when streamed)."""
+    return {k: v for k, v in h.items() if not k.endswith("_s") and k != "trajectory_chunks"}
 
 
 def test_resume_continues_the_exact_history(cartpole_runs):
@@ -209,8 +248,10 @@ def test_resume_continues_the_exact_history(cartpole_runs):
     assert resumed[:6] == runs and [h["iteration"] for h in resumed[6:]] == [7, 8]
     assert resumed[-1]["env_steps"] == 8 * 512
     # env state (sims, RNGs, episode counters), sampling RNG and actor state restored: the resumed
-    # updates 7-8 equal the uninterrupted run's bit for bit (same episodes, same losses)
+    # updates 7-8 equal the uninterrupted run's bit for bit (same episodes, same losses). That run streams
+    # its trajectories in 3 chunks per update: streaming changes neither the data nor the losses
     assert [deterministic(h) for h in resumed] == [deterministic(h) for h in whole]
+    assert [h["trajectory_chunks"] for h in whole] == [3] * 8 and [h["trajectory_chunks"] for h in resumed] == [1] * 8
 
 
 def test_pipeline_gives_the_sequential_runs_data(cartpole_runs):
@@ -241,6 +282,10 @@ def test_bad_config_fails_before_launch(tmp_path):
         EmbodiedRunner(structure(EmbodiedConfig, cfg))
     cfg.env.num_envs, cfg.runner.env_in_rollout = 4, True
     with pytest.raises(ValueError, match="runner.env_in_rollout=true has none"):
+        EmbodiedRunner(structure(EmbodiedConfig, cfg))
+    cfg.runner.env_in_rollout, cfg.runner.stream_trajectories, cfg.runner.stream_chunk_steps = False, True, 64
+    with pytest.raises(ValueError, match=r"runner.stream_chunk_steps steps: it must be > 0 and < "
+                                         r"runner.steps_per_rollout=64 \(else nothing streams\), got 64"):
         EmbodiedRunner(structure(EmbodiedConfig, cfg))
 
 

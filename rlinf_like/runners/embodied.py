@@ -5,7 +5,9 @@ wire (see workers/env/worker.py); each rollout rank puts its `Trajectory` on a c
 actor, already waiting on that channel, trains as soon as they arrive (GAE, PPO epochs and
 mini-batches), then publishes the new weights to the rollout. `runner.pipeline=true` splits each
 env worker's envs into 2 stages, so the simulator steps one while the policy infers the other.
-`runner.env_in_rollout=true` has no env workers: each rollout rank steps its envs in its own process
+`runner.stream_trajectories=true` streams each rank's trajectory in chunks of `runner.stream_chunk_steps`
+steps; the actor computes the GAE of every finished episode as they arrive, then trains on the same
+batch as without streaming. `runner.env_in_rollout=true` has no env workers: each rollout rank steps its envs in its own process
 (`workers/env/local.py`), for simulators cheaper than a per-step handoff between processes.
 Checkpoints: actor state (DCP), then the env state (sims, RNGs, episode counters, current obs; in
 the env workers, or in the rollout ranks with `env_in_rollout`) with the rollout's sampling RNG,
@@ -73,6 +75,10 @@ def check_config(cfg: EmbodiedConfig) -> None:
     if r.pipeline and cfg.env.num_envs % 2:
         raise ValueError(f"runner.pipeline=true splits each env worker's envs in 2 stages: env.num_envs="
                          f"{cfg.env.num_envs} must be even")
+    if r.stream_trajectories and not 0 < r.stream_chunk_steps < r.steps_per_rollout:
+        raise ValueError(f"runner.stream_trajectories=true sends chunks of runner.stream_chunk_steps steps: it must be "
+                         f"> 0 and < runner.steps_per_rollout={r.steps_per_rollout} (else nothing streams), got "
+                         f"{r.stream_chunk_steps}")
 
 
 class EmbodiedRunner:
@@ -135,9 +141,11 @@ class EmbodiedRunner:
     # --- one PPO update ---------------------------------------------------------------------------
     def _iterate(self) -> dict[str, float]:
         r, start = self.cfg.runner, time.perf_counter()
-        train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size)  # waits for data
+        train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size,  # waits for data
+                                 streamed=r.stream_trajectories)
         rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs["envs_per_stage"],
-                                       self.action_shape, self.channel.name)
+                                       self.action_shape, self.channel.name,
+                                       r.stream_chunk_steps if r.stream_trajectories else 0)
         if self.env is None:  # the rollout ranks stepped the envs and report what env workers would
             env_out = roll_out = rollout.wait()
         else:

@@ -25,6 +25,10 @@ class EmbodiedRunnerConfig:
     steps_per_rollout: int = 128  # T: steps per env per PPO update
     pipeline: bool = False  # each env worker splits its envs into 2 stages that overlap with inference
     env_in_rollout: bool = False  # no env workers: each rollout rank steps env.num_envs envs in its own process
+    # each rollout rank puts every `stream_chunk_steps` steps on the trajectory channel as soon as they are
+    # whole; the actor computes their finished episodes' GAE while collection goes on (same batch, bit for bit)
+    stream_trajectories: bool = False
+    stream_chunk_steps: int = 32
     save_every: int = 10  # PPO updates between checkpoints
     resume: bool = False
     output_dir: str = "runs/embodied"

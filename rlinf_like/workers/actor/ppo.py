@@ -5,6 +5,9 @@ Per update: GAE(gamma, lambda) over the trajectories' episode segments (`data.tr
 training loop every trained role shares (`workers/training.py`). The loss is the
 shared algorithms: clipped surrogate (`policy_loss`), clipped value loss (`value_loss`), minus an
 entropy bonus; advantages are normalized per mini-batch (`masked_whiten`).
+With `streamed=True` it takes trajectory chunks as the rollout ranks put them (`StreamedGAE`: the
+GAE of each finished episode while collection goes on) until every rank's final chunk is in; the
+batch (rows in rollout-rank order, as without streaming) is then the same, bit for bit.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 
 from rlinf_like.algorithms import PolicyLossConfig, masked_whiten, policy_loss, value_loss
 from rlinf_like.data.batch import Batch
-from rlinf_like.data.trajectory import Trajectory, ppo_batch
+from rlinf_like.data.trajectory import StreamedGAE, Trajectory, rows_batch, trajectory_gae
 from rlinf_like.envs import ActionSpec, FieldSpec
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.models.policies import PolicyConfig, build_policy
@@ -62,17 +65,34 @@ class EmbodiedActorWorker(TrainedWorker):
         self._loss = ppo_loss(ppo)
 
     def train(self, trajectories: list[Trajectory] | None = None, channel: str | None = None,
-              count: int = 0) -> dict[str, float]:
-        """One PPO update on the given trajectories, or on `count` taken from `channel`."""
-        if trajectories is None:
-            trajectories = Channel.connect(channel).get_batch(count)
-        batch = ppo_batch(trajectories, self.ppo.gamma, self.ppo.lam)
+              count: int = 0, streamed: bool = False) -> dict[str, float]:
+        """One PPO update on the given trajectories, or on `count` rollout ranks' taken from `channel`
+        (whole, or as streamed chunks)."""
+        if streamed:
+            items, chunks = self._streamed(Channel.connect(channel), count)
+        else:
+            if trajectories is None:
+                trajectories = Channel.connect(channel).get_batch(count)
+            trajectories = sorted(trajectories, key=lambda t: t.rank)  # rows in rank order, whatever came first
+            items, chunks = [(t, *trajectory_gae(t, self.ppo.gamma, self.ppo.lam)) for t in trajectories], len(trajectories)
+        batch = rows_batch(items)
         loop = LoopConfig(self.ppo.mini_batches, None, self.ppo.epochs, self.seed)  # a mini-batch in one pass
         out = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, loop)
         returns, values = batch["returns"], batch["old_values"]
         out["explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
         out["advantage_mean"] = float(batch["advantages"].mean())
+        out["trajectory_chunks"] = chunks
         return out
+
+    def _streamed(self, channel: Channel, ranks: int) -> tuple[list, int]:
+        """Chunks as they come, GAE per finished episode, until `ranks` rollout ranks sent their last one."""
+        per_rank: dict[int, StreamedGAE] = {}
+        chunks = 0
+        while sum(g.complete for g in per_rank.values()) < ranks:
+            chunk = channel.get()
+            per_rank.setdefault(chunk.rank, StreamedGAE(self.ppo.gamma, self.ppo.lam)).add(chunk)
+            chunks += 1
+        return [per_rank[r].result() for r in sorted(per_rank)], chunks
 
     def full_state(self) -> dict[str, torch.Tensor]:
         return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()

@@ -5,7 +5,9 @@ weight sync (`connect_weights` once, `apply_weights(version)` each iteration), a
 ranks over the wire (`connect_envs`, `collect`). For every step it takes each (env rank, stage) in
 turn: receive the observation, infer, send the actions. With two stages per env worker, the env
 steps one stage while this worker infers the other. At the end it returns (or puts on a channel)
-one `Trajectory` of its envs with the values needed for bootstrapping. With `attach_envs` the envs
+one `Trajectory` of its envs with the values needed for bootstrapping; with `chunk_steps` (streaming) it
+puts each `chunk_steps` steps on the channel as soon as the step after them is inferred (their
+bootstrap needs its values), so the actor starts on them while collection goes on. With `attach_envs` the envs
 live in this process instead (`workers/env/local.py`): the same loop, no env worker, no per-step handoff.
 """
 
@@ -104,7 +106,11 @@ class PolicyRolloutWorker(Worker):
 
     @torch.no_grad()
     def collect(self, steps: int, stages: int, envs_per_stage: int, action_shape: tuple[int, ...],
-                channel: str | None = None) -> Trajectory | dict:
+                channel: str | None = None, chunk_steps: int = 0) -> Trajectory | dict:
+        """`steps` steps of every (env rank, stage); returns the trajectory with the stats, or puts it on
+        `channel` (as chunks of `chunk_steps` steps when > 0) and returns the stats."""
+        if chunk_steps and channel is None:
+            raise ValueError(f"{self.name}: chunk_steps={chunk_steps} streams to a channel; none given")
         if not self._links:
             raise RuntimeError(f"{self.name}: collect before connect_envs or attach_envs")
         msg_layout, act_layout = step_layout(self.obs_spec, envs_per_stage), action_layout((envs_per_stage, *action_shape))
@@ -127,6 +133,8 @@ class PolicyRolloutWorker(Worker):
                 stream.final_values.append(final)
             return msg
 
+        out = Channel.connect(channel) if channel is not None else None
+        sent = 0  # steps already put on the channel
         for t in range(steps):
             for stream in streams:
                 msg = receive(stream, first=t == 0)
@@ -140,27 +148,33 @@ class PolicyRolloutWorker(Worker):
                 stream.actions.append(actions)
                 stream.logprobs.append(logprobs)
                 stream.values.append(values)
+            if chunk_steps and t - sent == chunk_steps:  # step t inferred (its actions sent, the envs step
+                # them meanwhile) and step t-1's rewards in: steps sent..t-1 are whole, step t's values bootstrap them
+                out.put(self._trajectory(streams, torch.cat([s.values[t] for s in streams]), sent, t, final=False))
+                sent = t
         last_values = []
         for stream in streams:
             msg = receive(stream, first=False)
             last_values.append(self._infer(msg)[3])
             stream.link.flush()
-        traj = self._trajectory(streams, last_values)
+        traj = self._trajectory(streams, torch.cat(last_values), sent, steps, final=True)
         stats = {"rollout_busy_s": busy, "rollout_wall_s": time.perf_counter() - start}
         if isinstance(self._links[0], LocalEnvLink):
             stats.update(self._links[0].take_stats())
         if channel is None:
             return {"trajectory": traj, **stats}
-        Channel.connect(channel).put(traj)
+        out.put(traj)
         return stats
 
-    def _trajectory(self, streams: list[_Stream], last_values: list[torch.Tensor]) -> Trajectory:
-        def cat(get) -> torch.Tensor:  # [T, n_stream] per stream -> [T, n]
-            return torch.cat([torch.stack(get(s)) for s in streams], dim=1)
+    def _trajectory(self, streams: list[_Stream], after: torch.Tensor, lo: int, hi: int, final: bool) -> Trajectory:
+        """Steps lo..hi-1 of every stream; `after`: the values of step hi (the bootstrap at the last step)."""
+        def cat(get) -> torch.Tensor:  # [hi - lo, n_stream] per stream -> [hi - lo, n]
+            return torch.cat([torch.stack(get(s)[lo:hi]) for s in streams], dim=1)
 
         values, term, trunc = cat(lambda s: s.values), cat(lambda s: s.terminated), cat(lambda s: s.truncated)
-        next_values = torch.cat([values[1:], torch.cat(last_values)[None]])
+        next_values = torch.cat([values[1:], after[None]])
         bootstrap = torch.where(trunc, cat(lambda s: s.final_values), next_values) * ~term
         return Trajectory(obs={k: cat(lambda s, k=k: s.obs[k]) for k in self.obs_spec}, actions=cat(lambda s: s.actions),
                           logprobs=cat(lambda s: s.logprobs), values=values, rewards=cat(lambda s: s.rewards),
-                          dones=term | trunc, bootstrap=bootstrap, version=self.version)
+                          dones=term | trunc, bootstrap=bootstrap, version=self.version, rank=self.rank, start=lo,
+                          final=final)
