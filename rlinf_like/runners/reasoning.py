@@ -231,6 +231,8 @@ class ReasoningRunner:
         self.resizer = BatchResizer(pieces, rows, [self._prepare], world_size=self.actor.world_size, loop=loop,
                                     weigh=loss_weigh(loss))
         self._global_batches = self.resizer.global_batches()
+        print(f"pipelined with a token budget: rollout groups stream through a BatchResizer into global "
+              f"batches of {rows} rows, {loop.max_tokens_per_micro_batch} tokens per micro-batch")
 
     # --- phases -----------------------------------------------------------------------------------------
     def _trainers(self) -> list:
