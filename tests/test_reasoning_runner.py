@@ -61,11 +61,15 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
 
 
 def test_pipelined_ppo_run_is_one_version_stale_with_kl_and_a_critic(tmp_path):
+    """With a token budget, so the rollout's groups stream through the BatchResizer; 32 rows in 3
+    mini-batches (no even split: the token-budget plan evens the ranks out)."""
     out = tmp_path / "pipe"
     result = run_main("--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
                       "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "algorithm.is_correction_cap=2.0",
-                      "algorithm.advantage=gae", f"runner.output_dir={out}")
+                      "algorithm.advantage=gae", "runner.max_tokens_per_micro_batch=256", "runner.pack_sequences=true",
+                      "algorithm.mini_batches=3", f"runner.output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "rollout groups stream through a BatchResizer into global batches of 32 rows" in result.stdout
     steps = history(out)[1:]
     assert all({"value_loss", "value_mse", "value_mean", "critic_grad_norm"} <= set(h) for h in steps)
     assert (out / "checkpoint" / "step_3" / "critic").is_dir()  # the critic's state is checkpointed with the actor's

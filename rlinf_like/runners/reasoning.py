@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from rlinf_like.algorithms import OUTCOME_ADVANTAGES, gae, masked_whiten, reinforce_pp_advantages
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig
-from rlinf_like.data.batch import build_rl_batch, build_sft_batch
+from rlinf_like.data.batch import Batch, build_rl_batch, build_sft_batch
 from rlinf_like.data.tasks import ArithmeticSpec, Problem, arithmetic_problems, load_jsonl, split_train_test
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
@@ -35,19 +35,21 @@ from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
-from rlinf_like.scheduler import Cluster, PlacementMode, connect_groups, wait_all
+from rlinf_like.scheduler import Channel, Cluster, PlacementMode, connect_groups, wait_all
 from rlinf_like.scheduler.dynamic import SCHEDULES
 from rlinf_like.workers.actor.loss import LossConfig
-from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
+from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker, loss_weigh
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.worker import RewardWorker
-from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
+from rlinf_like.workers.batch_resizer import BatchResizer
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 from rlinf_like.workers.training import LoopConfig, check_loop
 
 CHECKPOINT = "checkpoint"
+REWARDS, CORRECT, VERSION = "rewards", "correct", "version"  # per-row columns only the driver reads
 TOKEN_ADVANTAGES = ("reinforce_pp", "gae")
 NONFINITE_POLICIES = ("skip", "stop")  # per-token rewards (outcome on the last token, optional KL penalty)
 
@@ -115,14 +117,21 @@ def check_finite(metrics: dict[str, float], step: int, policy: str) -> str | Non
 
 def check_batch_split(cfg: ReasoningConfig, world_sizes: dict[str, int]) -> None:
     """Every data-parallel rank must run the same number of micro-batches (each one is a collective
-    under FSDP), so a step's rows must split evenly over ranks and mini-batches."""
+    under FSDP). By rows, a step's rows must split evenly over ranks and mini-batches; with a token
+    budget the plan deals every rank the same count, so each mini-batch only needs a row per rank."""
     rows = cfg.runner.prompts_per_step * cfg.algorithm.samples_per_prompt
+    minis = cfg.algorithm.mini_batches
     for component, world in world_sizes.items():
-        if rows % (world * cfg.algorithm.mini_batches):
+        if cfg.runner.max_tokens_per_micro_batch is not None:
+            if rows < world * minis:
+                raise ValueError(
+                    f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step cannot give "
+                    f"each of {component} ranks ({world}) a row in each of algorithm.mini_batches ({minis})")
+        elif rows % (world * minis):
             raise ValueError(
                 f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step do not divide by "
-                f"{component} ranks ({world}) x algorithm.mini_batches ({cfg.algorithm.mini_batches}); "
-                f"pick sizes whose product is a multiple of {world * cfg.algorithm.mini_batches}")
+                f"{component} ranks ({world}) x algorithm.mini_batches ({minis}); "
+                f"pick sizes whose product is a multiple of {world * minis} (or set runner.max_tokens_per_micro_batch)")
 
 
 class ReasoningRunner:
@@ -140,6 +149,10 @@ class ReasoningRunner:
         self.step = 0
         self.version = 0
         self.critic: CriticWorker | None = None  # launched with algorithm.advantage=gae
+        self.resizer: BatchResizer | None = None  # pipelined mode with a token budget
+        self._reward_s = 0.0
+        self._prepared: dict[str, float] = {}
+        self._answers: dict[str, str] = {}  # request id -> answer, for results arriving on the channel
 
     # --- setup ------------------------------------------------------------------------------------------
     def _tasks(self) -> tuple[list[Problem], list[Problem], list[Problem]]:
@@ -202,8 +215,24 @@ class ReasoningRunner:
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
         plan = SyncPlan.build(src, dst, "actor", "rollout")
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
+        if not self.collocated and cfg.runner.max_tokens_per_micro_batch is not None:
+            self._start_resizer(cluster, loop, loss)
         write_worker_pids(self.out, {"actor": self.actor, "critic": self.critic, "rollout": self.rollout,
                                      "reward": self.reward, "reference": self.reference})
+
+    def _start_resizer(self, cluster: Cluster, loop: LoopConfig, loss: LossConfig) -> None:
+        """Pipelined mode with a token budget: the rollout streams each finished group onto a channel;
+        the resizer scores them into pieces, gathers global batches of exactly one step's rows, runs
+        `_prepare` (advantages, whitening) on each whole batch, and plans each actor rank's
+        token-budget micro-batches."""
+        rows = self.cfg.runner.prompts_per_step * self.cfg.algorithm.samples_per_prompt
+        self.results = Channel.create(f"{cluster.config.namespace}-rollout-results", RolloutResult)
+        pieces = (self._scored_batch([res], [self._answers.pop(res.request_id)]) for res in self.results)
+        self.resizer = BatchResizer(pieces, rows, [self._prepare], world_size=self.actor.world_size, loop=loop,
+                                    weigh=loss_weigh(loss))
+        self._global_batches = self.resizer.global_batches()
+        print(f"pipelined with a token budget: rollout groups stream through a BatchResizer into global "
+              f"batches of {rows} rows, {loop.max_tokens_per_micro_batch} tokens per micro-batch")
 
     # --- phases -----------------------------------------------------------------------------------------
     def _trainers(self) -> list:
@@ -250,14 +279,24 @@ class ReasoningRunner:
         scores = self.reward.score(results, [p.answer for p in self.test_set]).wait()[0]
         return sum(group[0]["correct"] for group in scores) / len(scores)
 
-    def _train_on(self, results, problems) -> dict[str, float]:
-        a, times = self.cfg.algorithm, {}
+    def _scored_batch(self, results, answers: list[str]) -> Batch:
+        """The RL batch of `results` (one row per sample), with per-row columns the driver reads later:
+        `rewards`, `correct` and the policy `version` that generated the row."""
         start = time.perf_counter()
-        scores = self.reward.score(results, [p.answer for p in problems]).wait()[0]
-        rewards = torch.tensor([[s["reward"] for s in group] for group in scores])
+        scores = self.reward.score(results, answers).wait()[0]
         rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
         batch = build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=self.tokenizer.pad_token_id or 0)
-        times["reward_s"] = time.perf_counter() - start
+        batch[REWARDS] = torch.tensor([s["reward"] for group in scores for s in group], dtype=torch.float32)
+        batch[CORRECT] = torch.tensor([float(s["correct"]) for group in scores for s in group])
+        batch[VERSION] = torch.tensor([float(res.version) for res in results for _ in res.response_ids])
+        self._reward_s += time.perf_counter() - start
+        return batch
+
+    def _prepare(self, batch: Batch) -> Batch:
+        """Everything the update needs on a whole batch (advantages use every sample of a group):
+        reference logprobs, critic values, advantages, recomputed logprobs. Timings and the advantage
+        estimator's extras go to `self._prepared`. In resizer mode this is the resizer's hook."""
+        a, times = self.cfg.algorithm, {}
         if self.reference is not None:
             start = time.perf_counter()
             batch["ref_logprobs"] = torch.cat(self.reference.compute_logprobs(batch).wait())
@@ -267,30 +306,50 @@ class ReasoningRunner:
             wait_all([w.onload() for w in self._trainers()])
         if self.critic is not None:
             batch["old_values"] = torch.cat(self.critic.compute_values(batch).wait())
+        rewards = batch[REWARDS].reshape(-1, a.samples_per_prompt)
         batch["advantages"], extra = self._advantages(rewards, batch)
         times.update(extra)
         if a.recompute_logprobs:  # the trainer's own numerics for pi_old (ranks return their rows in order)
             batch["recomputed_logprobs"] = torch.cat(self.actor.compute_logprobs(batch).wait())
             gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
             times["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
+        times["prepare_s"] = time.perf_counter() - start
+        self._prepared = times
+        return batch
+
+    def _train_on(self, batch: Batch) -> dict[str, float]:
+        """Update on a prepared batch; the step's metrics."""
+        info = {key: batch.pop(key) for key in (REWARDS, CORRECT, VERSION)}  # driver-only columns
+        start = time.perf_counter()
         metrics = self._update(batch)
-        times["train_s"] = time.perf_counter() - start
+        train_s = self._prepared.pop("prepare_s") + time.perf_counter() - start
         warning = check_finite(metrics, self.step + 1, self.cfg.runner.nonfinite)
         if warning:
             tqdm.write(warning)
-        correct = [s["correct"] for group in scores for s in group]
-        return {**metrics, **times, "reward": float(rewards.mean()), "train_accuracy": sum(correct) / len(correct),
-                "staleness": float(self.version - min(r.version for r in results)),
-                "response_tokens": float(batch["response_mask"].sum() / len(rows))}
+        reward_s, self._reward_s = self._reward_s, 0.0
+        return {**metrics, **self._prepared, "train_s": train_s, "reward_s": reward_s, "reward": float(info[REWARDS].mean()),
+                "train_accuracy": float(info[CORRECT].mean()),
+                "staleness": float(self.version - info[VERSION].min()),
+                "response_tokens": float(batch["response_mask"].sum() / len(info[REWARDS]))}
 
     def _update(self, batch) -> dict[str, float]:
         """One update of the trained models. During critic warmup (the first
         `algorithm.critic_warmup_steps` steps) only the value model trains: the actor is left as it is."""
         warmup = self.critic is not None and self.step < self.cfg.algorithm.critic_warmup_steps
-        metrics = {} if warmup else self.actor.train_step(batch).wait()[0]
+        metrics = {} if warmup else self._train_actor(batch)
         if self.critic is not None:
             metrics.update(self.critic.train_step(batch).wait()[0], critic_warmup=float(warmup))
         return metrics
+
+    def _train_actor(self, batch) -> dict[str, float]:
+        """Every rank gets the batch and plans its micro-batches; with the resizer, the driver plans
+        and sends each rank its own (the same plan: `BatchResizer.rank_steps` is `plan_steps`)."""
+        if self.resizer is None:
+            return self.actor.train_step(batch).wait()[0]
+        step = self.actor.on_ranks(0).status().wait()[0]["step"]  # the shuffle's seed, as in train_epochs
+        calls = [self.actor.on_ranks(r).train_micro_batches(self.resizer.rank_steps(batch, r, step))
+                 for r in range(self.actor.world_size)]
+        return [call.wait()[0] for call in calls][0]
 
     def _advantages(self, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token advantages [rows, tokens-1] from the [prompts, samples] outcome rewards; for gae also
@@ -346,6 +405,8 @@ class ReasoningRunner:
                 if self.step % r.save_every == 0 or self.step == r.max_steps:
                     self._checkpoint()
             writer.close()
+            if self.resizer is not None:
+                self.results.destroy()
             self.actor.export_hf(str(self.out / "final_model")).wait()
         return self._summary()
 
@@ -359,14 +420,24 @@ class ReasoningRunner:
                 wait_all([w.offload() for w in self._trainers()])
                 self.rollout.onload().wait()
             start = time.perf_counter()
-            pending.append((self.rollout.generate(reqs), reqs, problems, start))
+            if self.resizer is None:
+                handle = self.rollout.generate(reqs)
+            else:
+                self._answers.update((q.request_id, p.answer) for q, p in zip(reqs, problems))
+                handle = self.rollout.generate_to(self.results.name, reqs)
+            pending.append((handle, reqs, problems, start))
         handle, reqs, problems, start = pending.popleft()
-        results = gather_results(handle.wait(), reqs)
+        outputs = handle.wait()
         rollout_s = time.perf_counter() - start
-        if self.collocated:
-            self.rollout.offload().wait()
-        metrics = self._train_on(results, problems)
-        tokens = sum(len(t) for res in results for t in res.response_ids)
+        if self.resizer is None:
+            results = gather_results(outputs, reqs)
+            if self.collocated:
+                self.rollout.offload().wait()
+            batch = self._prepare(self._scored_batch(results, [p.answer for p in problems]))
+        else:  # the step's groups are on the channel: one global batch of its rows, prepared
+            batch = next(self._global_batches)
+        tokens = float(batch["response_mask"].sum())
+        metrics = self._train_on(batch)
         metrics.update(rollout_s=rollout_s, rollout_tokens_per_s=tokens / max(rollout_s, 1e-9))
         if self.collocated:
             self.rollout.onload().wait()

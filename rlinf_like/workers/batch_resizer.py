@@ -4,9 +4,12 @@ hooks run on each whole global batch (advantages need every sample of a group; n
 the whole batch), and each global batch is cut into this rank's token-budget micro-batches with
 their loss scales (the same plan as `workers/training.py`, so every rank runs the same count).
 
-    for micros in BatchResizer(channel, global_rows=256, hooks=[add_advantages], rank=r, world_size=w,
-                               loop=LoopConfig(max_tokens_per_micro_batch=4096, pack_sequences=True)):
-        for i, (micro, scale) in enumerate(micros): manager.forward_backward(micro, loss, loss_scale=scale, ...)
+    resizer = BatchResizer(channel, global_rows=256, hooks=[add_advantages], rank=r, world_size=w,
+                           loop=LoopConfig(max_tokens_per_micro_batch=4096, pack_sequences=True))
+    run_steps(manager, resizer, loss_fn)  # workers/training.py: the one training loop
+
+The reasoning runner's pipelined mode uses `global_batches()` in the driver and sends each actor rank
+its `rank_steps(...)` (runners/reasoning.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import torch
 
 from rlinf_like.data.batch import Batch, select_rows
-from rlinf_like.workers.training import LoopConfig, loss_tokens, num_rows, token_budget_steps
+from rlinf_like.workers.training import LoopConfig, loss_tokens, num_rows, plan_steps
 
 Hook = Callable[[Batch], Batch]
 
@@ -65,12 +68,15 @@ class BatchResizer:
                     batch = hook(batch)
                 yield batch
 
+    def rank_steps(self, batch: Batch, rank: int, step: int) -> list[list[tuple[Batch, float]]]:
+        """Rank `rank`'s (micro-batch, loss scale) pairs per optimizer step for a global batch, every
+        epoch: the plan `train_epochs` makes for the same batch at optimizer step `step`."""
+        return list(plan_steps(batch, rank, self.world_size, self.loop, step, weigh=self.weigh))
+
     def __iter__(self) -> Iterator[list[tuple[Batch, float]]]:
-        """Per optimizer step (`loop.mini_batches` per global batch): this rank's (micro-batch, loss
-        scale) pairs, as many on every rank."""
+        """Per optimizer step (`loop.epochs x loop.mini_batches` per global batch): this rank's
+        (micro-batch, loss scale) pairs, as many on every rank."""
         step = 0
         for batch in self.global_batches():
-            generator = torch.Generator().manual_seed(self.loop.seed * 1000 + step)
-            for micros in token_budget_steps(batch, self.rank, self.world_size, self.loop, generator, self.weigh):
-                yield micros
-            step += 1
+            yield from self.rank_steps(batch, self.rank, step)
+            step += self.loop.epochs * self.loop.mini_batches

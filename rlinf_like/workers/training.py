@@ -11,7 +11,7 @@ that of the whole mini-batch in one pass. `pack_sequences` runs every micro-batc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +96,34 @@ def token_budget_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfi
     return steps
 
 
+def plan_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfig, step: int, epochs: int | None = None,
+               weigh: Callable[[Batch], float] = loss_tokens) -> Iterator[list[tuple[Batch, float]]]:
+    """Per optimizer step, lazily: this rank's (micro-batch, loss scale) pairs for `epochs` passes over
+    `batch`. The shuffle depends on the optimizer step `step` only, so a resumed run replays the same order."""
+    generator = torch.Generator().manual_seed(loop.seed * 1000 + step)
+    for _ in range(loop.epochs if epochs is None else epochs):
+        if loop.max_tokens_per_micro_batch is None:
+            yield from _by_rows(batch, rank, world_size, loop, generator)
+        else:
+            yield from token_budget_steps(batch, rank, world_size, loop, generator, weigh)
+
+
+def run_steps(manager: ModelManager, steps: Iterable[list[tuple[Batch, float]]], loss_fn: LossFn) -> dict[str, float]:
+    """The loop: per optimizer step, accumulate its micro-batches (only the last syncs gradients), then
+    step. Returns metrics averaged over steps. `steps` comes from `plan_steps` or a `BatchResizer`."""
+    totals: dict[str, float] = {}
+    count = 0
+    for micros in steps:
+        for i, (micro, scale) in enumerate(micros):
+            metrics = manager.forward_backward(micro, loss_fn, loss_scale=scale, sync_gradients=i == len(micros) - 1)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v / len(micros)
+        for k, v in manager.optim_step().items():
+            totals[k] = totals.get(k, 0.0) + v
+        count += 1
+    return {k: v / count for k, v in totals.items()}
+
+
 def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int, world_size: int,
                  loop: LoopConfig, epochs: int | None = None,
                  weigh: Callable[[Batch], float] = loss_tokens) -> dict[str, float]:
@@ -104,22 +132,4 @@ def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int
     the runner checks that the rows divide by world_size x mini_batches before launching; by tokens
     the plan gives every rank the same count. `weigh` is what the loss averages over (loss tokens
     for token-mean losses, `num_rows` for sequence means); it sets the token-budget scales."""
-    totals: dict[str, float] = {}
-    steps = 0
-    # the shuffle depends on the optimizer step only, so a resumed run replays the same order
-    generator = torch.Generator().manual_seed(loop.seed * 1000 + manager.step)
-    for _ in range(loop.epochs if epochs is None else epochs):
-        if loop.max_tokens_per_micro_batch is None:
-            plan = _by_rows(batch, rank, world_size, loop, generator)
-        else:
-            plan = token_budget_steps(batch, rank, world_size, loop, generator, weigh)
-        for micros in plan:
-            for i, (micro, scale) in enumerate(micros):
-                metrics = manager.forward_backward(micro, loss_fn, loss_scale=scale,
-                                                   sync_gradients=i == len(micros) - 1)
-                for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v / len(micros)
-            for k, v in manager.optim_step().items():
-                totals[k] = totals.get(k, 0.0) + v
-            steps += 1
-    return {k: v / steps for k, v in totals.items()}
+    return run_steps(manager, plan_steps(batch, rank, world_size, loop, manager.step, epochs, weigh), loss_fn)

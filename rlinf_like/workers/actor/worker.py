@@ -17,7 +17,7 @@ from rlinf_like.hybrid_engines.model_manager import token_nll_loss
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, num_rows, train_epochs
+from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, num_rows, run_steps, train_epochs
 
 
 @dataclass
@@ -26,6 +26,12 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+def loss_weigh(loss: LossConfig):
+    """What the RL loss averages over, which scales token-budget micro-batches: rows for
+    `seq-mean-*` aggregations, loss tokens otherwise."""
+    return num_rows if loss.policy.aggregation.startswith("seq-mean") else loss_tokens
 
 
 class ActorWorker(TrainedWorker):
@@ -50,9 +56,12 @@ class ActorWorker(TrainedWorker):
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """RL update on a `build_rl_batch` batch (plus ref_logprobs when the KL term is on)."""
-        # token-budget micro-batches are scaled by what the loss averages over
-        weigh = num_rows if self.config.loss.policy.aggregation.startswith("seq-mean") else loss_tokens
-        return self._train(batch, self._loss, epochs=self.config.loop.epochs, weigh=weigh)
+        return self._train(batch, self._loss, epochs=self.config.loop.epochs, weigh=loss_weigh(self.config.loss))
+
+    def train_micro_batches(self, steps: list[list[tuple[Batch, float]]]) -> dict[str, float]:
+        """RL update on micro-batches planned elsewhere (a `BatchResizer`'s `rank_steps` for this rank):
+        per optimizer step, (micro-batch, loss scale) pairs, through the same loop as `train_step`."""
+        return run_steps(self.manager, steps, self._loss)
 
     def set_lr(self, lr: float) -> None:
         """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule
