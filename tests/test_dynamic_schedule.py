@@ -1,7 +1,9 @@
 """The dynamic collocated schedule (`runners/dynamic_schedule.py`): same weights and metrics as the
-static schedule for the same seed, bit for bit, while the actor really trained on fewer ranks first."""
+static schedule for the same seed, bit for bit, while the devices go to the actor replica by replica."""
 
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.scheduler.dynamic import DeviceScheduler
 from rlinf_like.workers.actor.elastic import block_owners
 
+STEPS = 2
 SCHEDULE_ONLY = ("rollout_s", "rollout_tokens_per_s", "elapsed_s", "step_train_s", "sched_early_minibatches",
                  "sched_min_dp")  # timings and the hand-over itself: the only keys allowed to differ
 
@@ -24,7 +27,7 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
                                 component_placement={"actor,rollout": "0-1", "reward": "0"})
     cfg.task.sft_problems, cfg.task.test_problems = 64, 8
     r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = 3, 8, 12, 4
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = STEPS, 8, 12, 4
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 4, 16, 100, 100
     r.output_dir, r.schedule = str(out), schedule
     cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
@@ -57,30 +60,40 @@ def test_bad_schedule_values_are_refused_by_name(tmp_path):
         check_dynamic(cfg)
 
 
-@pytest.mark.timeout(900)  # two runs, each with its own Ray; ~300 s under load 30-40 on the shared VM
-def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
-    runs = {}
+def run_both_schedules(root: Path) -> dict:
+    """Both schedules, one after the other, in this (spawned) process: each runner owns its Ray, which
+    the test session's shared Ray would refuse. Returns what the test compares (runners don't pickle)."""
+    out = {}
     for schedule in ("static", "dynamic"):
-        runner = DynamicScheduleRunner(small_config(tmp_path / schedule, "dynamic"), schedule=schedule)
+        runner = DynamicScheduleRunner(small_config(root / schedule, "dynamic"), schedule=schedule)
         runner.run()
-        runs[schedule] = runner
+        out[schedule] = {"history": runner.history,
+                         "dp_sizes": [runner.scheduler.dp_sizes(step) for step in range(STEPS)],
+                         "events": [(e.step, e.kind) for e in runner.scheduler.events]}
+    return out
+
+
+@pytest.mark.timeout(600)  # two runs, each with its own Ray, in a child process
+def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        runs = pool.submit(run_both_schedules, tmp_path).result()
     static, dynamic = runs["static"], runs["dynamic"]
 
     # the hand-over happened: under dynamic the first finished replica's device went to the actor alone
     # (DP 1), the second joined later (DP 2, taking the state by broadcast); static granted both at once.
     # Whether a mini-batch trained at DP 1 depends on timing (both replicas often finish within ms).
-    sizes = {name: [run.scheduler.dp_sizes(step) for step in range(3)] for name, run in runs.items()}
-    assert sizes["static"] == [[2]] * 3
-    assert all(s == [1, 2] for s in sizes["dynamic"]), sizes["dynamic"]
-    kinds = [e.kind for e in dynamic.scheduler.events if e.step == 2]
+    assert static["dp_sizes"] == [[2]] * STEPS
+    assert all(s == [1, 2] for s in dynamic["dp_sizes"]), dynamic["dp_sizes"]
+    last = STEPS - 1
+    kinds = [kind for step, kind in dynamic["events"] if step == last]
     assert kinds == ["pre_process", "offload_sync", "scale_sync", "offload_sync", "scale_sync"]
-    assert [e.kind for e in static.scheduler.events if e.step == 2][-2:] == ["offload_sync", "scale_sync"]
+    assert [kind for step, kind in static["events"] if step == last][-2:] == ["offload_sync", "scale_sync"]
 
     # ... and changed nothing: every metric and every exported weight is identical
-    for a, b in zip(static.history, dynamic.history, strict=True):
+    for a, b in zip(static["history"], dynamic["history"], strict=True):
         common = {k: v for k, v in a.items() if k not in SCHEDULE_ONLY}
         assert common == {k: v for k, v in b.items() if k not in SCHEDULE_ONLY}
-    assert all(h["grad_norm"] > 0 for h in static.history[1:])  # every GRPO step moved the weights
+    assert all(h["grad_norm"] > 0 for h in static["history"][1:])  # every GRPO step moved the weights
 
     from safetensors.torch import load_file
 
@@ -90,4 +103,4 @@ def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
     assert all(torch.equal(final["static"][k], final["dynamic"][k]) for k in final["static"])
     assert any(not torch.equal(final["static"][k], init[k]) for k in init if k in final["static"])
     saved = json.loads((tmp_path / "dynamic" / "checkpoint" / "runner.json").read_text())
-    assert saved["step"] == 3
+    assert saved["step"] == STEPS
