@@ -20,7 +20,6 @@ from rlinf_like.runners.common import CRASH_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPO = ROOT / "examples" / "reasoning" / "main_grpo.py"
-EMBODIED = ROOT / "examples" / "embodied" / "main_embodied.py"
 # the smallest run that still trains: 3 processes (actor | rollout + reward), on-policy so that a resumed
 # run can equal an uninterrupted one, no SFT; the entropy bonus gives a gradient while every reward is 0
 SMALL = ["task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32", "model.intermediate_size=64",
@@ -145,26 +144,6 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
     history = runner_state(run)["history"]
     assert history[:5] == at_kill["history"] and [h["step"] for h in history] == list(range(9))
     assert all(h["grad_norm"] > 0 and h["skipped"] == 0 for h in history[1:])
-
-
-@pytest.mark.timeout(600)
-def test_embodied_run_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, procs):
-    run = tmp_path / "run"
-    cartpole = ["env=cartpole", "runner.steps_per_rollout=32", "env.num_envs=4", "runner.save_every=1",
-                "runner.total_env_steps=384"]  # 3 updates of 128 env steps
-    procs.append(crashed := start(EMBODIED, run, *cartpole, crash_at="checkpoint:2"))
-    log = finish(crashed)
-    assert crashed.returncode == -signal.SIGKILL, log[-3000:]
-    committed = runner_state(run)
-    assert (committed["iteration"], committed["checkpoint"]) == (1, "step_1")
-    assert (run / "checkpoint" / "step_2" / "actor").is_dir()  # written, never committed
-    procs.append(resumed := start(EMBODIED, run, *cartpole, "runner.resume=true"))
-    log = finish(resumed)
-    assert resumed.returncode == 0 and "resumed at update 1 (128 env steps)" in log, log[-3000:]
-    state = runner_state(run)
-    assert [h["iteration"] for h in state["history"]] == [1, 2, 3] and state["env_steps"] == 384
-    assert state["history"][0] == committed["history"][0]  # kept from the checkpoint, not recomputed
-    assert sorted(p.name for p in (run / "checkpoint").glob("step_*")) == ["step_3"]
 
 
 def compose_grpo(*overrides: str):
