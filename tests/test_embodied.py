@@ -48,6 +48,17 @@ def test_gym_vector_env_chunks_autoreset_stats_and_seeding():
     assert np.abs(env.step(np.zeros(3)).obs["state"]).max() < 1.0  # fresh episodes after the resets
 
 
+def read_only(tree) -> None:
+    if isinstance(tree, np.ndarray):
+        tree.setflags(write=False)
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            read_only(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            read_only(value)
+
+
 @pytest.mark.parametrize("cfg", [EnvConfig(kind="reach_colour", num_envs=2),
                                  EnvConfig(id="CartPole-v1", num_envs=2), EnvConfig(id="Reacher-v5", num_envs=2)],
                          ids=["reach_colour", "cartpole", "reacher"])
@@ -65,6 +76,7 @@ def test_env_state_restores_bit_exactly(cfg):
     for a in actions[:20]:
         env.step(a)
     saved = pickle.loads(pickle.dumps(env.get_state()))
+    read_only(saved)  # as arrays arrive through Ray's object store
     other = make_env(cfg)
     other.reset(99)
     other.set_state(saved)

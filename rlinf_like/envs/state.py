@@ -30,7 +30,9 @@ def physics_state(model, data) -> np.ndarray:
 def set_physics_state(model, data, state: np.ndarray) -> None:
     import mujoco
 
-    mujoco.mj_setState(model, data, np.asarray(state, dtype=np.float64), mujoco.mjtState.mjSTATE_INTEGRATION)
+    # a copy: arrays that came through Ray's object store are read-only, and mj_setState wants writeable
+    state = np.array(state, dtype=np.float64, copy=True)
+    mujoco.mj_setState(model, data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
     mujoco.mj_forward(model, data)  # derived quantities (positions of bodies, sensors) for observations
 
 
