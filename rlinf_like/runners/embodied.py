@@ -86,6 +86,7 @@ class EmbodiedRunner:
         check_config(cfg)
         self.cfg = cfg
         self.out = Path(cfg.runner.output_dir)
+        self.checkpoints = Checkpoints(self.out / CHECKPOINT)
         self.out.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
         self.iteration, self.env_steps, self.version, self.clock = 0, 0, 0, 0.0
@@ -166,9 +167,8 @@ class EmbodiedRunner:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> dict:
         r = self.cfg.runner
-        checkpoints = Checkpoints(self.out / CHECKPOINT)
-        resume = r.resume and checkpoints.exists()
-        path, state = checkpoints.latest() if resume else (None, {})
+        resume = r.resume and self.checkpoints.exists()
+        path, state = self.checkpoints.latest() if resume else (None, {})
         workers = self._saved_workers(path) if resume else None
         with Cluster(self.cfg.cluster) as cluster:
             # without saved env state, a resumed run's envs start fresh episodes from other seeds
@@ -205,14 +205,13 @@ class EmbodiedRunner:
 
     # --- checkpoints ------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        checkpoints = Checkpoints(self.out / CHECKPOINT)
-        path = checkpoints.step_dir(self.iteration)
+        path = self.checkpoints.step_dir(self.iteration)
         self.actor.save(str(path / "actor")).wait()
         workers = {"env": self.env.get_state().wait() if self.env is not None else [],
                    "rollout_rng": self.rollout.rng_state().wait()}
         (path / WORKER_STATE).write_bytes(pickle.dumps(workers))
         crash_point("checkpoint", self.iteration)  # fault tests: the workers' state written, not yet committed
-        checkpoints.commit(self.iteration, {"iteration": self.iteration, "env_steps": self.env_steps,
+        self.checkpoints.commit(self.iteration, {"iteration": self.iteration, "env_steps": self.env_steps,
                                             "version": self.version, "clock": self.clock, "history": self.history})
 
     @staticmethod

@@ -141,6 +141,7 @@ class ReasoningRunner:
         check_config(cfg)
         self.cfg = cfg
         self.out = Path(cfg.runner.output_dir)
+        self.checkpoints = Checkpoints(self.out / CHECKPOINT)
         self.out.mkdir(parents=True, exist_ok=True)
         self.sft_set, self.test_set, self.rl_pool = self._tasks()
         self.model_path = self._model_path()
@@ -379,7 +380,7 @@ class ReasoningRunner:
         r = self.cfg.runner
         with Cluster(self.cfg.cluster) as cluster:
             self._launch(cluster)
-            if r.resume and Checkpoints(self.out / CHECKPOINT).exists():
+            if r.resume and self.checkpoints.exists():
                 self._restore()
             else:
                 self.warm_start()
@@ -445,15 +446,14 @@ class ReasoningRunner:
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        checkpoints = Checkpoints(self.out / CHECKPOINT)
-        path = checkpoints.step_dir(self.step)
+        path = self.checkpoints.step_dir(self.step)
         wait_all([self.actor.save(str(path / "actor"))]
                  + ([self.critic.save(str(path / "critic"))] if self.critic is not None else []))
         crash_point("checkpoint", self.step)  # fault tests: the workers' state written, not yet committed
-        checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history})
+        self.checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history})
 
     def _restore(self) -> None:
-        path, state = Checkpoints(self.out / CHECKPOINT).latest()
+        path, state = self.checkpoints.latest()
         wait_all([self.actor.load(str(path / "actor"))]
                  + ([self.critic.load(str(path / "critic"))] if self.critic is not None else []))
         self.step, self.version, self.history = state["step"], state["version"], state["history"]

@@ -71,13 +71,15 @@ class PolicyRolloutWorker(Worker):
     def rng_state(self) -> dict:
         """The sampling RNG (so a resumed run draws the same actions as an uninterrupted one), and the
         state of envs stepped in this process (`attach_envs`), if any."""
-        local = [link for link in self._links if isinstance(link, LocalEnvLink)]
         return {"torch": torch.get_rng_state(),
-                "envs": [{"env": link.env.get_state(), "obs": link.obs} for link in local]}
+                "envs": [{"env": link.env.get_state(), "obs": link.obs} for link in self._local_envs()]}
+
+    def _local_envs(self) -> list[LocalEnvLink]:
+        return [link for link in self._links if isinstance(link, LocalEnvLink)]
 
     def set_rng_state(self, state: dict) -> None:
         torch.set_rng_state(state["torch"])
-        local = [link for link in self._links if isinstance(link, LocalEnvLink)]
+        local = self._local_envs()
         if len(local) != len(state["envs"]):
             raise ValueError(f"{self.name}: the saved state has {len(state['envs'])} attached env sets, "
                              f"this worker {len(local)}")
