@@ -1,5 +1,6 @@
 """The dynamic collocated schedule (`runners/dynamic_schedule.py`): same weights and metrics as the
-static schedule for the same seed, bit for bit, while the devices go to the actor replica by replica."""
+static schedule for the same seed, bit for bit, while unfinished requests migrate to one replica and
+the devices go to the actor replica by replica."""
 
 import json
 import multiprocessing
@@ -18,7 +19,7 @@ from rlinf_like.workers.actor.elastic import block_owners
 
 STEPS = 2
 SCHEDULE_ONLY = ("rollout_s", "rollout_tokens_per_s", "elapsed_s", "step_train_s", "sched_early_minibatches",
-                 "sched_min_dp")  # timings and the hand-over itself: the only keys allowed to differ
+                 "sched_min_dp", "sched_migrated")  # timings and the hand-over itself: the only keys allowed to differ
 
 
 def small_config(out: Path, schedule: str) -> ReasoningConfig:
@@ -30,6 +31,9 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = STEPS, 8, 12, 4
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 4, 16, 100, 100
     r.output_dir, r.schedule = str(out), schedule
+    # one group at a time per replica, so both are mid-way when half the groups are done and migrate;
+    # logprobs rescored, so a migrated sample's logprobs do not depend on the batch it finished in
+    r.migrate_at, cfg.rollout.max_batch_size, cfg.rollout.logprobs = 0.5, 4, "rescored"
     cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
     cfg.algorithm.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
     return cfg
@@ -47,6 +51,11 @@ def test_scheduler_protocol_static_waits_dynamic_hands_over_per_unit():
         with pytest.raises(RuntimeError, match="unit 0 reported offloaded twice"):
             s.offload_sync(0)
     assert s.dp_sizes(0) == [1, 2]
+    s.pre_process(1)
+    s.migrate([1], [0], requests=3)
+    s.offload_sync(1)
+    with pytest.raises(RuntimeError, match="cannot migrate from units"):
+        s.migrate([0], [1], requests=1)  # unit 1 has offloaded
     assert block_owners(4, [0, 2, 3]) == {0: [0, 1], 2: [2], 3: [3]}
 
 
@@ -54,6 +63,17 @@ def test_bad_schedule_values_are_refused_by_name(tmp_path):
     cfg = small_config(tmp_path, "elastic")
     with pytest.raises(ValueError, match=r"runner.schedule='elastic' is not one of \['static', 'dynamic'\]"):
         check_config(cfg)
+    cfg = small_config(tmp_path, "static")
+    with pytest.raises(ValueError, match=r"runner.migrate_at=0.5 must be in \[0, 1\), and > 0 only with "
+                                         r"runner.schedule=dynamic"):
+        check_config(cfg)
+    cfg = small_config(tmp_path, "dynamic")
+    cfg.rollout.engine = "hf"
+    with pytest.raises(ValueError, match="rollout.logprobs=rescored needs rollout.engine=native"):
+        check_config(cfg)
+    cfg.rollout.logprobs = "sampled"
+    with pytest.raises(ValueError, match="runner.migrate_at > 0 needs a rollout engine that continues"):
+        check_dynamic(cfg)
     cfg = small_config(tmp_path, "dynamic")
     cfg.algorithm.advantage = "gae"
     with pytest.raises(ValueError, match="runner.schedule=dynamic needs algorithm.advantage = grpo or rloo"):
@@ -69,7 +89,7 @@ def run_both_schedules(root: Path) -> dict:
         runner.run()
         out[schedule] = {"history": runner.history,
                          "dp_sizes": [runner.scheduler.dp_sizes(step) for step in range(STEPS)],
-                         "events": [(e.step, e.kind) for e in runner.scheduler.events]}
+                         "events": [(e.step, e.kind, e.detail) for e in runner.scheduler.events]}
     return out
 
 
@@ -79,15 +99,20 @@ def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
         runs = pool.submit(run_both_schedules, tmp_path).result()
     static, dynamic = runs["static"], runs["dynamic"]
 
-    # the hand-over happened: under dynamic the first finished replica's device went to the actor alone
-    # (DP 1), the second joined later (DP 2, taking the state by broadcast); static granted both at once.
-    # Whether a mini-batch trained at DP 1 depends on timing (both replicas often finish within ms).
+    # the migration and hand-over happened: under dynamic, half-way through every step both replicas
+    # stopped, the unfinished requests (their samples part-done) went on on replica 0, replica 1's
+    # device went to the actor alone (DP 1), and replica 0's joined at the end (DP 2, taking the state by
+    # broadcast); static granted both at once and never migrated.
     assert static["dp_sizes"] == [[2]] * STEPS
     assert all(s == [1, 2] for s in dynamic["dp_sizes"]), dynamic["dp_sizes"]
-    last = STEPS - 1
-    kinds = [kind for step, kind in dynamic["events"] if step == last]
-    assert kinds == ["pre_process", "offload_sync", "scale_sync", "offload_sync", "scale_sync"]
-    assert [kind for step, kind in static["events"] if step == last][-2:] == ["offload_sync", "scale_sync"]
+    for step in range(STEPS):
+        kinds = [kind for s, kind, _ in dynamic["events"] if s == step]
+        assert kinds == ["pre_process", "migrate", "offload_sync", "scale_sync", "offload_sync", "scale_sync"], \
+            dynamic["events"]
+        [moved] = [detail for s, kind, detail in dynamic["events"] if s == step and kind == "migrate"]
+        assert moved["drained"] == [1] and moved["kept"] == [0] and moved["requests"] >= 2
+    assert [kind for _, kind, _ in static["events"]].count("migrate") == 0
+    assert [kind for step, kind, _ in static["events"] if step == STEPS - 1][-2:] == ["offload_sync", "scale_sync"]
 
     # ... and changed nothing: every metric and every exported weight is identical
     for a, b in zip(static["history"], dynamic["history"], strict=True):

@@ -8,7 +8,14 @@ import pytest
 
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
+from rlinf_like.workers.rollout import (
+    RolloutConfig,
+    RolloutRequest,
+    RolloutResult,
+    SamplingParams,
+    continuation,
+    make_engine,
+)
 
 PROMPTS = ["12+34=", "hello world, this is", "a", "The quick brown fox jumps over", "x*y", "Q: 7-2? A:"]
 GREEDY = SamplingParams(max_new_tokens=40, temperature=0.0)
@@ -134,3 +141,50 @@ def test_abort_returns_partial_prefixes(engines):
             assert (reason == "length") == (len(tokens) == 200)
     assert len(streamed) == len(results)  # every group was reported, aborted ones too
     assert native.generate(requests(tok, long, prompts=["abc"]))[0].response_ids[0] == full  # abort was cleared
+
+
+def test_migrated_samples_continue_with_the_tokens_they_would_have_drawn(model_path, engines):
+    """A request stopped part-way (every sample at a different point, one already done) and continued
+    on another engine, in another batch, draws exactly the tokens of an uninterrupted run."""
+    native, hf, tok = engines
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, top_k=40, seed=11)
+    [full] = native.generate(requests(tok, params, n=4, prompts=["7+8="]))
+    cut = [0, 1, len(full.response_ids[2]) // 2, len(full.response_ids[3])]  # not started ... finished
+    partial = RolloutResult(full.request_id, full.prompt_ids, [t[:k] for t, k in zip(full.response_ids, cut)],
+                            [lp[:k] for lp, k in zip(full.logprobs, cut)],
+                            ["abort", "abort", "abort", full.finish_reasons[3]])
+    moved = continuation(requests(tok, params, n=4, prompts=["7+8="])[0], partial)
+    assert moved.unfinished() == [0, 1, 2]
+    other = make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=5))
+    resumed = other.generate(requests(tok, GREEDY, prompts=["a", "xyz"]) + [moved])[-1]
+    assert resumed.response_ids == full.response_ids
+    assert resumed.finish_reasons == full.finish_reasons
+    for got, want, k in zip(resumed.logprobs, full.logprobs, cut):
+        assert got[:k] == want[:k]  # what was generated before the move is kept as it was
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4  # the rest: another batch, other roundings
+    # a continuation needs a seed to draw the same noise, and only engines that can continue accept one
+    unseeded = continuation(requests(tok, SamplingParams(temperature=1.0), n=4, prompts=["7+8="])[0], partial)
+    assert "needs sampling.seed" in other.generate([unseeded])[0].error
+    assert "cannot continue a migrated request" in hf.generate([moved])[0].error
+
+
+def test_rescored_logprobs_do_not_depend_on_the_batch_or_a_migration(model_path, engines):
+    native, _, tok = engines
+    rescoring = make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=16,
+                                          logprobs="rescored"))
+    params = SamplingParams(max_new_tokens=20, temperature=0.7, seed=3)
+    alone = rescoring.generate(requests(tok, params, n=4, prompts=["abc"]))[0]
+    mixed = rescoring.generate(requests(tok, GREEDY) + requests(tok, params, n=4, prompts=["abc"]))[-1]
+    sampled = native.generate(requests(tok, params, n=4, prompts=["abc"]))[0]
+    assert alone.response_ids == mixed.response_ids == sampled.response_ids
+    assert alone.logprobs == mixed.logprobs  # bit for bit
+    assert max(abs(a - b) for x, y in zip(alone.logprobs, sampled.logprobs) for a, b in zip(x, y)) < 1e-4
+    # stopped when a short request ends (two tokens in), then continued elsewhere: the same floats again
+    short = [RolloutRequest("short", tok("hi").input_ids, SamplingParams(max_new_tokens=2, temperature=0.0))]
+    stopped = rescoring.generate(short + requests(tok, params, n=4, prompts=["abc"]),
+                                 on_result=lambda result: rescoring.abort())[-1]
+    assert stopped.partial and all(len(t) <= 3 for t in stopped.response_ids)
+    moved = continuation(requests(tok, params, n=4, prompts=["abc"])[0], stopped)
+    assert rescoring.generate(requests(tok, GREEDY, prompts=["zz"]) + [moved])[-1].logprobs == alone.logprobs
+    with pytest.raises(ValueError, match="rollout.logprobs=rescored is built into the native engine only"):
+        make_engine(RolloutConfig(engine="hf", model_path=model_path, logprobs="rescored"))

@@ -68,6 +68,7 @@ class RolloutSection:
     tp_size: int = 1  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
     max_batch_size: int = 128  # continuous-batching slots per engine
     dtype: str = "float32"  # the rollout's weights; a weight sync converts to it once, at the sender
+    logprobs: str = "sampled"  # "rescored": one extra pass per sample, same floats whatever the batch (native)
 
 
 @dataclass
@@ -86,6 +87,8 @@ class RunnerConfig:
     output_dir: str = "runs/reasoning"
     micro_batch_size: int = 64
     schedule: str = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
+    migrate_at: float = 0.0  # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
+    # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate
     pack_sequences: bool = False  # actor/critic micro-batches run packed (no compute on padding)
     max_batch_seqlen: int | None = None  # packed row length; null: each micro-batch's longest sequence
     max_tokens_per_micro_batch: int | None = None  # token-budget micro-batches (per rank) instead of micro_batch_size

@@ -4,9 +4,12 @@
 
 1. pre-process: the actor offloads, every device belongs to the rollout; each rollout replica
    generates its share and streams finished groups to the driver over a channel.
-2. offload-sync: a replica that has served all its requests offloads at once and reports it; its
-   devices are free.
-3. scale-sync: at every optimizer-step boundary the actor asks `DeviceScheduler` which ranks train
+2. migrate (`runner.migrate_at` > 0): once that share of the step's groups is done, the replicas
+   still generating are stopped, and their unfinished requests, with every sample's tokens so far,
+   continue on the first ceil(replicas x share left) of them; the others are drained.
+3. offload-sync: a replica that has served all its requests (or was drained) offloads at once and
+   reports it; its devices are free.
+4. scale-sync: at every optimizer-step boundary the actor asks `DeviceScheduler` which ranks train
    next; ranks on freed devices onload and join (taking the current state from an active rank),
    and the next mini-batch trains as soon as its groups are in, on however many ranks are active.
 
@@ -14,14 +17,19 @@ The static schedule runs the same code with the hand-over at the end (every devi
 whole rollout has offloaded). Mini-batches are whole prompt groups in a seeded order, advantages are
 per group (grpo / rloo), and `ElasticActorWorker` reduces gradients exactly in block order, so both
 schedules produce bit-identical weights and metrics; only timings and the recorded events differ.
-Left for later: migrating a replica's unfinished requests to other replicas (the unit handed over
-is a whole replica), and the reference / critic / recomputed logprobs under this schedule.
+A migrated sample draws the tokens it would have drawn (per-sample noise, `sampling.py`), but its
+decode-time logprobs come from another batch and differ in the last bits; with
+`rollout.logprobs=rescored` they are a function of the tokens alone, and a migrating run is again
+bit-identical to the static one. Left for later: the reference / critic / recomputed logprobs under
+this schedule.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -33,9 +41,19 @@ from rlinf_like.scheduler import Channel, Cluster, PlacementMode
 from rlinf_like.scheduler.dynamic import DeviceScheduler, check_schedule
 from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
-from rlinf_like.workers.rollout import RolloutResult
+from rlinf_like.scheduler.worker_group import GroupResult
+from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, continuation
 
 POLL_S = 0.02  # how long the driver waits on the result channel before checking replicas again
+DRAIN_S = 120.0  # after an abort, how long a stopped replica's last results may take to arrive
+
+
+@dataclass
+class Serving:
+    """A rollout unit's running call and the requests it serves (original or migrated)."""
+
+    handle: GroupResult
+    request_ids: list[str]
 
 
 def check_dynamic(cfg: ReasoningConfig) -> None:
@@ -48,6 +66,9 @@ def check_dynamic(cfg: ReasoningConfig) -> None:
     for key, (bad, allowed) in unsupported.items():
         if bad:
             raise ValueError(f"runner.schedule=dynamic needs {key} = {allowed}; got {getattr(a, key.split('.')[1])!r}")
+    if cfg.runner.migrate_at and cfg.rollout.engine == "hf":
+        raise ValueError("runner.migrate_at > 0 needs a rollout engine that continues migrated requests "
+                         "(rollout.engine=native or sglang); got 'hf'")
 
 
 class DynamicScheduleRunner(ReasoningRunner):
@@ -59,6 +80,7 @@ class DynamicScheduleRunner(ReasoningRunner):
         check_dynamic(cfg)
         super().__init__(cfg)
         self.schedule = check_schedule(schedule or cfg.runner.schedule)
+        self.migrate_at = cfg.runner.migrate_at if self.schedule == "dynamic" else 0.0  # static: the reference
 
     def _launch(self, cluster: Cluster) -> None:
         placement = cluster.place(known_components=COMPONENTS)
@@ -86,21 +108,61 @@ class DynamicScheduleRunner(ReasoningRunner):
             plan += [sorted(chunk.tolist()) for chunk in order.tensor_split(a.mini_batches) if len(chunk)]
         return plan
 
-    def _poll(self, generating: dict, results: dict) -> None:
+    def _take(self, results: dict, partials: dict, timeout: float) -> None:
+        """Every result on the channel (waiting up to `timeout` for the first): complete or stopped part-way."""
+        while True:
+            try:
+                result = self.channel.get(timeout=timeout)
+            except ChannelTimeout:
+                return
+            (partials if result.partial else results)[result.request_id] = result
+            timeout = 0.0
+
+    def _serve(self, unit: int, requests: list[RolloutRequest]) -> Serving:
+        handle = self.rollout.on_ranks(*self.units[unit]).serve_to(self.channel.name, requests)
+        return Serving(handle, [q.request_id for q in requests])
+
+    def _hand_over(self, unit: int) -> None:
+        self.rollout.on_ranks(*self.units[unit]).offload().wait()
+        self.scheduler.offload_sync(unit)
+
+    def _poll(self, serving: dict[int, Serving], results: dict, partials: dict) -> None:
         """Take finished groups off the channel; offload every replica that has served all its requests."""
-        try:
-            result = self.channel.get(timeout=POLL_S)
-            results[result.request_id] = result
-        except ChannelTimeout:
-            pass
-        for unit, handle in list(generating.items()):
-            ready, _ = ray.wait(handle.refs, num_returns=len(handle.refs), timeout=0)
-            if len(ready) == len(handle.refs):
-                handle.wait()  # raises a replica's error, naming its rank
-                self.rollout.on_ranks(*self.units[unit]).offload().wait()
-                self.scheduler.offload_sync(unit)
-                del generating[unit]
+        self._take(results, partials, POLL_S)
+        for unit, job in list(serving.items()):
+            ready, _ = ray.wait(job.handle.refs, num_returns=len(job.handle.refs), timeout=0)
+            if len(ready) == len(job.handle.refs):
+                job.handle.wait()  # raises a replica's error, naming its rank
+                self._hand_over(unit)
+                del serving[unit]
                 return  # one hand-over per poll: each replica's devices get their own scale-sync
+
+    def _migrate(self, serving: dict[int, Serving], results: dict, partials: dict, requests: dict) -> None:
+        """When enough of the step is done, move the unfinished requests onto fewer replicas and drain the rest."""
+        share_done = len(results) / len(requests)
+        keep = math.ceil(len(self.units) * (1 - share_done))
+        if not self.migrate_at or share_done < self.migrate_at or keep >= len(serving):
+            return
+        units = sorted(serving)
+        kept, drained = units[:keep], units[keep:]
+        stopping = [self.rollout.on_ranks(*self.units[u]).abort() for u in units]
+        for call in stopping:
+            call.wait()
+        for unit in units:
+            serving.pop(unit).handle.wait()  # every result is on the channel once the call has returned
+        open_ids = [i for i in requests if i not in results]
+        deadline = time.monotonic() + DRAIN_S
+        while any(i not in results and i not in partials for i in open_ids):
+            if time.monotonic() > deadline:
+                missing = [i for i in open_ids if i not in results and i not in partials]
+                raise RuntimeError(f"rollout units {units} stopped but never reported requests {missing[:5]}")
+            self._take(results, partials, POLL_S)
+        moved = [continuation(requests[i], partials.pop(i)) for i in open_ids if i not in results]
+        self.scheduler.migrate(drained, kept, len(moved))
+        for unit in drained:
+            self._hand_over(unit)
+        for k, unit in enumerate(kept):
+            serving[unit] = self._serve(unit, moved[k :: len(kept)])
 
     def _scale(self, active: list[int]) -> list[int]:
         """scale-sync: onload and bring in the ranks the scheduler grants now."""
@@ -130,19 +192,21 @@ class DynamicScheduleRunner(ReasoningRunner):
         self.actor.offload().wait()
         self.rollout.onload().wait()
         self.scheduler.pre_process(step)
-        generating = {j: self.rollout.on_ranks(*unit).generate_to(self.channel.name, reqs)
-                      for j, unit in enumerate(self.units)}
+        serving = {j: self._serve(j, reqs[j :: len(self.units)]) for j in range(len(self.units))}
         results: dict[str, RolloutResult] = {}
+        partials: dict[str, RolloutResult] = {}
+        by_id = {q.request_id: q for q in reqs}
         scores: dict[int, list[dict]] = {}
         plan, outs, active, early, rollout_s = self._plan(step, len(reqs)), [], [], 0, None
-        while plan or generating:
-            self._poll(generating, results)
-            if rollout_s is None and not generating:
+        while plan or serving:
+            self._poll(serving, results, partials)
+            self._migrate(serving, results, partials, by_id)
+            if rollout_s is None and not serving:
                 rollout_s = time.perf_counter() - start
             active = self._scale(active)
             if plan and active and all(reqs[i].request_id in results for i in plan[0]):
                 batch = self._minibatch(plan.pop(0), reqs, problems, results, scores)
-                early += bool(generating)
+                early += bool(serving)
                 outs.append(self.actor.on_ranks(*active).train_minibatch(batch, active).wait())
         self._scale(active)  # every rank ends the step with the same state
         metrics = self._step_metrics(outs)
@@ -159,6 +223,8 @@ class DynamicScheduleRunner(ReasoningRunner):
                 "response_tokens": tokens / len(rewards), "rollout_s": rollout_s,
                 "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
                 "sched_early_minibatches": float(early), "sched_min_dp": float(min(self.scheduler.dp_sizes(step))),
+                "sched_migrated": float(sum(e.detail["requests"] for e in self.scheduler.events
+                                            if e.kind == "migrate" and e.step == step)),
                 "step_train_s": time.perf_counter() - start}
 
     @staticmethod

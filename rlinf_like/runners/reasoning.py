@@ -45,6 +45,7 @@ from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.batch_resizer import BatchResizer
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams
+from rlinf_like.workers.rollout.engine import LOGPROB_SOURCES
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 from rlinf_like.workers.training import LoopConfig, check_loop
 
@@ -62,6 +63,7 @@ def check_config(cfg: ReasoningConfig) -> None:
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
                "rollout.engine": (cfg.rollout.engine, ["hf", "native", "sglang"]),
                "rollout.dtype": (cfg.rollout.dtype, ["float32", "bfloat16", "float16"]),
+               "rollout.logprobs": (cfg.rollout.logprobs, list(LOGPROB_SOURCES)),
                "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
                "runner.schedule": (cfg.runner.schedule, list(SCHEDULES))}
     for key, (value, allowed) in choices.items():
@@ -89,6 +91,11 @@ def check_config(cfg: ReasoningConfig) -> None:
     if warmup < 0 or (warmup and cfg.algorithm.advantage != "gae"):
         raise ValueError(f"algorithm.critic_warmup_steps={warmup} needs to be >= 0, "
                          f"and > 0 only with algorithm.advantage=gae (the critic)")
+    if cfg.rollout.logprobs == "rescored" and cfg.rollout.engine != "native":
+        raise ValueError(f"rollout.logprobs=rescored needs rollout.engine=native; got {cfg.rollout.engine!r}")
+    if not 0.0 <= cfg.runner.migrate_at < 1.0 or (cfg.runner.migrate_at and cfg.runner.schedule != "dynamic"):
+        raise ValueError(f"runner.migrate_at={cfg.runner.migrate_at} must be in [0, 1), and > 0 only with "
+                         f"runner.schedule=dynamic (got {cfg.runner.schedule!r})")
     check_reward_config(cfg.reward)
     check_loop(runner_loop(cfg), "runner")
 
@@ -202,7 +209,7 @@ class ReasoningRunner:
             self.critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
         rollout_cfg = RolloutConfig(engine=cfg.rollout.engine, model_path=self.model_path,
                                     max_batch_size=cfg.rollout.max_batch_size, tp_size=cfg.rollout.tp_size,
-                                    dtype=cfg.rollout.dtype, seed=cfg.runner.seed)
+                                    dtype=cfg.rollout.dtype, logprobs=cfg.rollout.logprobs, seed=cfg.runner.seed)
         self.rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
         self.reward = RewardWorker.create_group(self.model_path, cfg.reward).launch(
             cluster, placement, "reward", init_process_group=False)

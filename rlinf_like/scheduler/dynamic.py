@@ -7,6 +7,8 @@ unit has finished and offloaded, so the trainer starts on fewer ranks while the 
 and grows at optimizer-step boundaries:
 
 - `pre_process(step)`: a step starts; every device belongs to the rollout.
+- `migrate(drained, kept, requests)`: most requests are done; the unfinished ones move from the
+  `drained` units onto the `kept` ones, and the drained units offload (then `offload_sync`).
 - `offload_sync(unit)`: rollout unit `unit` reports it has offloaded; its devices are free.
 - `scale_sync()`: the trainer, at an optimizer-step boundary, asks which of its ranks train the
   next step (`active`) and which of them join now (`joining`, they must take the current state first).
@@ -31,7 +33,7 @@ def check_schedule(value: str, key: str = "runner.schedule") -> str:
 
 @dataclass
 class Event:
-    kind: str  # "pre_process" | "offload_sync" | "scale_sync"
+    kind: str  # "pre_process" | "migrate" | "offload_sync" | "scale_sync"
     step: int
     detail: dict
     time_s: float = field(default_factory=time.perf_counter)
@@ -56,6 +58,13 @@ class DeviceScheduler:
     def pre_process(self, step: int) -> None:
         self.step, self._offloaded, self._active = step, set(), []
         self.events.append(Event("pre_process", step, {"rollout_units": len(self.units)}))
+
+    def migrate(self, drained: list[int], kept: list[int], requests: int) -> None:
+        if not kept or set(drained) & set(kept) or set(drained + kept) & self._offloaded:
+            raise RuntimeError(f"step {self.step}: cannot migrate from units {drained} to {kept} "
+                               f"(offloaded already: {sorted(self._offloaded)})")
+        self.events.append(Event("migrate", self.step, {"drained": list(drained), "kept": list(kept),
+                                                        "requests": requests}))
 
     def offload_sync(self, unit: int) -> None:
         if unit in self._offloaded:

@@ -2,7 +2,14 @@
 SGLang on GPU) behind one interface, and the worker that runs them in a group."""
 
 from rlinf_like.workers.rollout.engine import ENGINES, RolloutConfig, RolloutEngine, make_engine
-from rlinf_like.workers.rollout.types import FINISH_REASONS, RolloutRequest, RolloutResult, SamplingParams
+from rlinf_like.workers.rollout.types import (
+    FINISH_REASONS,
+    RolloutRequest,
+    RolloutResult,
+    SampleProgress,
+    SamplingParams,
+    continuation,
+)
 
 __all__ = ["ENGINES", "FINISH_REASONS", "RolloutConfig", "RolloutEngine", "RolloutRequest", "RolloutResult",
-           "SamplingParams", "make_engine"]
+           "SampleProgress", "SamplingParams", "continuation", "make_engine"]

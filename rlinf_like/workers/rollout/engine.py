@@ -20,6 +20,7 @@ from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightRece
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 ENGINES = ("native", "hf", "sglang")
+LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: native engine only
 ResultCallback = Callable[[RolloutResult], None]
 
 
@@ -32,6 +33,7 @@ class RolloutConfig:
     max_context: int = 0  # prompt + response tokens; 0 = the model's max_position_embeddings
     dtype: str = "float32"
     seed: int = 0  # for requests without a seed
+    logprobs: str = "sampled"  # "sampled": from the decode step; "rescored": one pass over prompt + response
     sglang_mem_fraction: float = 0.5  # sglang: share of GPU memory for weights + KV cache
 
 
@@ -47,7 +49,9 @@ class RolloutEngine(ABC):
         Invalid requests come back with `error` set; the others are served."""
 
     def abort(self) -> None:
-        """Thread-safe: the running `generate` returns soon, unfinished samples partial with reason 'abort'."""
+        """Thread-safe: the running `generate` returns soon, unfinished samples partial with reason 'abort'
+        (`continuation` turns them into requests another engine finishes). With no generate running it
+        does nothing: the next generate starts by clearing it."""
         self._abort.set()
 
     @abstractmethod
@@ -83,6 +87,11 @@ class RolloutEngine(ABC):
 
 def make_engine(config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> RolloutEngine:
     """The engine `config.engine` names; `process_group` (world size > 1) makes the native engine tensor parallel."""
+    if config.logprobs not in LOGPROB_SOURCES:
+        raise ValueError(f"rollout.logprobs={config.logprobs!r} is not one of {list(LOGPROB_SOURCES)}")
+    if config.logprobs == "rescored" and config.engine != "native":
+        raise ValueError(f"rollout.logprobs=rescored is built into the native engine only; rollout.engine="
+                         f"{config.engine!r} reports the logprobs it sampled with")
     if config.engine == "native":
         from rlinf_like.workers.rollout.native.engine import NativeEngine
 

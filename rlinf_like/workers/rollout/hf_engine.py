@@ -49,10 +49,13 @@ class HFEngine(RolloutEngine):
         self._residency.onload(["params"])
 
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
+        self._abort.clear()  # an abort that came after the last generate ended must not stop this one
         results: list[RolloutResult | None] = [None] * len(requests)
         batches: dict[SamplingParams, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
             error = request_error(request, self.max_context, 1 << 30)
+            if error is None and request.progress:
+                error = f"request {request.request_id!r}: rollout.engine=hf cannot continue a migrated request"
             if error is not None:
                 results[i] = rejected(request, error, self.version)
             else:
@@ -63,7 +66,6 @@ class HFEngine(RolloutEngine):
         for result in results:
             if on_result is not None:
                 on_result(result)
-        self._abort.clear()
         return results
 
     @torch.inference_mode()

@@ -31,7 +31,7 @@ import torch
 from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
-from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
+from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, SampleProgress, rejected, request_error
 
 ABORT_GRACE_S = 30.0  # after an abort, how long to wait for SGLang to hand back the partial samples
 BUCKET_BYTES = 512 << 20  # weights are pushed in buckets so one sync never serialises the whole model at once
@@ -79,6 +79,7 @@ class SGLangEngine(RolloutEngine):
 
     # --- generation ------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
+        self._abort.clear()  # an abort that came after the last generate ended must not stop this one
         results: list[RolloutResult | None] = [None] * len(requests)
         jobs = []
         for i, request in enumerate(requests):
@@ -91,7 +92,6 @@ class SGLangEngine(RolloutEngine):
                 jobs.append(i)
         if jobs:
             self.engine.loop.run_until_complete(self._serve(requests, jobs, results, on_result))
-        self._abort.clear()
         return results
 
     def _sampling_params(self, request: RolloutRequest, sample_index: int) -> dict:
@@ -109,10 +109,17 @@ class SGLangEngine(RolloutEngine):
         loop = asyncio.get_running_loop()
         owner, samples, rids = {}, {i: [None] * requests[i].n for i in jobs}, []
         for i in jobs:
-            for j in range(requests[i].n):
+            for j, progress in enumerate(requests[i].progress):
+                if progress.done:
+                    samples[i][j] = list(progress.tokens), list(progress.logprobs), progress.finish_reason
+            for j in requests[i].unfinished():
                 rid = f"{requests[i].request_id}/{j}/{uuid.uuid4().hex}"  # unique across calls
                 params = self._sampling_params(requests[i], j)
-                task = asyncio.ensure_future(self._sample(requests[i].prompt_ids, params, rid))
+                done = requests[i].progress[j] if requests[i].progress else SampleProgress()
+                # a migrated sample goes on from its tokens (SGLang's noise differs from the first replica's:
+                # a valid continuation, not the very tokens the first replica would have drawn)
+                params["max_new_tokens"] -= len(done.tokens)
+                task = asyncio.ensure_future(self._sample([*requests[i].prompt_ids, *done.tokens], params, rid, done))
                 owner[task] = (i, j)
                 rids.append(rid)
         pending, deadline = set(owner), None
@@ -133,20 +140,23 @@ class SGLangEngine(RolloutEngine):
                 for task in pending:  # SGLang never answered: give up on them as aborted
                     task.cancel()
 
-    async def _sample(self, prompt: list[int], params: dict, rid: str) -> Sample | str:
+    async def _sample(self, prompt: list[int], params: dict, rid: str, done: SampleProgress) -> Sample | str:
         try:
             out = await self.engine.async_generate(input_ids=list(prompt), sampling_params=params,
                                                    return_logprob=True, rid=rid)
         except asyncio.CancelledError:
-            return [], [], "abort"
+            return list(done.tokens), list(done.logprobs), "abort"
         except Exception as err:  # noqa: BLE001 - after an abort SGLang may raise instead of returning partial
-            return ([], [], "abort") if self._abort.is_set() else f"sglang: {type(err).__name__}: {err}"
+            if self._abort.is_set():
+                return list(done.tokens), list(done.logprobs), "abort"
+            return f"sglang: {type(err).__name__}: {err}"
         meta = out["meta_info"]
         pairs = meta.get("output_token_logprobs") or []  # (logprob, token id, text): the sampled tokens
         reason = meta.get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else str(reason or "")
         reason = kind if kind in ("stop", "length") else "abort"
-        return [int(t) for _, t, *_ in pairs], [float(p) for p, *_ in pairs], reason
+        return ([*done.tokens, *(int(t) for _, t, *_ in pairs)], [*done.logprobs, *(float(p) for p, *_ in pairs)],
+                reason)
 
     def _result(self, request: RolloutRequest, samples: list[Sample | str]) -> RolloutResult:
         errors = [s for s in samples if isinstance(s, str)]

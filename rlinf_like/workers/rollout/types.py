@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -24,11 +24,30 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class SampleProgress:
+    """What one sample of a migrated request had generated when its replica stopped: the engine that
+    continues it starts from here (`finish_reason` set: that sample is done and kept as it is)."""
+
+    tokens: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finish_reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason not in ("", "abort")
+
+
+@dataclass(frozen=True)
 class RolloutRequest:
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams = SamplingParams()
     n: int = 1  # samples per prompt (a GRPO group)
+    progress: tuple[SampleProgress, ...] = ()  # a migrated request: each sample's progress (see `continuation`)
+
+    def unfinished(self) -> list[int]:
+        """Indices of the samples an engine still has to generate."""
+        return [j for j in range(self.n) if not (self.progress and self.progress[j].done)]
 
 
 @dataclass
@@ -48,6 +67,19 @@ class RolloutResult:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def partial(self) -> bool:
+        """Some sample was stopped by an abort before it finished (see `continuation`)."""
+        return "abort" in self.finish_reasons
+
+
+def continuation(request: RolloutRequest, partial: RolloutResult) -> RolloutRequest:
+    """`request` to be served elsewhere from where `partial` (its aborted result) stopped. The samples
+    continue with the same per-sample noise (sampling.py), so they draw the tokens they would have drawn."""
+    progress = tuple(SampleProgress(tuple(t), tuple(lp), reason)
+                     for t, lp, reason in zip(partial.response_ids, partial.logprobs, partial.finish_reasons))
+    return replace(request, progress=progress)
+
 
 def request_error(request: RolloutRequest, max_context: int, max_samples: int) -> str | None:
     """Why `request` cannot be served (naming it), or None."""
@@ -63,6 +95,13 @@ def request_error(request: RolloutRequest, max_context: int, max_samples: int) -
         return f"{where}: n must be in 1..{max_samples} (the engine's batch slots), got {request.n}"
     if s.temperature < 0 or s.top_k < 0 or not 0.0 < s.top_p <= 1.0:
         return f"{where}: needs temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {s}"
+    if request.progress:
+        if len(request.progress) != request.n:
+            return f"{where}: progress has {len(request.progress)} samples, n is {request.n}"
+        if s.seed is None and not s.greedy:
+            return f"{where}: continuing a sampled request needs sampling.seed (to draw the same noise)"
+        if any(len(request.prompt_ids) + len(p.tokens) >= max_context for p in request.progress if not p.done):
+            return f"{where}: a sample's progress already fills the context of {max_context}"
     return None
 
 

@@ -55,13 +55,17 @@ class RolloutWorker(Worker):
     def generate_to(self, channel_name: str, requests: Sequence[RolloutRequest]) -> int:
         """Serve this replica's share, its leader putting each request's result on the channel as soon as
         its group is done. Returns how many results this rank put."""
-        mine = self._mine(requests)
+        return self.serve_to(channel_name, self._mine(requests))
+
+    def serve_to(self, channel_name: str, requests: Sequence[RolloutRequest]) -> int:
+        """Serve all of `requests` on this replica (the caller picked it: e.g. requests migrated here),
+        streaming results like `generate_to`. Call it on one replica's ranks only."""
         if not self.is_leader:
-            self.engine.generate(mine)
+            self.engine.generate(requests)
             return 0
         channel: Channel[RolloutResult] = Channel.connect(channel_name)
-        self.engine.generate(mine, on_result=channel.put)
-        return len(mine)
+        self.engine.generate(requests, on_result=channel.put)
+        return len(requests)
 
     @control
     def abort(self) -> None:

@@ -99,6 +99,7 @@ class NativeEngine(RolloutEngine):
 
     # --- serving -----------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
+        self._abort.clear()  # an abort that came after the last generate ended must not stop this one
         if self._residency.is_offloaded("params"):
             raise RuntimeError("native engine: generate() while offloaded; call onload() first")
         results: list[RolloutResult] = []
@@ -113,10 +114,16 @@ class NativeEngine(RolloutEngine):
             n = request.n
             results.append(RolloutResult(request.request_id, list(request.prompt_ids), [[] for _ in range(n)],
                                          [[] for _ in range(n)], [""] * n, self.version))
-            queue.append(i)
+            for j, progress in enumerate(request.progress):
+                if progress.done:  # finished where it started: kept as it is
+                    results[-1].response_ids[j], results[-1].logprobs[j] = list(progress.tokens), list(progress.logprobs)
+                    results[-1].finish_reasons[j] = progress.finish_reason
+            if request.unfinished():
+                queue.append(i)
+            elif on_result is not None:
+                on_result(results[-1])
         if queue:
             self._run(requests, results, queue, on_result)
-        self._abort.clear()
         return results
 
     def _run(self, requests, results, queue: deque[int], on_result: ResultCallback | None) -> None:
@@ -124,10 +131,12 @@ class NativeEngine(RolloutEngine):
             self.decoder.allocate_cache(self.slots, self.max_context, self.dtype, self.device)
         free = list(range(self.slots))  # a min-heap: low slots first keeps the decoded range short
         live: dict[int, _Live] = {}
-        remaining = {i: requests[i].n for i in queue}
+        remaining = {i: len(requests[i].unfinished()) for i in queue}
         state = _SlotState(self.slots, self.device)
 
         def finish(slot: int | None, seq: _Live, reason: str) -> None:
+            if self.config.logprobs == "rescored" and reason != "abort":
+                seq.logprobs = self._rescore(requests[seq.request], seq.tokens)
             result = results[seq.request]
             result.response_ids[seq.sample], result.logprobs[seq.sample] = seq.tokens, seq.logprobs
             result.finish_reasons[seq.sample] = reason
@@ -150,19 +159,26 @@ class NativeEngine(RolloutEngine):
             if self._agree_abort():
                 for slot, seq in list(live.items()):
                     finish(slot, seq, "abort")
-                for i in queue:
-                    for j in range(requests[i].n):
-                        finish(None, _Live(i, j, 0, frozenset(), (), 0), "abort")  # never started
+                for i in queue:  # never started: aborted with the progress they came with
+                    for j in requests[i].unfinished():
+                        finish(None, self._new_sequence(i, j, requests[i]), "abort")
                 return
-            while queue and len(free) >= requests[queue[0]].n:
+            while queue and len(free) >= len(requests[queue[0]].unfinished()):
                 i = queue.popleft()
                 request = requests[i]
-                slots = [heapq.heappop(free) for _ in range(request.n)]
+                todo = request.unfinished()
+                slots = [heapq.heappop(free) for _ in todo]
+                state.admit(slots, request, [self._seed(request, j) for j in todo])
+                seqs = [self._new_sequence(i, j, request) for j in todo]
+                if request.progress:  # migrated: each sample resumes from its own tokens
+                    for slot, seq in zip(slots, seqs):
+                        live[slot] = seq
+                        first = self._resume(slot, seq, request, state)
+                        if first is not None:
+                            record(slot, seq, *first)
+                    continue
                 logits = self.decoder.prefill(torch.tensor(request.prompt_ids, device=self.device),
                                               torch.tensor(slots, device=self.device))
-                seqs = [self._new_sequence(i, j, request) for j in range(request.n)]
-                seeds = [self._seed(request, j) for j in range(request.n)]
-                state.admit(slots, request, seeds)
                 tokens, logprobs = sample(logits.expand(len(slots), -1), state.params(slots))
                 state.after_prefill(slots, tokens, len(request.prompt_ids))
                 for slot, seq, token, logprob in zip(slots, seqs, tokens.tolist(), logprobs.tolist()):
@@ -182,8 +198,35 @@ class NativeEngine(RolloutEngine):
     def _new_sequence(self, index: int, sample_index: int, request: RolloutRequest) -> _Live:
         s = request.sampling
         stop_ids = set(s.stop_token_ids) | (set() if s.ignore_eos else set(self.model_cfg.eos_token_ids))
+        progress = request.progress[sample_index] if request.progress else None
         return _Live(index, sample_index, len(request.prompt_ids), frozenset(stop_ids), tuple(s.stop_strings),
-                     s.max_new_tokens)
+                     s.max_new_tokens, list(progress.tokens) if progress else [],
+                     list(progress.logprobs) if progress else [])
+
+    def _resume(self, slot: int, seq: _Live, request: RolloutRequest, state: _SlotState) -> tuple[int, float] | None:
+        """Put a migrated sample where its first engine left it: the prompt and all but its last token in
+        the cache, the last token next to decode, the sampling step at its token count (so it draws the
+        noise it would have drawn). A sample that had not started is prefilled; its first (token, logprob)
+        is returned for the caller to record."""
+        done = seq.tokens
+        prefix = torch.tensor(list(request.prompt_ids) + done[:-1], device=self.device)
+        logits = self.decoder.prefill(prefix, torch.tensor([slot], device=self.device))
+        if done:
+            state.resume(slot, done[-1], len(prefix), len(done))
+            return None
+        token, logprob = sample(logits[None], state.params([slot]))
+        state.after_prefill([slot], token, len(prefix))
+        return int(token[0]), float(logprob[0])
+
+    def _rescore(self, request: RolloutRequest, tokens: list[int]) -> list[float]:
+        """Logprobs of `tokens` from one pass over prompt + tokens alone (`rollout.logprobs=rescored`):
+        the same floats whichever batch or replica sampled them, which decode-time logprobs are not."""
+        ids = torch.tensor(list(request.prompt_ids) + tokens, device=self.device)
+        logits = self.decoder.score(ids)[len(request.prompt_ids) - 1 : -1]
+        s = request.sampling
+        scaled = logits / (1.0 if s.greedy else s.temperature)
+        chosen = torch.tensor(tokens, device=self.device)[:, None]
+        return torch.log_softmax(scaled, dim=-1).gather(-1, chosen)[:, 0].tolist()
 
     def _seed(self, request: RolloutRequest, sample_index: int) -> int:
         if request.sampling.seed is None:
@@ -243,6 +286,9 @@ class _SlotState:
 
     def params(self, rows) -> RowParams:
         return RowParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seed[rows], self.step[rows])
+
+    def resume(self, slot: int, last_token: int, position: int, step: int) -> None:
+        self.last_token[slot], self.position[slot], self.step[slot] = last_token, position, step
 
     def after_prefill(self, slots: list[int], tokens: torch.Tensor, prompt_len: int) -> None:
         index = torch.tensor(slots, device=tokens.device)

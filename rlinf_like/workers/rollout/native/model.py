@@ -227,22 +227,34 @@ class Decoder:
         return F.linear(x, head).float()
 
     # --- passes -----------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Run prompt [L] once, store its keys/values in every slot of `slots`; logits of the last token [V]."""
-        length = prompt.shape[0]
-        rope = self._rope(torch.arange(length, device=prompt.device)[None], self.k_cache.dtype)
+    def _forward_prefix(self, ids: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
+        """Run ids [L] in one causal pass, storing its keys/values in every slot of `slots` (if given);
+        hidden states [L, hidden]."""
+        length = ids.shape[0]
+        rope = self._rope(torch.arange(length, device=ids.device)[None], self.w["model.norm.weight"].dtype)
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
-            self.k_cache[layer, slots, :, :, :length] = k.transpose(-1, -2)  # broadcast over the n samples
-            self.v_cache[layer, slots, :, :length] = v
+            if slots is not None:
+                self.k_cache[layer, slots, :, :, :length] = k.transpose(-1, -2)  # broadcast over the n samples
+                self.v_cache[layer, slots, :, :length] = v
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
 
-        x = self.w["model.embed_tokens.weight"][prompt][None]
+        x = self.w["model.embed_tokens.weight"][ids][None]
         for layer in range(self.cfg.num_layers):
             x = self._block(x, layer, attend)
-        return self._logits(x[0, -1])
+        return x[0]
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Run prompt [L] once, store its keys/values in every slot of `slots`; logits of the last token [V]."""
+        return self._logits(self._forward_prefix(prompt, slots)[-1])
+
+    @torch.inference_mode()
+    def score(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [L, V] at every position of ids [L], touching no cache: a function of the weights and
+        these tokens only, whatever else the engine is decoding."""
+        return self._logits(self._forward_prefix(ids, None))
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
