@@ -1,12 +1,14 @@
 """Dynamic vs static collocated schedule: GRPO step time, measured side by side in one process.
 
     python bench/dynamic_schedule.py                       # small, CPU (2 slots)
+    python bench/dynamic_schedule.py --migrate-at 0.5      # dynamic with request migration
     python bench/dynamic_schedule.py --gpu --placement "0-1" --hidden 512 --layers 8 --prompts 64 --max-new-tokens 256
 
 Both sides run `DynamicScheduleRunner` with the same config and seed (so they train the same
 weights; see tests/test_dynamic_schedule.py); only the hand-over differs: static gives the actor
 the devices once the whole rollout has offloaded, dynamic gives it each replica's devices as soon as
-that replica has finished. Runs alternate (static, dynamic, dynamic, static, ...); the first step of
+that replica has finished (with `--migrate-at`, also moves the unfinished requests onto fewer replicas
+once that share of groups is done, freeing the others). Runs alternate (static, dynamic, dynamic, static, ...); the first step of
 each run is dropped (warm-up). Step time = rollout + hand-over + training + weight sync.
 Last line: {"bench": "dynamic_schedule", "speedup": static step time / dynamic step time}.
 """
@@ -40,7 +42,8 @@ def config(args, out: Path) -> ReasoningConfig:
     r = cfg.runner
     r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = args.steps, args.prompts, args.max_new_tokens, 8
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 2, 16, 10_000, 10_000
-    r.output_dir = str(out)
+    r.output_dir, r.migrate_at = str(out), args.migrate_at
+    cfg.rollout.max_batch_size = args.slots
     cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.entropy_coef = 4, args.mini_batches, 0.01
     return cfg
 
@@ -61,6 +64,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--placement", default="0-1", help="actor,rollout devices (one replica per device)")
     p.add_argument("--reward-placement", default="0")
+    p.add_argument("--migrate-at", type=float, default=0.0, help="dynamic: runner.migrate_at (0 = no migration)")
+    p.add_argument("--slots", type=int, default=128, help="rollout.max_batch_size per replica")
     p.add_argument("--gpu", action="store_true")
     args = p.parse_args()
     limit_threads()
@@ -68,12 +73,16 @@ def main() -> None:
     order = [s for i in range(args.reps) for s in (("static", "dynamic") if i % 2 == 0 else ("dynamic", "static"))]
     with tempfile.TemporaryDirectory() as tmp:
         for i, schedule in enumerate(order):
-            runner = DynamicScheduleRunner(config(args, Path(tmp) / f"{schedule}{i}"), schedule=schedule)
+            cfg = config(args, Path(tmp) / f"{schedule}{i}")
+            cfg.runner.schedule = "dynamic"  # the config as a dynamic run has it; `schedule` picks the hand-over
+            runner = DynamicScheduleRunner(cfg, schedule=schedule)
             runner.run()
             times[schedule] += step_times(runner.history)
             early = sum(h.get("sched_early_minibatches", 0) for h in runner.history)
+            moved = sum(h.get("sched_migrated", 0) for h in runner.history)
             print(f"{schedule}: step times {[round(t, 3) for t in step_times(runner.history)]}, "
-                  f"mini-batches trained before the rollout ended: {early:.0f}", flush=True)
+                  f"mini-batches trained before the rollout ended: {early:.0f}, requests migrated: {moved:.0f}",
+                  flush=True)
     static, dynamic = statistics.median(times["static"]), statistics.median(times["dynamic"])
     print(f"median step: static {static:.3f} s, dynamic {dynamic:.3f} s")
     print(json.dumps({"bench": "dynamic_schedule", "speedup": round(static / dynamic, 3),

@@ -74,3 +74,18 @@ def test_bad_request_is_named_and_the_rest_is_served(engines):
     served = [results[0], results[2]]
     assert all(r.ok for r in served)
     assert [r.response_ids for r in served] == [r.response_ids for r in hf.generate(good)]
+
+
+@pytest.mark.gpu
+def test_migrated_greedy_request_continues_to_the_same_tokens(engines):
+    pytest.importorskip("sglang")
+    from rlinf_like.workers.rollout import RolloutResult, continuation
+
+    sglang, _, tok = engines
+    [full] = sglang.generate(requests(tok, prompts=["The quick brown fox jumps over"]))
+    cut = len(full.response_ids[0]) // 2
+    partial = RolloutResult(full.request_id, full.prompt_ids, [full.response_ids[0][:cut]],
+                            [full.logprobs[0][:cut]], ["abort"])
+    [resumed] = sglang.generate([continuation(requests(tok, prompts=["The quick brown fox jumps over"])[0], partial)])
+    assert resumed.response_ids == full.response_ids  # greedy: the prefix fixes the rest
+    assert resumed.logprobs[0][:cut] == full.logprobs[0][:cut] and resumed.finish_reasons == full.finish_reasons
