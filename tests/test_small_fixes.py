@@ -1,6 +1,6 @@
 """Small fixes, each checked where it broke: run-scoped channel names, an embodied actor on several
 ranks (every rank gets the whole trajectory set), and micro_batch_size=None (one pass) in the
-critic, the reference model and the reward model."""
+reference model and the reward model (the critic's: tests/test_critic_warmup.py)."""
 
 import copy
 
@@ -17,12 +17,12 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.embodied import check_actor_split, trajectory_channel
 from rlinf_like.runners.embodied_config import EmbodiedConfig
 from rlinf_like.scheduler import Channel
+from rlinf_like.scheduler.placement import Device
+from rlinf_like.scheduler.worker import WorkerContext
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
-from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.rules import RewardConfig
-from rlinf_like.workers.training import LoopConfig
 
 
 # --- 1. the trajectory channel is named for the run ----------------------------------------------------------
@@ -106,31 +106,30 @@ def test_embodied_actor_ranks_must_split_the_update_evenly():
 
 
 # --- 3, 4. micro_batch_size=None: the whole shard in one pass ----------------------------------------------
-def test_none_micro_batch_size_scores_the_whole_shard_in_one_pass(cluster, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+def in_process(cls, rank: int, world_size: int, *args):
+    """A worker built in this process the way its Ray host builds it (its context, then `__init__`),
+    for a worker that needs no process group: no worker process to start."""
+    worker = cls.__new__(cls)
+    worker._ctx = WorkerContext(cls.__name__, rank, world_size, Device("cpu", rank, 0, "local", "127.0.0.1"), 60.0)
+    worker.__init__(*args)
+    return worker
+
+
+def test_reference_micro_batch_size_none_scores_each_shard_in_one_pass(tmp_path):
+    # (the critic's compute_values with micro_batch_size=None runs in tests/test_critic_warmup.py)
+    from transformers import AutoModelForCausalLM
 
     path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
-    prompts = [[5, 9, 14], [30, 31, 32, 33], [8, 40], [17, 18, 19]]
-    responses = [[7, 8], [9], [41, 42, 43], [20, 21]]
-    batch = build_rl_batch(prompts, responses, [[0.0] * len(r) for r in responses], [0.0] * 4)
-    placement = cluster.place({"critic_none": "0", "reference_none": "1"})
-    critic = CriticWorker.create_group(CriticConfig(str(path), FSDPConfig(), LoopConfig(micro_batch_size=None))).launch(
-        cluster, placement, "critic_none")
-    reference = InferenceWorker.create_group(str(path), None).launch(cluster, placement, "reference_none")
-    try:
-        values = critic.compute_values(batch).wait(timeout=120)[0]  # before: range() arg 3 must not be None
-        logprobs = reference.compute_logprobs(batch).wait(timeout=120)[0]
-    finally:
-        critic.shutdown()
-        reference.shutdown()
-    torch.manual_seed(1)  # the critic seeds loop.seed + 1 before its value head is initialised
-    value_model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    prompts = [[5, 9, 14], [30, 31, 32, 33], [8, 40], [17, 18, 19], [22, 23]]
+    responses = [[7, 8], [9], [41, 42, 43], [20, 21], [24, 25, 26]]
+    batch = build_rl_batch(prompts, responses, [[0.0] * len(r) for r in responses], [0.0] * 5)
+    # before: range() arg 3 must not be None
+    parts = [in_process(InferenceWorker, rank, 2, str(path), None).compute_logprobs(batch) for rank in range(2)]
+    assert [p.shape[0] for p in parts] == [2, 3]  # each rank its own rows
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        expected = value_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1, 0]
-        expected_logprobs = token_logprobs(lm, batch, 1.0)
-    torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(logprobs, expected_logprobs, rtol=1e-5, atol=1e-5)
+        expected = token_logprobs(lm, batch, 1.0)
+    torch.testing.assert_close(torch.cat(parts), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_reward_model_micro_batch_size_none_is_one_pass(tmp_path):
