@@ -46,17 +46,20 @@ def toy_trajectories(ranks=2, steps=8, envs=2, seed=0) -> list[Trajectory]:
     for r in range(ranks):
         rand = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
         dones = torch.rand(steps, envs, generator=g) < 0.2
-        out.append(Trajectory(obs={"state": rand(steps, envs, 4)}, actions=torch.randint(0, 2, (steps, envs), generator=g),
+        out.append(Trajectory(obs={"state": rand(steps, envs, 4)},
+                              actions=torch.randint(0, 2, (steps, envs), generator=g),
                               logprobs=rand(steps, envs).clamp(max=0) - 0.7, values=rand(steps, envs),
                               rewards=rand(steps, envs), dones=dones, bootstrap=rand(steps, envs), version=1, rank=r))
     return out
 
 
 def chunks_of(traj: Trajectory, cut: int) -> list[Trajectory]:
-    part = lambda t, s: Trajectory(obs={"state": t.obs["state"][s]}, actions=t.actions[s], logprobs=t.logprobs[s],  # noqa: E731
-                                   values=t.values[s], rewards=t.rewards[s], dones=t.dones[s],
-                                   bootstrap=t.bootstrap[s], version=t.version, rank=t.rank)
-    first, last = part(traj, slice(0, cut)), part(traj, slice(cut, None))
+    def part(s: slice) -> Trajectory:
+        return Trajectory(obs={"state": traj.obs["state"][s]}, actions=traj.actions[s], logprobs=traj.logprobs[s],
+                          values=traj.values[s], rewards=traj.rewards[s], dones=traj.dones[s],
+                          bootstrap=traj.bootstrap[s], version=traj.version, rank=traj.rank)
+
+    first, last = part(slice(0, cut)), part(slice(cut, None))
     first.final, last.start = False, cut
     return [first, last]
 

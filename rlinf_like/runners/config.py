@@ -84,7 +84,7 @@ class RunnerConfig:
     save_every: int = 20
     resume: bool = False
     output_dir: str = "runs/reasoning"
-    micro_batch_size: int | None = 64  # rows per forward (per rank); null: a rank's whole mini-batch / shard in one pass
+    micro_batch_size: int | None = 64  # rows per forward (per rank); null: a whole mini-batch / shard in one pass
     schedule: str = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
     pack_sequences: bool = False  # actor/critic micro-batches run packed (no compute on padding)
     max_batch_seqlen: int | None = None  # packed row length; null: each micro-batch's longest sequence

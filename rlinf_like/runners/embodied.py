@@ -4,8 +4,9 @@ Per PPO update every env worker and its rollout rank run `steps_per_rollout` ste
 wire (see workers/env/worker.py); each rollout rank puts its `Trajectory` on a channel, and the
 actor, already waiting on that channel, trains as soon as they arrive (GAE, PPO epochs and
 mini-batches), then publishes the new weights to the rollout. An actor on several ranks: rank 0
-forwards every trajectory to the others, each trains on its own rows (`check_actor_split`). `runner.pipeline=true` splits each
-env worker's envs into 2 stages, so the simulator steps one while the policy infers the other.
+forwards every trajectory to the others, each trains on its own rows (`check_actor_split`).
+`runner.pipeline=true` splits each env worker's envs into 2 stages, so the simulator steps one while
+the policy infers the other.
 `runner.stream_trajectories=true` streams each rank's trajectory in chunks of `runner.stream_chunk_steps`
 steps; the actor computes the GAE of every finished episode as they arrive, then trains on the same
 batch as without streaming. `runner.env_in_rollout=true` has no env workers: each rollout rank steps its envs in its own process
