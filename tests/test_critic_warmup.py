@@ -30,7 +30,7 @@ def toy_batch(rows=4):
 @pytest.fixture()
 def runner_with_workers(cluster, tmp_path):
     path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
-    loop = LoopConfig(mini_batches=1, micro_batch_size=4, epochs=2)
+    loop = LoopConfig(mini_batches=1, micro_batch_size=None, epochs=2)  # None: the 4 rows in one pass
     placement = cluster.place({"actor": "0", "critic": "0"})
     actor = ActorWorker.create_group(ActorConfig(str(path), FSDPConfig(optim=OptimConfig(lr=1e-2)), loop=loop)).launch(
         cluster, placement, "actor")

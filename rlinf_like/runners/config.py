@@ -85,7 +85,7 @@ class RunnerConfig:
     save_every: int = 20
     resume: bool = False
     output_dir: str = "runs/reasoning"
-    micro_batch_size: int = 64
+    micro_batch_size: int | None = 64  # rows per forward (per rank); null: a whole mini-batch / shard in one pass
     schedule: str = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
     migrate_at: float = 0.0  # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate

@@ -93,8 +93,7 @@ class DynamicScheduleRunner(ReasoningRunner):
         tp = self.cfg.rollout.tp_size or rollout.world_size
         self.units = [list(range(j, j + tp)) for j in range(0, rollout.world_size, tp)]
         self.scheduler = DeviceScheduler(self.units, self.schedule)
-        self.channel: Channel[RolloutResult] = Channel.create(f"{cluster.config.namespace}-dynsched-results",
-                                                              RolloutResult)
+        self.channel: Channel[RolloutResult] = Channel.create(cluster.scoped_name("dynsched-results"), RolloutResult)
 
     # --- one step -----------------------------------------------------------------------------------
     def _plan(self, step: int, num_groups: int) -> list[list[int]]:

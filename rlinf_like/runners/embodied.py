@@ -3,8 +3,10 @@
 Per PPO update every env worker and its rollout rank run `steps_per_rollout` steps over their
 wire (see workers/env/worker.py); each rollout rank puts its `Trajectory` on a channel, and the
 actor, already waiting on that channel, trains as soon as they arrive (GAE, PPO epochs and
-mini-batches), then publishes the new weights to the rollout. `runner.pipeline=true` splits each
-env worker's envs into 2 stages, so the simulator steps one while the policy infers the other.
+mini-batches), then publishes the new weights to the rollout. An actor on several ranks: rank 0
+forwards every trajectory to the others, each trains on its own rows (`check_actor_split`).
+`runner.pipeline=true` splits each env worker's envs into 2 stages, so the simulator steps one while
+the policy infers the other.
 `runner.stream_trajectories=true` streams each rank's trajectory in chunks of `runner.stream_chunk_steps`
 steps; the actor computes the GAE of every finished episode as they arrive, then trains on the same
 batch as without streaming. `runner.env_in_rollout=true` has no env workers: each rollout rank steps its envs in its own process
@@ -54,6 +56,11 @@ def env_specs(config: EnvConfig) -> dict:
         env.close()
 
 
+def trajectory_channel(cluster: Cluster) -> Channel[Trajectory]:
+    """The rollout -> actor channel, named for this run (another run on the same Ray has its own)."""
+    return Channel.create(cluster.scoped_name("trajectories"), Trajectory)
+
+
 def check_config(cfg: EmbodiedConfig) -> None:
     """Values a schema cannot check, failing before any worker starts and naming the key."""
     from rlinf_like.envs import KINDS
@@ -81,6 +88,21 @@ def check_config(cfg: EmbodiedConfig) -> None:
                          f"{r.stream_chunk_steps}")
 
 
+def check_actor_split(cfg: EmbodiedConfig, actor_ranks: int, env_ranks: int) -> None:
+    """Several actor ranks each train on their own rows of every update's batch, one forward per
+    mini-batch: each must get the same number of rows per mini-batch (unequal shards would weigh the
+    averaged gradient unevenly; an empty one has no loss). `env_ranks`: the ranks that step envs."""
+    rows = cfg.runner.steps_per_rollout * cfg.env.num_envs * env_ranks
+    minis = cfg.algorithm.mini_batches
+    if actor_ranks > 1 and rows % (actor_ranks * minis):
+        who = "rollout" if cfg.runner.env_in_rollout else "env"
+        raise ValueError(
+            f"runner.steps_per_rollout x env.num_envs x {who} ranks = {cfg.runner.steps_per_rollout} x "
+            f"{cfg.env.num_envs} x {env_ranks} = {rows} rows per update do not divide by the actor ranks in "
+            f"cluster.component_placement.actor ({actor_ranks}) x algorithm.mini_batches ({minis}); pick sizes whose "
+            f"product is a multiple of {actor_ranks * minis}, or place the actor on one rank")
+
+
 class EmbodiedRunner:
     def __init__(self, cfg: EmbodiedConfig):
         check_config(cfg)
@@ -99,6 +121,8 @@ class EmbodiedRunner:
         missing = [c for c in needed if c not in placement.components]
         if missing:
             raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
+        check_actor_split(cfg, placement["actor"].world_size,
+                          placement["rollout" if cfg.runner.env_in_rollout else "env"].world_size)
         print(placement.describe())
         self.stages = 2 if cfg.runner.pipeline else 1
         if cfg.runner.env_in_rollout:  # the envs live in the rollout ranks: no env group, no wire
@@ -128,7 +152,7 @@ class EmbodiedRunner:
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
         plan = SyncPlan.build(src, dst, "actor", "rollout")
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
-        self.channel = Channel.create(f"trajectories-{id(self)}", Trajectory)
+        self.channel = trajectory_channel(cluster)
         action = specs["action_spec"]
         chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)

@@ -234,7 +234,7 @@ class ReasoningRunner:
         `_prepare` (advantages, whitening) on each whole batch, and plans each actor rank's
         token-budget micro-batches."""
         rows = self.cfg.runner.prompts_per_step * self.cfg.algorithm.samples_per_prompt
-        self.results = Channel.create(f"{cluster.config.namespace}-rollout-results", RolloutResult)
+        self.results = Channel.create(cluster.scoped_name("rollout-results"), RolloutResult)
         pieces = (self._scored_batch([res], [self._answers.pop(res.request_id)]) for res in self.results)
         self.resizer = BatchResizer(pieces, rows, [self._prepare], world_size=self.actor.world_size, loop=loop,
                                     weigh=loss_weigh(loss))

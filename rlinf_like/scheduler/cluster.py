@@ -170,6 +170,11 @@ class Cluster:
         spec = self.config.component_placement if component_placement is None else component_placement
         return plan_placement(spec, self.devices, known_components)
 
+    def scoped_name(self, name: str) -> str:
+        """`name` made unique to this run, for the Ray actors (workers, channels) it names in the
+        namespace that other runs on the same Ray cluster share."""
+        return f"{name}-{self.run_id}"
+
     # --- device reservations --------------------------------------------------------------
     def reservation(self, device: Device) -> PlacementGroup:
         """The placement group holding `device`; created (and waited for) on first use."""

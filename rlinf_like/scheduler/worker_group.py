@@ -151,7 +151,7 @@ class WorkerGroup:
             ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s)
             resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
             handle = _RemoteHost.options(
-                name=f"{name}-{rp.rank}-{cluster.run_id}",
+                name=cluster.scoped_name(f"{name}-{rp.rank}"),
                 namespace=cluster.config.namespace,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     cluster.reservation(rp.device), placement_group_bundle_index=0

@@ -12,6 +12,7 @@ batch (rows in rollout-rank order, as without streaming) is then the same, bit f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,8 @@ from rlinf_like.models.policies import PolicyConfig, build_policy
 from rlinf_like.scheduler import Channel
 from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.workers.training import LoopConfig, train_epochs
+
+FORWARD_KEY = "actor-rank-"  # channel key of the items rank 0 forwards to actor rank r (`_feed`)
 
 
 @dataclass
@@ -67,12 +70,13 @@ class EmbodiedActorWorker(TrainedWorker):
     def train(self, trajectories: list[Trajectory] | None = None, channel: str | None = None,
               count: int = 0, streamed: bool = False) -> dict[str, float]:
         """One PPO update on the given trajectories, or on `count` rollout ranks' taken from `channel`
-        (whole, or as streamed chunks)."""
+        (whole, or as streamed chunks). Every rank trains on its own rows of the whole batch."""
         if streamed:
-            items, chunks = self._streamed(Channel.connect(channel), count)
+            items, chunks = self._streamed(self._feed(channel), count)
         else:
             if trajectories is None:
-                trajectories = Channel.connect(channel).get_batch(count)
+                take = self._feed(channel)
+                trajectories = [take() for _ in range(count)]
             trajectories = sorted(trajectories, key=lambda t: t.rank)  # rows in rank order, whatever came first
             items, chunks = [(t, *trajectory_gae(t, self.ppo.gamma, self.ppo.lam)) for t in trajectories], len(trajectories)
         batch = rows_batch(items)
@@ -84,12 +88,29 @@ class EmbodiedActorWorker(TrainedWorker):
         out["trajectory_chunks"] = chunks
         return out
 
-    def _streamed(self, channel: Channel, ranks: int) -> tuple[list, int]:
+    def _feed(self, name: str) -> Callable[[], Trajectory]:
+        """The next item of channel `name` for this rank. Every rank needs every item, but a channel
+        hands each item to one consumer: rank 0 takes the rollout's items and forwards each to the
+        other ranks' keys (a blocking channel get, not a collective that would time out during a long
+        collect)."""
+        channel = Channel.connect(name)
+        if self.rank:
+            return lambda: channel.get(key=f"{FORWARD_KEY}{self.rank}")
+
+        def take() -> Trajectory:
+            item = channel.get()
+            for rank in range(1, self.world_size):
+                channel.put(item, key=f"{FORWARD_KEY}{rank}")
+            return item
+
+        return take
+
+    def _streamed(self, take: Callable[[], Trajectory], ranks: int) -> tuple[list, int]:
         """Chunks as they come, GAE per finished episode, until `ranks` rollout ranks sent their last one."""
         per_rank: dict[int, StreamedGAE] = {}
         chunks = 0
         while sum(g.complete for g in per_rank.values()) < ranks:
-            chunk = channel.get()
+            chunk = take()
             per_rank.setdefault(chunk.rank, StreamedGAE(self.ppo.gamma, self.ppo.lam)).add(chunk)
             chunks += 1
         return [per_rank[r].result() for r in sorted(per_rank)], chunks

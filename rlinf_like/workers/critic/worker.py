@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from rlinf_like.algorithms import value_loss
-from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import LossFn, model_logits
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, check_loop, train_epochs
+from rlinf_like.workers.training import LoopConfig, check_loop, micro_batches, train_epochs
 
 
 @dataclass
@@ -63,9 +63,7 @@ class CriticWorker(TrainedWorker):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of this rank's rows (the caller concatenates the ranks' parts in rank order)."""
         mine = shard_rows(batch, self.rank, self.world_size)
-        size = self.config.loop.micro_batch_size
-        parts = [token_values(self.manager.model, select_rows(mine, slice(i, i + size)))
-                 for i in range(0, mine["input_ids"].shape[0], size)]
+        parts = [token_values(self.manager.model, m) for m in micro_batches(mine, self.config.loop.micro_batch_size)]
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 
     def train_step(self, batch: Batch) -> dict[str, float]:

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.scheduler import Worker
+from rlinf_like.workers.training import micro_batches
 
 
 class InferenceWorker(Worker):
-    def __init__(self, model_path: str, micro_batch_size: int = 64, temperature: float = 1.0,
+    def __init__(self, model_path: str, micro_batch_size: int | None = 64, temperature: float = 1.0,
                  pack_sequences: bool = False, max_batch_seqlen: int | None = None):
         from transformers import AutoModelForCausalLM
 
@@ -28,10 +29,9 @@ class InferenceWorker(Worker):
     @torch.inference_mode()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         mine = shard_rows(batch, self.rank, self.world_size)
-        rows = mine["input_ids"].shape[0]
         parts = []
-        for i in range(0, rows, self.micro_batch_size):
-            micro = {k: v.to(self.torch_device) for k, v in select_rows(mine, slice(i, i + self.micro_batch_size)).items()}
+        for micro in micro_batches(mine, self.micro_batch_size):  # None: the shard in one pass
+            micro = {k: v.to(self.torch_device) for k, v in micro.items()}
             if self.pack_sequences:  # no compute on padding; logprobs come back padded
                 micro = pack_batch(micro, self.max_batch_seqlen)
             parts.append(token_logprobs(self.model, micro, self.temperature).cpu())

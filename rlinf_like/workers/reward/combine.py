@@ -27,8 +27,9 @@ def check_reward_config(config: RewardConfig) -> None:
                          f"checkpoint with num_labels=1)")
     if config.kind == "both" and config.rule_weight == 0 and config.model_weight == 0:
         raise ValueError("reward.kind='both' with reward.rule_weight=0 and reward.model_weight=0 gives no reward")
-    if config.model_micro_batch_size <= 0:
-        raise ValueError(f"reward.model_micro_batch_size must be > 0, got {config.model_micro_batch_size}")
+    if config.model_micro_batch_size is not None and config.model_micro_batch_size <= 0:
+        raise ValueError(f"reward.model_micro_batch_size must be > 0 or null (all rows in one pass), got "
+                         f"{config.model_micro_batch_size}")
     if config.model_min_response_tokens < 0:
         raise ValueError(f"reward.model_min_response_tokens must be >= 0, got {config.model_min_response_tokens}")
 

@@ -60,7 +60,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, side: str = "right") ->
 class RewardModel:
     """A frozen reward model on one device, scoring token rows in micro-batches."""
 
-    def __init__(self, path: str, micro_batch_size: int = 32, device: str = "cpu"):
+    def __init__(self, path: str, micro_batch_size: int | None = 32, device: str = "cpu"):
         from transformers import AutoModelForSequenceClassification
 
         self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
@@ -72,7 +72,8 @@ class RewardModel:
     def score(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """[N] scores of prompt + response token rows."""
         parts = []
-        for i in range(0, len(rows), self.micro_batch_size):
-            ids, mask = pad_rows(rows[i : i + self.micro_batch_size], self.pad_id)
+        size = self.micro_batch_size or max(len(rows), 1)  # None: all rows in one pass
+        for i in range(0, len(rows), size):
+            ids, mask = pad_rows(rows[i : i + size], self.pad_id)
             parts.append(sequence_scores(self.model, ids.to(self.device), mask.to(self.device)).cpu())
         return torch.cat(parts) if parts else torch.zeros(0)

@@ -75,7 +75,7 @@ class RewardConfig:
     rule_weight: float = 1.0
     model_weight: float = 1.0
     model_path: str = ""  # a *ForSequenceClassification checkpoint (num_labels=1)
-    model_micro_batch_size: int = 32
+    model_micro_batch_size: int | None = 32
     model_penalise_no_eos: bool = False  # a truncated response's model score becomes model_penalty
     model_min_response_tokens: int = 0  # shorter responses' model score becomes model_penalty
     model_penalty: float = -3.0
