@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import ray
 import torch
@@ -46,14 +45,6 @@ from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, continuati
 
 POLL_S = 0.02  # how long the driver waits on the result channel before checking replicas again
 DRAIN_S = 120.0  # after an abort, how long a stopped replica's last results may take to arrive
-
-
-@dataclass
-class Serving:
-    """A rollout unit's running call and the requests it serves (original or migrated)."""
-
-    handle: GroupResult
-    request_ids: list[str]
 
 
 def check_dynamic(cfg: ReasoningConfig) -> None:
@@ -117,26 +108,33 @@ class DynamicScheduleRunner(ReasoningRunner):
             (partials if result.partial else results)[result.request_id] = result
             timeout = 0.0
 
-    def _serve(self, unit: int, requests: list[RolloutRequest]) -> Serving:
-        handle = self.rollout.on_ranks(*self.units[unit]).serve_to(self.channel.name, requests)
-        return Serving(handle, [q.request_id for q in requests])
+    def _drain(self, ids: list[str], results: dict, partials: dict) -> None:
+        """Wait until every request in `ids` has reported (the calls serving them have returned)."""
+        deadline = time.monotonic() + DRAIN_S
+        while missing := [i for i in ids if i not in results and i not in partials]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the rollout calls serving requests {missing[:5]} returned without reporting them")
+            self._take(results, partials, POLL_S)
+
+    def _serve(self, unit: int, requests: list[RolloutRequest]) -> GroupResult:
+        return self.rollout.on_ranks(*self.units[unit]).serve_to(self.channel.name, requests)
 
     def _hand_over(self, unit: int) -> None:
         self.rollout.on_ranks(*self.units[unit]).offload().wait()
         self.scheduler.offload_sync(unit)
 
-    def _poll(self, serving: dict[int, Serving], results: dict, partials: dict) -> None:
+    def _poll(self, serving: dict[int, GroupResult], results: dict, partials: dict) -> None:
         """Take finished groups off the channel; offload every replica that has served all its requests."""
         self._take(results, partials, POLL_S)
-        for unit, job in list(serving.items()):
-            ready, _ = ray.wait(job.handle.refs, num_returns=len(job.handle.refs), timeout=0)
-            if len(ready) == len(job.handle.refs):
-                job.handle.wait()  # raises a replica's error, naming its rank
+        for unit, handle in list(serving.items()):
+            ready, _ = ray.wait(handle.refs, num_returns=len(handle.refs), timeout=0)
+            if len(ready) == len(handle.refs):
+                handle.wait()  # raises a replica's error, naming its rank
                 self._hand_over(unit)
                 del serving[unit]
                 return  # one hand-over per poll: each replica's devices get their own scale-sync
 
-    def _migrate(self, serving: dict[int, Serving], results: dict, partials: dict, requests: dict) -> None:
+    def _migrate(self, serving: dict[int, GroupResult], results: dict, partials: dict, requests: dict) -> None:
         """When enough of the step is done, move the unfinished requests onto fewer replicas and drain the rest."""
         share_done = len(results) / len(requests)
         keep = math.ceil(len(self.units) * (1 - share_done))
@@ -148,14 +146,9 @@ class DynamicScheduleRunner(ReasoningRunner):
         for call in stopping:
             call.wait()
         for unit in units:
-            serving.pop(unit).handle.wait()  # every result is on the channel once the call has returned
+            serving.pop(unit).wait()  # every result is on the channel once the call has returned
         open_ids = [i for i in requests if i not in results]
-        deadline = time.monotonic() + DRAIN_S
-        while any(i not in results and i not in partials for i in open_ids):
-            if time.monotonic() > deadline:
-                missing = [i for i in open_ids if i not in results and i not in partials]
-                raise RuntimeError(f"rollout units {units} stopped but never reported requests {missing[:5]}")
-            self._take(results, partials, POLL_S)
+        self._drain(open_ids, results, partials)
         moved = [continuation(requests[i], partials.pop(i)) for i in open_ids if i not in results]
         self.scheduler.migrate(drained, kept, len(moved))
         for unit in drained:
@@ -200,6 +193,10 @@ class DynamicScheduleRunner(ReasoningRunner):
         while plan or serving:
             self._poll(serving, results, partials)
             self._migrate(serving, results, partials, by_id)
+            if not serving:  # every call has returned: all results are on the channel, or something is wrong
+                self._drain(list(by_id), results, partials)
+                if partials:
+                    raise RuntimeError(f"requests {sorted(partials)[:5]} came back part-done with nothing to continue them")
             if rollout_s is None and not serving:
                 rollout_s = time.perf_counter() - start
             active = self._scale(active)
