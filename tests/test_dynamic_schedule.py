@@ -52,6 +52,11 @@ def test_scheduler_protocol_static_waits_dynamic_hands_over_per_unit():
             s.offload_sync(0)
     assert s.dp_sizes(0) == [1, 2]
     s.pre_process(1)
+    assert s.plan_migration(0.5, [0, 1], migrate_at=0.0) is None  # off
+    assert s.plan_migration(0.4, [0, 1], migrate_at=0.25) is None  # ceil(2 x 0.6) = 2 replicas still needed
+    assert s.plan_migration(0.5, [0, 1], migrate_at=0.25) == ([0], [1])
+    assert s.plan_migration(1.0, [1], migrate_at=0.5) is None  # all done, one call left: nothing to move
+    assert DeviceScheduler([[0], [1], [2], [3]], "dynamic").plan_migration(0.7, [1, 2, 3], 0.5) == ([1, 2], [3])
     s.migrate([1], [0], requests=3)
     s.offload_sync(1)
     with pytest.raises(RuntimeError, match="cannot migrate from units"):

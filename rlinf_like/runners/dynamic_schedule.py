@@ -26,7 +26,6 @@ this schedule.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 
@@ -136,12 +135,11 @@ class DynamicScheduleRunner(ReasoningRunner):
 
     def _migrate(self, serving: dict[int, GroupResult], results: dict, partials: dict, requests: dict) -> None:
         """When enough of the step is done, move the unfinished requests onto fewer replicas and drain the rest."""
-        share_done = len(results) / len(requests)
-        keep = math.ceil(len(self.units) * (1 - share_done))
-        if not self.migrate_at or share_done < self.migrate_at or keep >= len(serving):
+        plan = self.scheduler.plan_migration(len(results) / len(requests), list(serving), self.migrate_at)
+        if plan is None:
             return
+        kept, drained = plan
         units = sorted(serving)
-        kept, drained = units[:keep], units[keep:]
         stopping = [self.rollout.on_ranks(*self.units[u]).abort() for u in units]
         for call in stopping:
             call.wait()

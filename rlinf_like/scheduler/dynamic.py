@@ -19,6 +19,7 @@ recorded as an `Event`, so a test can check that a hand-over happened and when.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -58,6 +59,16 @@ class DeviceScheduler:
     def pre_process(self, step: int) -> None:
         self.step, self._offloaded, self._active = step, set(), []
         self.events.append(Event("pre_process", step, {"rollout_units": len(self.units)}))
+
+    def plan_migration(self, share_done: float, serving: list[int], migrate_at: float) -> tuple[list[int], list[int]] | None:
+        """(kept, drained) when the unfinished requests should move now: `migrate_at` > 0 and that share of
+        the step's groups is done, and ceil(units x share left) replicas (at least one) are fewer than the
+        `serving` ones. The lowest-numbered serving units are kept."""
+        keep = max(1, math.ceil(len(self.units) * (1 - share_done)))
+        if not migrate_at or share_done < migrate_at or keep >= len(serving):
+            return None
+        units = sorted(serving)
+        return units[:keep], units[keep:]
 
     def migrate(self, drained: list[int], kept: list[int], requests: int) -> None:
         if not kept or set(drained) & set(kept) or set(drained + kept) & self._offloaded:
