@@ -33,12 +33,12 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.actor_setup import actor_config, actor_replicas, check_actor_section
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Channel, Cluster, PlacementMode, connect_groups, wait_all
 from rlinf_like.scheduler.dynamic import SCHEDULES
 from rlinf_like.workers.actor.loss import LossConfig
-from rlinf_like.runners.actor_setup import actor_config, actor_replicas, check_actor_section
 from rlinf_like.workers.actor.worker import BACKENDS, ActorWorker, loss_weigh
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
