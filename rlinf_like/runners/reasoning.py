@@ -198,7 +198,8 @@ class ReasoningRunner:
             raise ValueError(f"cluster.component_placement places no {missing}{why}; "
                              f"it places {sorted(placement.components)}")
         # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
-        replicas = {"actor": actor_replicas(cfg, placement["actor"].world_size)}
+        split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"  # "... ranks (n)"
+        replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
         if "critic" in needed:
             replicas["critic"] = placement["critic"].world_size
         check_batch_split(cfg, replicas)
