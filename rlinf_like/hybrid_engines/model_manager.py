@@ -111,6 +111,16 @@ def token_nll_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[s
     return loss, {"tokens": float(mask.sum())}
 
 
+@dataclass(frozen=True)
+class DataParallelRank:
+    """Where a rank sits among the data-parallel replicas: which rows of a batch it trains on. The ranks
+    of one replica (tensor / pipeline parallel) see the same rows; `first` marks the one rank per
+    replica whose per-row results (logprobs) a caller keeps, so replicas' rows are counted once."""
+    rank: int
+    size: int
+    first: bool = True
+
+
 @dataclass
 class ManagerStatus:
     step: int
@@ -126,6 +136,7 @@ class ModelManager(ABC):
     optimizer: torch.optim.Optimizer
     residency: ResidencyManager
     step: int  # optimizer steps taken
+    rank: int
     world_size: int
 
     @abstractmethod
@@ -159,6 +170,14 @@ class ModelManager(ABC):
 
     @abstractmethod
     def get_config(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def set_base_lr(self, lr: float) -> None:
+        """Switch the base learning rate; the LR schedule keeps applying on top (at the current step)."""
+
+    def data_parallel(self) -> DataParallelRank:
+        """Every rank is its own data-parallel replica unless the backend splits a model over ranks."""
+        return DataParallelRank(self.rank, self.world_size)
 
     def get_status(self) -> ManagerStatus:
         return ManagerStatus(

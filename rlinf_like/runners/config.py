@@ -63,6 +63,13 @@ class AlgorithmConfig:
 
 
 @dataclass
+class ActorSection:
+    backend: str = "fsdp"  # fsdp | megatron (the [megatron] extra; not with runner.schedule=dynamic)
+    tp_size: int = 1  # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
+    pp_size: int = 1  # megatron: pipeline stages per replica (not with runner.pack_sequences)
+
+
+@dataclass
 class RolloutSection:
     engine: str = "native"  # native | hf | sglang
     tp_size: int = 1  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
@@ -103,5 +110,6 @@ class ReasoningConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    actor: ActorSection = field(default_factory=ActorSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     reward: RewardConfig = field(default_factory=RewardConfig)

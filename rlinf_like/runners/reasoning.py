@@ -33,12 +33,13 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.actor_setup import actor_config, actor_replicas, check_actor_section
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Channel, Cluster, PlacementMode, connect_groups, wait_all
 from rlinf_like.scheduler.dynamic import SCHEDULES
 from rlinf_like.workers.actor.loss import LossConfig
-from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker, loss_weigh
+from rlinf_like.workers.actor.worker import BACKENDS, ActorWorker, loss_weigh
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.combine import check_reward_config
@@ -65,7 +66,8 @@ def check_config(cfg: ReasoningConfig) -> None:
                "rollout.dtype": (cfg.rollout.dtype, ["float32", "bfloat16", "float16"]),
                "rollout.logprobs": (cfg.rollout.logprobs, list(LOGPROB_SOURCES)),
                "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
-               "runner.schedule": (cfg.runner.schedule, list(SCHEDULES))}
+               "runner.schedule": (cfg.runner.schedule, list(SCHEDULES)),
+               "actor.backend": (cfg.actor.backend, list(BACKENDS))}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
@@ -98,6 +100,7 @@ def check_config(cfg: ReasoningConfig) -> None:
                          f"runner.schedule=dynamic (got {cfg.runner.schedule!r})")
     check_reward_config(cfg.reward)
     check_loop(runner_loop(cfg), "runner")
+    check_actor_section(cfg)
 
 
 def runner_loop(cfg: ReasoningConfig) -> LoopConfig:
@@ -194,15 +197,21 @@ class ReasoningRunner:
             why = "".join(f" ({c}: with {optional[c][0]})" for c in missing if c in optional)
             raise ValueError(f"cluster.component_placement places no {missing}{why}; "
                              f"it places {sorted(placement.components)}")
-        check_batch_split(cfg, {c: placement[c].world_size for c in ("actor", "critic") if c in needed})
+        # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
+        split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"  # "... ranks (n)"
+        replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
+        if "critic" in needed:
+            replicas["critic"] = placement["critic"].world_size
+        check_batch_split(cfg, replicas)
         print(placement.describe())
         self.collocated = placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED
         loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
         loss = LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), loss_kl,
                           a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
         loop = runner_loop(cfg)
-        actor_cfg = ActorConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.lr)), loss, loop)
+        actor_cfg = actor_config(cfg, self.model_path, loss, loop)
         self.actor = self.actor_worker.create_group(actor_cfg).launch(cluster, placement, "actor")
+        self.actor_dp = self.actor.data_parallel().wait()  # per actor rank: its replica's rows
         self.critic = None
         if a.advantage == "gae":
             critic_cfg = CriticConfig(self.model_path, FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop, a.value_clip)
@@ -236,7 +245,7 @@ class ReasoningRunner:
         rows = self.cfg.runner.prompts_per_step * self.cfg.algorithm.samples_per_prompt
         self.results = Channel.create(cluster.scoped_name("rollout-results"), RolloutResult)
         pieces = (self._scored_batch([res], [self._answers.pop(res.request_id)]) for res in self.results)
-        self.resizer = BatchResizer(pieces, rows, [self._prepare], world_size=self.actor.world_size, loop=loop,
+        self.resizer = BatchResizer(pieces, rows, [self._prepare], world_size=self.actor_dp[0].size, loop=loop,
                                     weigh=loss_weigh(loss))
         self._global_batches = self.resizer.global_batches()
         print(f"pipelined with a token budget: rollout groups stream through a BatchResizer into global "
@@ -355,8 +364,8 @@ class ReasoningRunner:
         if self.resizer is None:
             return self.actor.train_step(batch).wait()[0]
         step = self.actor.on_ranks(0).status().wait()[0]["step"]  # the shuffle's seed, as in train_epochs
-        calls = [self.actor.on_ranks(r).train_micro_batches(self.resizer.rank_steps(batch, r, step))
-                 for r in range(self.actor.world_size)]
+        calls = [self.actor.on_ranks(r).train_micro_batches(self.resizer.rank_steps(batch, dp.rank, step))
+                 for r, dp in enumerate(self.actor_dp)]
         return [call.wait()[0] for call in calls][0]
 
     def _advantages(self, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -147,6 +147,12 @@ class FSDPModelManager(ModelManager):
     def clear_gradients(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def set_base_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
         self.model.eval()

@@ -54,7 +54,7 @@ def save_checkpoint(m: MegatronModelManager, path: str) -> None:
     dist.barrier()
     with cpu_compat.cuda_as_cpu():
         dist_checkpointing.save(_sharded_state(m, loading=False), str(tmp / "dist"))
-    extra = {"step": m.step, "world_size": m.world_size,
+    extra = {"step": m.step, "world_size": m.world_size, "base_lr": m.base_lr,
              "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}}
     torch.save(extra, tmp / f"extra_rank{m.rank}.pt")
     dist.barrier()
@@ -73,6 +73,7 @@ def load_checkpoint(m: MegatronModelManager, path: str) -> None:
     own = Path(path) / f"extra_rank{m.rank}.pt"
     extra = torch.load(own if own.exists() else Path(path) / "extra_rank0.pt", weights_only=False)
     m.step = extra["step"]
+    m.base_lr = extra.get("base_lr", m.base_lr)  # as FSDP's scheduler state carries its base LRs
     m._set_lr()
     # Adam's bias-correction step: the distributed optimizer's checkpoint formats do not carry torch
     # AdamW's per-parameter 'step'; it equals the manager's step (a skipped step never reaches Adam)

@@ -29,7 +29,7 @@ from rlinf_like.hybrid_engines.megatron.checkpoint import export_hf, load_checkp
 from rlinf_like.hybrid_engines.megatron.hf_source import hf_source
 from rlinf_like.hybrid_engines.megatron.parallel import destroy_parallel, init_parallel
 from rlinf_like.hybrid_engines.model_manager import (
-    Batch, LossFn, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
+    Batch, DataParallelRank, LossFn, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
 )
 from rlinf_like.hybrid_engines.packing import Packing
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
@@ -134,6 +134,7 @@ class MegatronModelManager(ModelManager):
             )
         self.model = mmodel.LogitsModule(self.ddp)
         self._lr = lr_multiplier(cfg.scheduler)
+        self.base_lr = cfg.optim.lr  # set_base_lr changes it (SFT warm-start, then RL)
         self.step = 0
         self._set_lr()
         self.residency = ResidencyManager(self.model, _OptimizerState(self.optimizer, self.model))
@@ -153,7 +154,17 @@ class MegatronModelManager(ModelManager):
 
     def _set_lr(self) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = self.config.optim.lr * self._lr(self.step)
+            group["lr"] = self.base_lr * self._lr(self.step)
+
+    def set_base_lr(self, lr: float) -> None:
+        """Every param group of megatron's optimizer (decay / no-decay, chained) takes the same LR."""
+        self.base_lr = lr
+        self._set_lr()
+
+    def data_parallel(self) -> DataParallelRank:
+        """The ranks of one TP x PP replica train on the same rows; its first rank reports them (in
+        megatron's rank order tp-dp-pp, replicas' first ranks come in data-parallel order)."""
+        return DataParallelRank(self.dp_rank, self.dp_size, self.tp_rank == 0 and self.pp_rank == 0)
 
     def close(self) -> None:
         """Tear down megatron's parallel state so another manager (another layout) can start here."""

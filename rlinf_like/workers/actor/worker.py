@@ -1,8 +1,10 @@
-"""ActorWorker: the trained policy, one data-parallel rank per worker, on a ModelManager.
+"""ActorWorker: the trained policy on a ModelManager, FSDP (default) or Megatron (`backend`).
 
-Every rank receives the whole batch and trains on its own rows through `workers/training.py`,
-the loop the critic shares. The same loop serves SFT warm-start (token NLL) and RL (`rl_loss`),
-so there is one training loop for every algorithm, role and backend.
+Every rank receives the whole batch and trains on its data-parallel replica's rows through
+`workers/training.py`, the loop the critic shares. Under FSDP each rank is a replica; under
+Megatron the TP x PP ranks of one replica see the same rows (`ModelManager.data_parallel`). The
+same loop serves SFT warm-start (token NLL) and RL (`rl_loss`), so there is one training loop for
+every algorithm, role and backend.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import torch
 
 from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
-from rlinf_like.hybrid_engines.model_manager import token_nll_loss
+from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
+from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, num_rows, run_steps, train_epochs
+
+
+BACKENDS = ("fsdp", "megatron")
 
 
 @dataclass
@@ -26,6 +32,34 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    backend: str = "fsdp"  # fsdp | megatron (the [megatron] extra)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # backend=megatron: parallel sizes, optimizer
+
+
+def check_actor_config(config: ActorConfig, owner: str = "actor") -> None:
+    """What the chosen backend cannot do, refused by name before the model is built."""
+    if config.backend not in BACKENDS:
+        raise ValueError(f"{owner}.backend={config.backend!r} is not one of {list(BACKENDS)}")
+    check_loop(config.loop, f"{owner}.loop")
+    m = config.megatron
+    if config.backend == "megatron" and config.loop.pack_sequences and m.pipeline_parallel > 1:
+        raise ValueError(f"{owner}.loop.pack_sequences=true needs pipeline_parallel=1 under backend=megatron "
+                         f"(pipeline stages exchange fixed shapes), got pipeline_parallel={m.pipeline_parallel}")
+    if config.backend == "megatron" and m.micro_batches > 1 and config.loop.max_tokens_per_micro_batch is not None:
+        raise ValueError(f"{owner}.megatron.micro_batches={m.micro_batches} must divide every micro-batch's rows; "
+                         f"token-budget micro-batches ({owner}.loop.max_tokens_per_micro_batch) vary: use 1")
+
+
+def build_manager(config: ActorConfig) -> ModelManager:
+    """The manager `config.backend` names, on the HF checkpoint `config.model_path`."""
+    if config.backend == "megatron":
+        from rlinf_like.hybrid_engines.megatron import MegatronModelManager  # raises naming [megatron] if missing
+
+        return MegatronModelManager(config.model_path, config.megatron)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+    return FSDPModelManager(model, config.fsdp)
 
 
 def loss_weigh(loss: LossConfig):
@@ -36,19 +70,20 @@ def loss_weigh(loss: LossConfig):
 
 class ActorWorker(TrainedWorker):
     def __init__(self, config: ActorConfig):
-        from transformers import AutoModelForCausalLM
-
-        check_loop(config.loop, "actor.loop")
+        check_actor_config(config)
         torch.manual_seed(config.loop.seed)
         self.config = config
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
-        self.manager = FSDPModelManager(model, config.fsdp)
+        self.manager = build_manager(config)
         self._loss = rl_loss(config.loss)
+
+    def data_parallel(self) -> DataParallelRank:
+        """Which rows this rank trains on (a driver that plans micro-batches per rank asks this)."""
+        return self.manager.data_parallel()
 
     # --- training -------------------------------------------------------------------------------------
     def _train(self, batch: Batch, loss_fn, epochs: int, weigh=loss_tokens) -> dict[str, float]:
-        return train_epochs(self.manager, batch, loss_fn, self.rank, self.world_size, self.config.loop, epochs,
-                            weigh=weigh)
+        dp = self.manager.data_parallel()
+        return train_epochs(self.manager, batch, loss_fn, dp.rank, dp.size, self.config.loop, epochs, weigh=weigh)
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised warm-start (loss on `loss_mask` tokens)."""
@@ -59,20 +94,23 @@ class ActorWorker(TrainedWorker):
         return self._train(batch, self._loss, epochs=self.config.loop.epochs, weigh=loss_weigh(self.config.loss))
 
     def train_micro_batches(self, steps: list[list[tuple[Batch, float]]]) -> dict[str, float]:
-        """RL update on micro-batches planned elsewhere (a `BatchResizer`'s `rank_steps` for this rank):
-        per optimizer step, (micro-batch, loss scale) pairs, through the same loop as `train_step`."""
+        """RL update on micro-batches planned elsewhere (a `BatchResizer`'s `rank_steps` for this rank's
+        data-parallel rank): per optimizer step, (micro-batch, loss scale) pairs, through the same loop
+        as `train_step`."""
         return run_steps(self.manager, steps, self._loss)
 
     def set_lr(self, lr: float) -> None:
         """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule
         keeps applying on top."""
-        for group in self.manager.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] = lr
-        self.manager.scheduler.base_lrs = [lr] * len(self.manager.optimizer.param_groups)
+        self.manager.set_base_lr(lr)
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """Trainer-side logprobs of this rank's rows (to correct for the rollout engine's)."""
-        mine = shard_rows(batch, self.rank, self.world_size)
+        """Trainer-side logprobs of this replica's rows (to correct for the rollout engine's); the
+        replica's other ranks return no rows, so concatenating every rank's answer in rank order
+        gives each row once, in batch order."""
+        dp = self.manager.data_parallel()
+        mine = shard_rows(batch, dp.rank, dp.size)
         if self.config.loop.pack_sequences:
             mine = pack_batch(mine, self.config.loop.max_batch_seqlen)
-        return self.manager.compute_logprobs(mine, self.config.loss.temperature)
+        logprobs = self.manager.compute_logprobs(mine, self.config.loss.temperature)
+        return logprobs if dp.first else logprobs[:0]

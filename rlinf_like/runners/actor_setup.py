@@ -1,0 +1,53 @@
+"""The reasoning runner's actor section: which backend trains the policy (FSDP or Megatron), its
+parallel sizes, and the checks that refuse by name what the Megatron path cannot do yet."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.megatron import MegatronConfig
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.utils.extras import require
+from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.actor.worker import ActorConfig
+from rlinf_like.workers.training import LoopConfig
+
+
+def check_actor_section(cfg: ReasoningConfig) -> None:
+    """The actor's backend and parallel sizes; what the Megatron path cannot do yet is refused by name."""
+    act = cfg.actor
+    for key in ("tp_size", "pp_size"):
+        value = getattr(act, key)
+        if value < 1 or (value > 1 and act.backend != "megatron"):
+            raise ValueError(f"actor.{key}={value} must be >= 1, and > 1 only with actor.backend=megatron "
+                             f"(got actor.backend={act.backend!r})")
+    if act.backend != "megatron":
+        return
+    if cfg.runner.schedule == "dynamic":
+        raise ValueError("runner.schedule=dynamic needs actor.backend=fsdp: its elastic actor (data parallel "
+                         "over a changing set of ranks) has no Megatron version")
+    if cfg.runner.pack_sequences and act.pp_size > 1:
+        raise ValueError(f"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend=megatron "
+                         f"(pipeline stages exchange fixed shapes), got actor.pp_size={act.pp_size}")
+    if importlib.util.find_spec("megatron") is None:  # a look-up, not an import, in the driver
+        require("megatron.core")  # raises naming the [megatron] extra, before any worker starts
+
+
+def actor_replicas(cfg: ReasoningConfig, ranks: int) -> int:
+    """The actor's data-parallel size on `ranks` ranks: each replica spans actor.tp_size x actor.pp_size."""
+    per_replica = cfg.actor.tp_size * cfg.actor.pp_size
+    if ranks % per_replica:
+        raise ValueError(f"actor.tp_size x actor.pp_size = {cfg.actor.tp_size} x {cfg.actor.pp_size} must divide "
+                         f"the actor's {ranks} ranks (cluster.component_placement)")
+    return ranks // per_replica
+
+
+def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: LoopConfig) -> ActorConfig:
+    """The actor's config: the backend `actor.backend` names, with the same optimizer either way."""
+    optim = OptimConfig(lr=cfg.algorithm.lr)
+    megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
+                              # packed micro-batches run on the local layer spec (TE would need PackedSeqParams)
+                              layer_spec="local" if cfg.runner.pack_sequences else "auto")
+    return ActorConfig(model_path, FSDPConfig(optim=optim), loss, loop, cfg.actor.backend, megatron)
