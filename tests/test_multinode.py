@@ -104,11 +104,4 @@ def test_two_slurm_nodes_on_loopback_run_a_pipelined_ppo_job_across_both(tmp_pat
                            capture_output=True, timeout=120)
 
 
-def test_missing_nodes_are_named():
-    # a fresh process: this one may already hold the session's Ray instance
-    code = ("from rlinf_like.scheduler import Cluster, ClusterConfig\n"
-            "Cluster(ClusterConfig(num_cpus=1, num_nodes=2, reserve_timeout_s=2))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode != 0
-    assert re.search(r"cluster.num_nodes=2, but only 1 node\(s\) joined within 2s", out.stderr), out.stderr[-2000:]
+# cluster.num_nodes with too few nodes is named: tests/test_ray_launch.py (on the head it starts)
