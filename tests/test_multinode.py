@@ -1,7 +1,11 @@
 """Multi-node on one machine: two Ray nodes on loopback started the way a SLURM job starts them
-(`ray_launch.sh start slurm` once per "node", with a simulated allocation), then a pipelined GRPO
-run placed across both through `cluster.address` and `cluster.num_nodes`."""
+(`ray_launch.sh start slurm` once per "node", with a simulated allocation), then a pipelined PPO
+run (KL, a critic, a token budget through the BatchResizer) placed across both through
+`cluster.address` and `cluster.num_nodes`. That one run is also the pipelined PPO end-to-end test
+(it used to run again on one node in test_reasoning_runner.py: the same placement slots, one more
+Ray startup and run)."""
 
+import json
 import os
 import re
 import socket
@@ -14,8 +18,14 @@ import pytest
 from rlinf_like.scheduler.slurm import expand_hostlist, read_slurm_env
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["runner.sft_steps=5", "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_steps=2",
-         "runner.eval_every=2", "task.test_problems=8", "task.sft_problems=50"]
+QUICK = ["runner.sft_steps=30", "runner.prompts_per_step=8", "algorithm.samples_per_prompt=4",
+         "task.test_problems=40", "task.sft_problems=200"]
+# with a token budget, so the rollout's groups stream through the BatchResizer; 32 rows in 3 mini-batches
+# (no even split: the token-budget plan evens the ranks out)
+PIPELINED_PPO = ["--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
+                 "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "algorithm.is_correction_cap=2.0",
+                 "algorithm.advantage=gae", "runner.max_tokens_per_micro_batch=256", "runner.pack_sequences=true",
+                 "algorithm.mini_batches=3"]
 
 
 def test_hostlists_expand_like_scontrol():
@@ -46,7 +56,22 @@ def launcher_env(tmp_path, node_id):
     return env
 
 
-def test_two_slurm_nodes_on_loopback_run_a_job_across_both(tmp_path):
+def check_pipelined_ppo(stdout: str, out: Path) -> None:
+    """A pipelined PPO run: one version stale, with KL and a checkpointed critic, through the BatchResizer."""
+    assert "rollout groups stream through a BatchResizer into global batches of 32 rows" in stdout
+    steps = json.loads((out / "checkpoint" / "runner.json").read_text())["history"][1:]
+    assert all({"value_loss", "value_mse", "value_mean", "critic_grad_norm"} <= set(h) for h in steps)
+    assert (out / "checkpoint" / "step_3" / "critic").is_dir()  # the critic's state is checkpointed with the actor's
+    assert [h["staleness"] for h in steps] == [0.0, 1.0, 1.0]  # later batches were made one version back
+    assert all(h["kl"] >= 0 for h in steps)  # k3 is non-negative
+    # the trainer recomputed pi_old: on-policy (step 1) it agrees with the rollout engine's numbers to
+    # ~1e-5 per token; one version stale it differs by what the last update changed
+    gaps = [h["rollout_trainer_logprob_gap"] for h in steps]
+    assert gaps[0] < 1e-3 and all(g > 10 * gaps[0] for g in gaps[1:]), gaps
+
+
+@pytest.mark.timeout(600)  # two Ray node startups and a 3-step PPO run; the bound is for a heavily shared machine
+def test_two_slurm_nodes_on_loopback_run_a_pipelined_ppo_job_across_both(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -62,14 +87,16 @@ def test_two_slurm_nodes_on_loopback_run_a_job_across_both(tmp_path):
         assert "SLURM node 1 of 2" in worker.stdout and "Ray worker up" in worker.stdout
 
         run = subprocess.run(
-            [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), "--config-name", "grpo_pipelined", *QUICK,
+            [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), *PIPELINED_PPO,
              f"cluster.address=127.0.0.1:{port}", "cluster.num_nodes=2", f"runner.output_dir={tmp_path / 'run'}"],
             env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, cwd=ROOT)
         assert run.returncode == 0, run.stderr[-3000:]
         # device i is CPU slot i, numbered node by node: actor on the head, rollout + reward on the worker
         assert re.search(r"actor: 1 ranks on cpu \[0\] of node\(s\) \[0\]", run.stdout), run.stdout
         assert re.search(r"rollout: 1 ranks on cpu \[1\] of node\(s\) \[1\]", run.stdout), run.stdout
+        assert re.search(r"critic: 1 ranks on cpu \[0\] of node\(s\) \[0\]", run.stdout), run.stdout
         assert (tmp_path / "run" / "final_model").is_dir()
+        check_pipelined_ppo(run.stdout, tmp_path / "run")
     finally:
         head.kill()
         for node_id in (1, 0):
@@ -77,11 +104,4 @@ def test_two_slurm_nodes_on_loopback_run_a_job_across_both(tmp_path):
                            capture_output=True, timeout=120)
 
 
-def test_missing_nodes_are_named():
-    # a fresh process: this one may already hold the session's Ray instance
-    code = ("from rlinf_like.scheduler import Cluster, ClusterConfig\n"
-            "Cluster(ClusterConfig(num_cpus=1, num_nodes=2, reserve_timeout_s=2))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode != 0
-    assert re.search(r"cluster.num_nodes=2, but only 1 node\(s\) joined within 2s", out.stderr), out.stderr[-2000:]
+# cluster.num_nodes with too few nodes is named: tests/test_ray_launch.py (on the head it starts)

@@ -1,7 +1,9 @@
-"""ray_launch.sh: a local head starts, reports, is joined by a Cluster, and stops only itself."""
+"""ray_launch.sh: a local head starts, reports, is joined by a Cluster (and one expecting two nodes names
+the missing one), and stops only itself."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -37,14 +39,24 @@ def test_start_status_join_stop(tmp_path):
         assert status.returncode == 0, status.stderr
         assert f"cluster 127.0.0.1:{port}" in status.stdout and "1 node(s) up" in status.stdout
 
+        # a Cluster joins it; then one that expects 2 nodes (cluster.num_nodes) names the missing one after
+        # reserve_timeout_s (checked here, on a joined cluster, rather than on a Ray of its own)
         join = subprocess.run(
             [sys.executable, "-c",
              "import json; from rlinf_like.scheduler import Cluster, ClusterConfig\n"
              f"with Cluster(ClusterConfig(address='127.0.0.1:{port}')) as c:\n"
-             "    print(json.dumps([c.num_cpus, c.is_local, len(c.nodes)]))"],
+             "    joined = [c.num_cpus, c.is_local, len(c.nodes)]\n"
+             "try:\n"
+             f"    Cluster(ClusterConfig(address='127.0.0.1:{port}', num_nodes=2, reserve_timeout_s=2))\n"
+             "    missing = 'no error'\n"
+             "except RuntimeError as e:\n"
+             "    missing = str(e)\n"
+             "print(json.dumps([joined, missing]))"],
             env=env, capture_output=True, text=True, timeout=120)
         assert join.returncode == 0, join.stderr[-2000:]
-        assert json.loads(join.stdout.strip().splitlines()[-1]) == [1, False, 1]
+        joined, missing = json.loads(join.stdout.strip().splitlines()[-1])
+        assert joined == [1, False, 1]
+        assert re.search(r"cluster.num_nodes=2, but only 1 node\(s\) joined within 2s", missing), missing
     finally:
         stopped = launch("stop", env=env)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
