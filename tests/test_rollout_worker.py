@@ -7,7 +7,14 @@ from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.scheduler import Channel, Worker, connect_groups, wait_all
-from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
+from rlinf_like.workers.rollout import (
+    RolloutConfig,
+    RolloutRequest,
+    RolloutResult,
+    SamplingParams,
+    continuation,
+    make_engine,
+)
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 
 PROMPTS = ["12+34=", "hello world, this is", "a", "The quick brown fox jumps over"]
@@ -75,6 +82,14 @@ def test_tp2_rollout_matches_transformers_then_takes_the_actors_weights(cluster,
         assert same_tokens(rank0, ref_a) and not same_tokens(rank0, ref_b)
         for ours, ref in zip(rank0, ref_a):
             assert max(abs(p - q) for p, q in zip(ours.logprobs[0], ref.logprobs[0])) < 1e-4
+        # requests stopped half-way (as after an abort) continue on the TP engine to the same tokens
+        sampled = requests(tok, SamplingParams(max_new_tokens=16, temperature=1.0, seed=5), n=2)
+        full, _ = rollout.generate_all(sampled).wait()
+        halves = [RolloutResult(r.request_id, r.prompt_ids, [t[: len(t) // 2] for t in r.response_ids],
+                                [lp[: len(lp) // 2] for lp in r.logprobs], ["abort"] * 2) for r in full]
+        moved = [continuation(q, half) for q, half in zip(sampled, halves)]
+        resumed0, resumed1 = rollout.generate_all(moved).wait()
+        assert same_tokens(resumed0, full) and same_tokens(resumed1, full)
 
         connect_groups(actor, rollout, "weights")
         [src] = actor.on_ranks(0).layouts().wait()
