@@ -112,14 +112,19 @@ class SGLangEngine(RolloutEngine):
             for j, progress in enumerate(requests[i].progress):
                 if progress.done:
                     samples[i][j] = list(progress.tokens), list(progress.logprobs), progress.finish_reason
+            if not requests[i].unfinished():  # every sample finished before the move: nothing to run
+                results[i] = self._result(requests[i], samples[i])
+                if on_result is not None:
+                    on_result(results[i])
             for j in requests[i].unfinished():
                 rid = f"{requests[i].request_id}/{j}/{uuid.uuid4().hex}"  # unique across calls
                 params = self._sampling_params(requests[i], j)
-                done = requests[i].progress[j] if requests[i].progress else SampleProgress()
+                so_far = requests[i].progress[j] if requests[i].progress else SampleProgress()
                 # a migrated sample goes on from its tokens (SGLang's noise differs from the first replica's:
                 # a valid continuation, not the very tokens the first replica would have drawn)
-                params["max_new_tokens"] -= len(done.tokens)
-                task = asyncio.ensure_future(self._sample([*requests[i].prompt_ids, *done.tokens], params, rid, done))
+                params["max_new_tokens"] -= len(so_far.tokens)
+                task = asyncio.ensure_future(self._sample([*requests[i].prompt_ids, *so_far.tokens], params, rid,
+                                                          so_far))
                 owner[task] = (i, j)
                 rids.append(rid)
         pending, deadline = set(owner), None
@@ -140,23 +145,23 @@ class SGLangEngine(RolloutEngine):
                 for task in pending:  # SGLang never answered: give up on them as aborted
                     task.cancel()
 
-    async def _sample(self, prompt: list[int], params: dict, rid: str, done: SampleProgress) -> Sample | str:
+    async def _sample(self, prompt: list[int], params: dict, rid: str, so_far: SampleProgress) -> Sample | str:
         try:
             out = await self.engine.async_generate(input_ids=list(prompt), sampling_params=params,
                                                    return_logprob=True, rid=rid)
         except asyncio.CancelledError:
-            return list(done.tokens), list(done.logprobs), "abort"
+            return list(so_far.tokens), list(so_far.logprobs), "abort"
         except Exception as err:  # noqa: BLE001 - after an abort SGLang may raise instead of returning partial
             if self._abort.is_set():
-                return list(done.tokens), list(done.logprobs), "abort"
+                return list(so_far.tokens), list(so_far.logprobs), "abort"
             return f"sglang: {type(err).__name__}: {err}"
         meta = out["meta_info"]
         pairs = meta.get("output_token_logprobs") or []  # (logprob, token id, text): the sampled tokens
         reason = meta.get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else str(reason or "")
         reason = kind if kind in ("stop", "length") else "abort"
-        return ([*done.tokens, *(int(t) for _, t, *_ in pairs)], [*done.logprobs, *(float(p) for p, *_ in pairs)],
-                reason)
+        return ([*so_far.tokens, *(int(t) for _, t, *_ in pairs)],
+                [*so_far.logprobs, *(float(p) for p, *_ in pairs)], reason)
 
     def _result(self, request: RolloutRequest, samples: list[Sample | str]) -> RolloutResult:
         errors = [s for s in samples if isinstance(s, str)]
