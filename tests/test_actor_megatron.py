@@ -19,6 +19,7 @@ from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker, check_actor_config
+from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.rollout.worker import RolloutWorker
 from rlinf_like.workers.training import LoopConfig, plan_steps
 
@@ -90,12 +91,18 @@ def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(clust
     loss = LossConfig(entropy_coef=0.01, temperature=0.9)
     config = ActorConfig(path, loss=loss, loop=loop, backend="megatron",
                          megatron=MegatronConfig(tensor_parallel=2, optim=optim))
-    placement = cluster.place({"am_actor": "0-1", "am_rollout": "0"})
+    placement = cluster.place({"am_actor": "0-1", "am_rollout": "0", "am_reference": "0-1"})
     actor = ActorWorker.create_group(config).launch(cluster, placement, "am_actor")
     rollout = InspectedRollout.create_group(RolloutConfig(model_path=path, max_batch_size=2)).launch(
         cluster, placement, "am_rollout")
+    # the KL reference on the actor's backend and split (as the runner launches it with actor.backend=megatron)
+    reference = InferenceWorker.create_group(path, None, loss.temperature, megatron=config.megatron).launch(
+        cluster, placement, "am_reference")
     batch = rl_batch()
     try:
+        ref_before = reference.compute_logprobs(batch).wait()
+        reference.offload().wait()
+        reference.onload().wait()
         assert [(d.rank, d.size, d.first) for d in actor.data_parallel().wait()] == [(0, 1, True), (0, 1, False)]
         actor.set_lr(LR).wait()
         actor.offload().wait()  # through the worker's verbs: training continues from the onloaded state
@@ -114,9 +121,12 @@ def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(clust
     finally:
         actor.shutdown()
         rollout.shutdown()
+        reference.shutdown()
 
     ref_logprobs, ref, ref_weights = one_rank_step(path, batch, loop, loss, optim.clip_grad)
     assert logprobs[1].shape[0] == 0  # the replica's second rank returns no rows: each row once
+    assert ref_before[1].shape[0] == 0
+    assert torch.equal(torch.cat(ref_before), torch.cat(logprobs))  # same numerics: the first step's KL is 0
     torch.testing.assert_close(torch.cat(logprobs), ref_logprobs, rtol=1e-5, atol=1e-5)
     mg = metrics[0]
     assert metrics[1] == pytest.approx(mg, rel=1e-6)  # both TP ranks report the replica's step
@@ -157,6 +167,8 @@ def test_bad_actor_values_are_refused_by_name():
     assert actor_replicas(cfg, 8) == 2
     with pytest.raises(ValueError, match=r"actor.tp_size x actor.pp_size = 2 x 2 must divide the actor's 6 ranks"):
         actor_replicas(cfg, 6)
+    with pytest.raises(ValueError, match=r"must divide the reference's 2 ranks"):  # the KL reference is split alike
+        actor_replicas(cfg, 2, "reference")
     # the runner's actor config carries the sizes and the same optimizer for either backend
     built = actor_config(cfg, "model", LossConfig(), LoopConfig())
     assert (built.backend, built.megatron.tensor_parallel, built.megatron.pipeline_parallel) == ("megatron", 2, 2)

@@ -35,12 +35,13 @@ def check_actor_section(cfg: ReasoningConfig) -> None:
         require("megatron.core")  # raises naming the [megatron] extra, before any worker starts
 
 
-def actor_replicas(cfg: ReasoningConfig, ranks: int) -> int:
-    """The actor's data-parallel size on `ranks` ranks: each replica spans actor.tp_size x actor.pp_size."""
+def actor_replicas(cfg: ReasoningConfig, ranks: int, component: str = "actor") -> int:
+    """The data-parallel size on `ranks` ranks of the actor (or of the reference, which runs on the
+    actor's backend): each replica spans actor.tp_size x actor.pp_size."""
     per_replica = cfg.actor.tp_size * cfg.actor.pp_size
     if ranks % per_replica:
         raise ValueError(f"actor.tp_size x actor.pp_size = {cfg.actor.tp_size} x {cfg.actor.pp_size} must divide "
-                         f"the actor's {ranks} ranks (cluster.component_placement)")
+                         f"the {component}'s {ranks} ranks (cluster.component_placement)")
     return ranks // per_replica
 
 

@@ -200,6 +200,8 @@ class ReasoningRunner:
         # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
         split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"  # "... ranks (n)"
         replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
+        if a.kl_beta > 0 and cfg.actor.backend == "megatron":  # the reference is split like the actor
+            actor_replicas(cfg, placement["reference"].world_size, "reference")
         if "critic" in needed:
             replicas["critic"] = placement["critic"].world_size
         check_batch_split(cfg, replicas)
@@ -223,10 +225,11 @@ class ReasoningRunner:
         self.reward = RewardWorker.create_group(self.model_path, cfg.reward).launch(
             cluster, placement, "reward", init_process_group=False)
         self.reference = None
-        if a.kl_beta > 0:
+        if a.kl_beta > 0:  # the reference runs on the actor's backend, so its logprobs match the actor's numerics
             self.reference = InferenceWorker.create_group(
                 self.model_path, cfg.runner.micro_batch_size, cfg.runner.temperature, cfg.runner.pack_sequences,
-                cfg.runner.max_batch_seqlen).launch(cluster, placement, "reference")
+                cfg.runner.max_batch_seqlen, actor_cfg.megatron if cfg.actor.backend == "megatron" else None,
+            ).launch(cluster, placement, "reference")
         connect_groups(self.actor, self.rollout, "weights")
         [src] = self.actor.on_ranks(0).weight_layouts().wait()
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()

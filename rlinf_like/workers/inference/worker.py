@@ -1,6 +1,9 @@
 """InferenceWorker: a frozen model that returns per-token logprobs (the KL reference, or old-policy
 logprobs recomputed by the trainer's numerics). Only [rows, tokens] logprobs leave the worker,
 never logits. Data parallel: each rank scores its own rows; the caller concatenates in rank order.
+With `megatron` set, the model is split like a Megatron actor (TP x PP ranks per replica, the same
+numerics as the actor's forward): a replica's ranks score the same rows and only its first rank
+returns them, so the concatenation still holds each row once, in batch order.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rlinf_like.data.batch import Batch, shard_rows
+from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager
@@ -17,17 +21,38 @@ from rlinf_like.workers.training import micro_batches
 
 class InferenceWorker(Worker):
     def __init__(self, model_path: str, micro_batch_size: int | None = 64, temperature: float = 1.0,
-                 pack_sequences: bool = False, max_batch_seqlen: int | None = None):
+                 pack_sequences: bool = False, max_batch_seqlen: int | None = None,
+                 megatron: MegatronConfig | None = None):
+        self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        self.pack_sequences, self.max_batch_seqlen = pack_sequences, max_batch_seqlen
+        self.manager = None
+        if megatron is not None:
+            from rlinf_like.hybrid_engines.megatron import MegatronModelManager  # raises naming [megatron] if missing
+
+            self.manager = MegatronModelManager(model_path, megatron)  # its optimizer is never stepped
+            self.residency = self.manager.residency
+            return
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.torch_device).eval()
         self.model.requires_grad_(False)
-        self.micro_batch_size, self.temperature = micro_batch_size, temperature
-        self.pack_sequences, self.max_batch_seqlen = pack_sequences, max_batch_seqlen
         self.residency = ResidencyManager(self.model)
 
-    @torch.inference_mode()
+    def _megatron_logprobs(self, batch: Batch) -> torch.Tensor:
+        dp = self.manager.data_parallel()
+        mine = shard_rows(batch, dp.rank, dp.size)
+        if self.pack_sequences:
+            mine = pack_batch(mine, self.max_batch_seqlen)
+        logprobs = self.manager.compute_logprobs(mine, self.temperature)
+        return logprobs if dp.first else logprobs[:0]
+
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        if self.manager is not None:  # megatron's schedules run under no_grad, not inference mode
+            return self._megatron_logprobs(batch)
+        return self._hf_logprobs(batch)
+
+    @torch.inference_mode()
+    def _hf_logprobs(self, batch: Batch) -> torch.Tensor:
         mine = shard_rows(batch, self.rank, self.world_size)
         parts = []
         for micro in micro_batches(mine, self.micro_batch_size):  # None: the shard in one pass
