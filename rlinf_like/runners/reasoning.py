@@ -51,6 +51,7 @@ from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
 from rlinf_like.workers.training import LoopConfig, check_loop
 
 CHECKPOINT = "checkpoint"
+REFERENCE_MODEL = "reference_model"  # the warm-started policy, exported once: what the KL term pulls toward
 REWARDS, CORRECT, VERSION = "rewards", "correct", "version"  # per-row columns only the driver reads
 TOKEN_ADVANTAGES = ("reinforce_pp", "gae")
 NONFINITE_POLICIES = ("skip", "stop")  # per-token rewards (outcome on the last token, optional KL penalty)
@@ -224,12 +225,8 @@ class ReasoningRunner:
         self.rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
         self.reward = RewardWorker.create_group(self.model_path, cfg.reward).launch(
             cluster, placement, "reward", init_process_group=False)
-        self.reference = None
-        if a.kl_beta > 0:  # the reference runs on the actor's backend, so its logprobs match the actor's numerics
-            self.reference = InferenceWorker.create_group(
-                self.model_path, cfg.runner.micro_batch_size, cfg.runner.temperature, cfg.runner.pack_sequences,
-                cfg.runner.max_batch_seqlen, actor_cfg.megatron if cfg.actor.backend == "megatron" else None,
-            ).launch(cluster, placement, "reference")
+        self.reference = None  # launched by `_launch_reference` once the policy RL starts from exists
+        self._placement, self._actor_cfg = placement, actor_cfg
         connect_groups(self.actor, self.rollout, "weights")
         [src] = self.actor.on_ranks(0).weight_layouts().wait()
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
@@ -237,8 +234,28 @@ class ReasoningRunner:
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
         if not self.collocated and cfg.runner.max_tokens_per_micro_batch is not None:
             self._start_resizer(cluster, loop, loss)
+        self._write_pids()
+
+    def _write_pids(self) -> None:
         write_worker_pids(self.out, {"actor": self.actor, "critic": self.critic, "rollout": self.rollout,
                                      "reward": self.reward, "reference": self.reference})
+
+    def _launch_reference(self, cluster: Cluster) -> None:
+        """The KL reference (`algorithm.kl_beta > 0`): the policy RL starts from, frozen, i.e. the
+        warm-started actor as `warm_start` exported it (the initial model when there is no warm start),
+        on the actor's backend so its logprobs are the actor's own numerics: the first step's KL is 0."""
+        cfg = self.cfg
+        if cfg.algorithm.kl_beta <= 0:
+            return
+        start = self.out / REFERENCE_MODEL if cfg.runner.sft_steps > 0 else Path(self.model_path)
+        if not (start / "config.json").exists():
+            raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "
+                                    f"warm-start (this run directory predates that, or was cut short before it)")
+        megatron = self._actor_cfg.megatron if cfg.actor.backend == "megatron" else None
+        self.reference = InferenceWorker.create_group(
+            str(start), cfg.runner.micro_batch_size, cfg.runner.temperature, cfg.runner.pack_sequences,
+            cfg.runner.max_batch_seqlen, megatron).launch(cluster, self._placement, "reference")
+        self._write_pids()
 
     def _start_resizer(self, cluster: Cluster, loop: LoopConfig, loss: LossConfig) -> None:
         """Pipelined mode with a token budget: the rollout streams each finished group onto a channel;
@@ -280,6 +297,8 @@ class ReasoningRunner:
             self.actor.sft_step(batch).wait()
         self.actor.set_lr(self.cfg.algorithm.lr).wait()
         self._sync_weights()
+        if self.cfg.algorithm.kl_beta > 0:
+            self.actor.export_hf(str(self.out / REFERENCE_MODEL)).wait()
 
     def _requests(self, step: int) -> tuple[list[RolloutRequest], list[Problem]]:
         r = self.cfg.runner
@@ -404,6 +423,7 @@ class ReasoningRunner:
             else:
                 self.warm_start()
                 self.history.append({"step": 0, "eval_accuracy": self.evaluate()})
+            self._launch_reference(cluster)
             writer = SummaryWriter(str(self.out / "tensorboard"))
             pending: deque = deque()
             bar = tqdm(range(self.step, r.max_steps), desc="GRPO", unit="step", initial=self.step, total=r.max_steps)
