@@ -1,0 +1,44 @@
+"""Every shipped YAML preset composes over its dataclass schema and passes the runner's checks, so no
+preset names a field the code does not have, or a value the runner would refuse at launch (hydra's
+"Key is not in struct" class of failures: LESSONS.md rule 7). No workers start here."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+
+from rlinf_like.config import structure
+from rlinf_like.runners import embodied
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.runners.reasoning import check_config
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+REASONING = sorted(p.stem for p in (EXAMPLES / "reasoning" / "config").glob("*.yaml"))
+ENVS = sorted(p.stem for p in (EXAMPLES / "embodied" / "config" / "env").glob("*.yaml"))
+POLICIES = sorted(p.stem for p in (EXAMPLES / "embodied" / "config" / "policy").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", REASONING)
+def test_reasoning_presets_compose_and_pass_the_runner_checks(preset):
+    ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+    with initialize_config_dir(str(EXAMPLES / "reasoning" / "config"), version_base="1.3"):
+        cfg = structure(ReasoningConfig, compose(preset))
+    check_config(cfg)
+    assert cfg.runner.max_steps > 0 and cfg.cluster.component_placement
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_embodied_presets_compose_and_pass_the_runner_checks(env, policy):
+    ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
+    with initialize_config_dir(str(EXAMPLES / "embodied" / "config"), version_base="1.3"):
+        cfg = structure(EmbodiedConfig, compose("embodied", [f"env={env}", f"policy={policy}"]))
+    embodied.check_config(cfg)
+    assert cfg.policy.kind == policy
+
+
+def test_presets_were_found():
+    assert {"grpo_collocated", "grpo_pipelined"} <= set(REASONING)
+    assert {"cartpole", "reacher"} <= set(ENVS) and {"mlp", "vla"} <= set(POLICIES)
