@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlinf_like.hybrid_engines.packing import Packing
+from rlinf_like.data.batch import shard_rows
+from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import PARTS, MoveStats, ResidencyManager
 
@@ -178,6 +179,18 @@ class ModelManager(ABC):
     def data_parallel(self) -> DataParallelRank:
         """Every rank is its own data-parallel replica unless the backend splits a model over ranks."""
         return DataParallelRank(self.rank, self.world_size)
+
+    def replica_logprobs(self, batch: Batch, temperature: float = 1.0, pack: bool = False,
+                         max_batch_seqlen: int | None = None) -> torch.Tensor:
+        """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`). The
+        replica's other ranks return no rows, so concatenating every rank's answer in rank order gives
+        each row once, in batch order."""
+        dp = self.data_parallel()
+        mine = shard_rows(batch, dp.rank, dp.size)
+        if pack:
+            mine = pack_batch(mine, max_batch_seqlen)
+        logprobs = self.compute_logprobs(mine, temperature)
+        return logprobs if dp.first else logprobs[:0]
 
     def get_status(self) -> ManagerStatus:
         return ManagerStatus(

@@ -139,7 +139,7 @@ class DynamicScheduleRunner(ReasoningRunner):
         if plan is None:
             return
         kept, drained = plan
-        units = sorted(serving)
+        units = kept + drained  # every serving unit
         stopping = [self.rollout.on_ranks(*self.units[u]).abort() for u in units]
         for call in stopping:
             call.wait()
@@ -191,11 +191,10 @@ class DynamicScheduleRunner(ReasoningRunner):
         while plan or serving:
             self._poll(serving, results, partials)
             self._migrate(serving, results, partials, by_id)
-            if not serving:  # every call has returned: all results are on the channel, or something is wrong
+            if rollout_s is None and not serving:  # every call has returned: all results are on the channel
                 self._drain(list(by_id), results, partials)
                 if partials:
                     raise RuntimeError(f"requests {sorted(partials)[:5]} came back part-done with nothing to continue them")
-            if rollout_s is None and not serving:
                 rollout_s = time.perf_counter() - start
             active = self._scale(active)
             if plan and active and all(reqs[i].request_id in results for i in plan[0]):

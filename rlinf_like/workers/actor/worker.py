@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlinf_like.data.batch import Batch, shard_rows
+from rlinf_like.data.batch import Batch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
-from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, num_rows, run_steps, train_epochs
 
@@ -106,11 +105,7 @@ class ActorWorker(TrainedWorker):
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Trainer-side logprobs of this replica's rows (to correct for the rollout engine's); the
-        replica's other ranks return no rows, so concatenating every rank's answer in rank order
-        gives each row once, in batch order."""
-        dp = self.manager.data_parallel()
-        mine = shard_rows(batch, dp.rank, dp.size)
-        if self.config.loop.pack_sequences:
-            mine = pack_batch(mine, self.config.loop.max_batch_seqlen)
-        logprobs = self.manager.compute_logprobs(mine, self.config.loss.temperature)
-        return logprobs if dp.first else logprobs[:0]
+        replica's other ranks return no rows (`ModelManager.replica_logprobs`)."""
+        loop = self.config.loop
+        return self.manager.replica_logprobs(batch, self.config.loss.temperature, loop.pack_sequences,
+                                             loop.max_batch_seqlen)

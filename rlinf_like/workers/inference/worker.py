@@ -38,17 +38,9 @@ class InferenceWorker(Worker):
         self.model.requires_grad_(False)
         self.residency = ResidencyManager(self.model)
 
-    def _megatron_logprobs(self, batch: Batch) -> torch.Tensor:
-        dp = self.manager.data_parallel()
-        mine = shard_rows(batch, dp.rank, dp.size)
-        if self.pack_sequences:
-            mine = pack_batch(mine, self.max_batch_seqlen)
-        logprobs = self.manager.compute_logprobs(mine, self.temperature)
-        return logprobs if dp.first else logprobs[:0]
-
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.manager is not None:  # megatron's schedules run under no_grad, not inference mode
-            return self._megatron_logprobs(batch)
+            return self.manager.replica_logprobs(batch, self.temperature, self.pack_sequences, self.max_batch_seqlen)
         return self._hf_logprobs(batch)
 
     @torch.inference_mode()
