@@ -1,0 +1,69 @@
+"""Record (or check) the golden runs of the reasoning runner: `examples/reasoning/main_grpo.py` with a fixed
+seed, 20 SFT steps and 6 GRPO steps, for each schedule and the critic path. Every step's reward, loss and
+grad norm, and a digest of each exported tensor, go to `reasoning_runs.json` beside this file.
+
+    .venv/bin/python tests/golden/record.py            # record (run before a refactor, commit the file)
+
+tests/test_golden_runs.py re-runs the same commands and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
+GOLDEN = Path(__file__).with_name("reasoning_runs.json")
+COMMON = ["runner.seed=0", "runner.sft_steps=20", "runner.max_steps=6", "runner.prompts_per_step=8",
+          "runner.eval_every=100", "runner.save_every=100", "task.test_problems=16"]
+RUNS = {
+    "collocated": ["--config-name", "grpo_collocated"],
+    "pipelined": ["--config-name", "grpo_pipelined"],
+    "dynamic": ["--config-name", "grpo_collocated", "runner.schedule=dynamic", "runner.migrate_at=0.5",
+                "rollout.logprobs=rescored"],
+    "gae": ["--config-name", "grpo_collocated", "algorithm.advantage=gae"],
+}
+METRICS = ("reward", "loss", "grad_norm")
+
+
+def run(name: str, out: Path) -> dict:
+    """One golden run; its per-step metrics and the exported weights' digests."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run([sys.executable, str(MAIN), *RUNS[name], *COMMON, f"runner.output_dir={out}"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"golden run {name} failed:\n{proc.stderr[-4000:]}")
+    history = json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
+    steps = [{k: h[k] for k in METRICS if k in h} for h in history if h["step"] > 0]
+    return {"steps": steps, "weights": weight_digests(out / "final_model")}
+
+
+def weight_digests(model_dir: Path) -> dict[str, str]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    return {k: hashlib.sha256(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+            .hexdigest() for k, t in sorted(tensors.items())}
+
+
+def main() -> None:
+    import tempfile
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    golden = {"commit": commit, "common": COMMON, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in RUNS:
+            golden["runs"][name] = run(name, Path(tmp) / name)
+            print(name, golden["runs"][name]["steps"], flush=True)
+    GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

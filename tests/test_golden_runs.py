@@ -1,0 +1,29 @@
+"""Golden runs: the reasoning runner's behaviour, pinned. `examples/reasoning/main_grpo.py` with a fixed seed,
+20 SFT steps and 6 GRPO steps, on the collocated preset, the pipelined preset, the dynamic schedule with
+migration (rescored logprobs) and PPO (gae, a critic). Every step's reward, loss and grad norm must equal the
+recorded values to 1e-6 and the exported weights must be bit-identical.
+
+The values in golden/reasoning_runs.json were recorded by `tests/golden/record.py` at commit
+fd38229 (before the runner rebuild of issue 15); its "commit" field names it too.
+"""
+
+import json
+import math
+
+import pytest
+
+from golden.record import GOLDEN, RUNS, run
+
+RECORDED = json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(RUNS))
+def test_golden_run_is_unchanged(name, tmp_path):
+    expected, got = RECORDED["runs"][name], run(name, tmp_path / name)
+    assert len(got["steps"]) == len(expected["steps"]) == 6
+    for step, (want, have) in enumerate(zip(expected["steps"], got["steps"]), start=1):
+        for key, value in want.items():
+            assert math.isclose(have[key], value, rel_tol=0, abs_tol=1e-6), \
+                f"{name} step {step} {key}: {have[key]!r} != recorded {value!r}"
+    assert got["weights"] == expected["weights"], f"{name}: exported weights differ from the recorded run"
