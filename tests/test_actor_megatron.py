@@ -21,7 +21,7 @@ from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker, check_actor_config
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.rollout.worker import RolloutWorker
-from rlinf_like.workers.training import LoopConfig, plan_steps
+from rlinf_like.training.loop import LoopConfig, plan_steps
 
 # a spec lookup, not an import: the FSDP and rollout workers need no megatron
 needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")

@@ -12,7 +12,7 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
 from rlinf_like.runners.reasoning import ReasoningRunner, check_batch_split
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
-from rlinf_like.workers.training import LoopConfig
+from rlinf_like.training.loop import LoopConfig
 
 
 def toy_batch(rows=8, seed=0):

@@ -13,7 +13,7 @@ from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig, RunnerCo
 from rlinf_like.runners.reasoning import ReasoningRunner
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
-from rlinf_like.workers.training import LoopConfig
+from rlinf_like.training.loop import LoopConfig
 
 WARMUP = 3
 

@@ -13,9 +13,9 @@ from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.scheduler import Worker
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
-from rlinf_like.workers.batch_resizer import concat_batches
-from rlinf_like.workers.micro_batching import balanced_partition, token_budget_plan, trim_padding
-from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, train_epochs
+from rlinf_like.training.batch_resizer import concat_batches
+from rlinf_like.training.micro_batching import balanced_partition, token_budget_plan, trim_padding
+from rlinf_like.training.loop import LoopConfig, check_loop, loss_tokens, train_epochs
 
 LENGTHS = [24, 5, 17, 9, 3, 21, 12, 8]
 WIDTH = 26  # two columns of padding after the longest row
@@ -147,7 +147,7 @@ class Trainer(Worker):
 
     def accumulated_grads(self, batch):
         """The loop's plan and scales, stopping before the optimizer step to read the gradients."""
-        from rlinf_like.workers.training import token_budget_steps
+        from rlinf_like.training.loop import token_budget_steps
 
         plan = token_budget_steps(batch, self.rank, self.world_size, LOOP, torch.Generator().manual_seed(0), loss_tokens)
         for i, (micro, scale) in enumerate(plan[0]):
@@ -166,8 +166,8 @@ class Trainer(Worker):
         """The reasoning runner's two actor paths, RL loss, 2 mini-batches x 2 epochs per batch. Whole
         batches: the hook on each, then `train_epochs`. `pieces`: streamed through a `BatchResizer` into
         global batches of 8 rows, the hook on each, this rank's planned micro-batches into `run_steps`."""
-        from rlinf_like.workers.batch_resizer import BatchResizer
-        from rlinf_like.workers.training import run_steps
+        from rlinf_like.training.batch_resizer import BatchResizer
+        from rlinf_like.training.loop import run_steps
 
         loss = rl_loss(LossConfig(PolicyLossConfig()))
         if pieces is None:
@@ -263,7 +263,7 @@ def test_token_budget_micro_batches_accumulate_the_whole_batch_gradient_and_the_
 
 def test_batch_resizer_gathers_global_batches_from_a_channel_then_splits_by_tokens(cluster):
     from rlinf_like.scheduler import Channel
-    from rlinf_like.workers.batch_resizer import BatchResizer
+    from rlinf_like.training.batch_resizer import BatchResizer
 
     full = rl_batch()
     pieces = [{k: v[i:i + 3, :max(LENGTHS[i:i + 3]) + 1 if v.shape[1] == WIDTH else max(LENGTHS[i:i + 3])]

@@ -12,7 +12,7 @@ from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorConfig
-from rlinf_like.workers.training import LoopConfig
+from rlinf_like.training.loop import LoopConfig
 
 
 def check_actor_section(cfg: ReasoningConfig) -> None:

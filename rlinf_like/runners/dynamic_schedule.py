@@ -222,6 +222,6 @@ class DynamicScheduleRunner(ReasoningRunner):
 
     @staticmethod
     def _step_metrics(outs: list[list[dict]]) -> dict[str, float]:
-        """Averaged over optimizer steps as `workers/training.py` does; blocks averaged in block order."""
+        """Averaged over optimizer steps as `training/loop.py` does; blocks averaged in block order."""
         per_step = [{**mean_block_metrics(out), **{k: v for k, v in out[0].items() if k != "blocks"}} for out in outs]
         return {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}

@@ -44,11 +44,11 @@ from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.worker import RewardWorker
-from rlinf_like.workers.batch_resizer import BatchResizer
+from rlinf_like.training.batch_resizer import BatchResizer
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams
 from rlinf_like.workers.rollout.engine import LOGPROB_SOURCES
 from rlinf_like.workers.rollout.worker import RolloutWorker, gather_results
-from rlinf_like.workers.training import LoopConfig, check_loop
+from rlinf_like.training.loop import LoopConfig, check_loop
 
 CHECKPOINT = "checkpoint"
 REFERENCE_MODEL = "reference_model"  # the warm-started policy, exported once: what the KL term pulls toward

@@ -35,7 +35,7 @@ from rlinf_like.hybrid_engines.reshard.layout import replicated
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.workers.actor.loss import rl_loss
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
-from rlinf_like.workers.training import micro_batches
+from rlinf_like.training.loop import micro_batches
 
 MAX_RANKS = 4  # 2^n - n - 1 subset groups are made eagerly
 

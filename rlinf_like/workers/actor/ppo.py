@@ -2,7 +2,7 @@
 
 Per update: GAE(gamma, lambda) over the trajectories' episode segments (`data.trajectory`), then
 `epochs` passes of `mini_batches` shuffled mini-batches, one optimizer step each, through the
-training loop every trained role shares (`workers/training.py`). The loss is the
+training loop every trained role shares (`training/loop.py`). The loss is the
 shared algorithms: clipped surrogate (`policy_loss`), clipped value loss (`value_loss`), minus an
 entropy bonus; advantages are normalized per mini-batch (`masked_whiten`).
 With `streamed=True` it takes trajectory chunks as the rollout ranks put them (`StreamedGAE`: the
@@ -25,7 +25,7 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.models.policies import PolicyConfig, build_policy
 from rlinf_like.scheduler import Channel
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, train_epochs
+from rlinf_like.training.loop import LoopConfig, train_epochs
 
 FORWARD_KEY = "actor-rank-"  # channel key of the items rank 0 forwards to actor rank r (`_feed`)
 

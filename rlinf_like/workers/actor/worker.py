@@ -1,7 +1,7 @@
 """ActorWorker: the trained policy on a ModelManager, FSDP (default) or Megatron (`backend`).
 
 Every rank receives the whole batch and trains on its data-parallel replica's rows through
-`workers/training.py`, the loop the critic shares. Under FSDP each rank is a replica; under
+`training/loop.py`, the loop the critic shares. Under FSDP each rank is a replica; under
 Megatron the TP x PP ranks of one replica see the same rows (`ModelManager.data_parallel`). The
 same loop serves SFT warm-start (token NLL) and RL (`rl_loss`), so there is one training loop for
 every algorithm, role and backend.
@@ -19,7 +19,7 @@ from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, check_loop, loss_tokens, num_rows, run_steps, train_epochs
+from rlinf_like.training.loop import LoopConfig, check_loop, loss_tokens, num_rows, run_steps, train_epochs
 
 
 BACKENDS = ("fsdp", "megatron")

@@ -18,7 +18,7 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import LossFn, model_logits
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.workers.training import LoopConfig, check_loop, micro_batches, train_epochs
+from rlinf_like.training.loop import LoopConfig, check_loop, micro_batches, train_epochs
 
 
 @dataclass

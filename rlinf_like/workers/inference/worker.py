@@ -16,7 +16,7 @@ from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.scheduler import Worker
-from rlinf_like.workers.training import micro_batches
+from rlinf_like.training.loop import micro_batches
 
 
 class InferenceWorker(Worker):

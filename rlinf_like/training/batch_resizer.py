@@ -2,11 +2,11 @@
 Channel, each a right-padded Batch) are gathered into global batches of exactly `global_rows` rows,
 hooks run on each whole global batch (advantages need every sample of a group; normalisation needs
 the whole batch), and each global batch is cut into this rank's token-budget micro-batches with
-their loss scales (the same plan as `workers/training.py`, so every rank runs the same count).
+their loss scales (the same plan as `training/loop.py`, so every rank runs the same count).
 
     resizer = BatchResizer(channel, global_rows=256, hooks=[add_advantages], rank=r, world_size=w,
                            loop=LoopConfig(max_tokens_per_micro_batch=4096, pack_sequences=True))
-    run_steps(manager, resizer, loss_fn)  # workers/training.py: the one training loop
+    run_steps(manager, resizer, loss_fn)  # training/loop.py: the one training loop
 
 The reasoning runner's pipelined mode uses `global_batches()` in the driver and sends each actor rank
 its `rank_steps(...)` (runners/reasoning.py).
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import torch
 
 from rlinf_like.data.batch import Batch, select_rows
-from rlinf_like.workers.training import LoopConfig, loss_tokens, num_rows, plan_steps
+from rlinf_like.training.loop import LoopConfig, loss_tokens, num_rows, plan_steps
 
 Hook = Callable[[Batch], Batch]
 

@@ -19,7 +19,7 @@ import torch
 from rlinf_like.data.batch import Batch, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
 from rlinf_like.hybrid_engines.packing import pack_batch
-from rlinf_like.workers.micro_batching import sequence_lengths, token_budget_plan, trim_padding
+from rlinf_like.training.micro_batching import sequence_lengths, token_budget_plan, trim_padding
 
 
 @dataclass
