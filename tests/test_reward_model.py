@@ -123,11 +123,11 @@ def test_reward_worker_combines_rules_and_the_model(reward_model_path, cluster):
     finally:
         group.shutdown()
     scores = unpadded_reference(reward_model_path, [prompt + right])
-    assert (a["correct"], b["correct"]) == (True, False)
-    assert a["rule_reward"] == 1.0 and b["rule_reward"] == pytest.approx(0.1)
-    assert a["model_score"] == pytest.approx(float(scores[0]), abs=2e-5) and b["model_score"] == -2.0
-    assert a["reward"] == pytest.approx(1.0 + 0.5 * float(scores[0]), abs=2e-5)
-    assert b["reward"] == pytest.approx(0.1 - 1.0)
+    assert (a.correct, b.correct) == (True, False)
+    assert a.rule_reward == 1.0 and b.rule_reward == pytest.approx(0.1)
+    assert a.model_score == pytest.approx(float(scores[0]), abs=2e-5) and b.model_score == -2.0
+    assert a.reward == pytest.approx(1.0 + 0.5 * float(scores[0]), abs=2e-5)
+    assert b.reward == pytest.approx(0.1 - 1.0)
 
 
 def test_reward_keys_override_through_hydra_and_are_checked_before_launch(tmp_path):

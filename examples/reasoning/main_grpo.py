@@ -16,6 +16,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import logging
 import sys
 
 import hydra
@@ -23,8 +24,7 @@ from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import check_overrides, structure
 from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.dynamic_schedule import DynamicScheduleRunner
-from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.runners.reasoning import train
 from rlinf_like.utils.threads import limit_threads
 
 
@@ -35,8 +35,9 @@ ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
 @hydra.main(config_path="config", config_name="grpo_collocated", version_base="1.3")
 def main(cfg) -> None:
     limit_threads()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     config = structure(ReasoningConfig, cfg)
-    (DynamicScheduleRunner if config.runner.schedule == "dynamic" else ReasoningRunner)(config).run()
+    train(config)
 
 
 if __name__ == "__main__":

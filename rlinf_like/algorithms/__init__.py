@@ -1,7 +1,11 @@
 """RL algorithms as pure tensor functions (no Ray, no processes): advantages, policy / value losses,
 KL estimators, aggregation. Registries map config names to functions."""
 
-from rlinf_like.algorithms.advantages import OUTCOME_ADVANTAGES, gae, grpo_advantages, reinforce_pp_advantages, rloo_advantages
+from rlinf_like.algorithms.advantage_estimators import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advantages, build_estimator
+from rlinf_like.algorithms.advantage_estimators.gae import gae
+from rlinf_like.algorithms.advantage_estimators.grpo import grpo_advantages
+from rlinf_like.algorithms.advantage_estimators.reinforce_pp import reinforce_pp_advantages
+from rlinf_like.algorithms.advantage_estimators.rloo import rloo_advantages
 from rlinf_like.algorithms.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -14,7 +18,7 @@ from rlinf_like.algorithms.losses import (
 from rlinf_like.algorithms.masked import masked_mean, masked_sum, masked_whiten
 
 __all__ = [
-    "AGGREGATIONS", "KL_ESTIMATORS", "OUTCOME_ADVANTAGES", "PolicyLossConfig", "entropy_from_logits", "gae",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "AdvantageInputs", "Advantages", "KL_ESTIMATORS", "PolicyLossConfig", "build_estimator", "entropy_from_logits", "gae",
     "grpo_advantages", "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "reinforce_pp_advantages",
     "rloo_advantages", "truncated_is_weights", "value_loss",
 ]

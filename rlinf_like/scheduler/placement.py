@@ -217,3 +217,21 @@ def plan_placement(
         )
         components[name] = ComponentPlacement(name=name, ranks=ranks)
     return Placement(components=components)
+
+
+def share_devices(spec: Mapping[str, str], a: str, b: str) -> bool:
+    """Whether components `a` and `b` of a component_placement overlap on any device, read from the spec
+    alone (before a cluster exists): what decides collocated (they take turns) vs disaggregated."""
+    placed: dict[str, set[tuple[str | None, int | str]]] = {}
+    for key, value in spec.items():
+        for name in (n.strip() for n in str(key).split(",")):
+            if name in (a, b):
+                kind, body = split_device_kind(value, name)
+                body, _ = split_ranks_per_device(body, name)
+                if body.strip() == "all":
+                    placed[name] = {(kind, "all")}
+                else:
+                    placed[name] = {(kind, i) for i in parse_device_range(body, 0, name)}
+    first, second = placed.get(a, set()), placed.get(b, set())
+    kinds = {k for k, _ in first} & {k for k, _ in second}
+    return bool(first & second) or any((k, "all") in first | second for k in kinds)

@@ -4,6 +4,7 @@ learned reward model, or both (`reward.kind`, see `combine.py`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -11,6 +12,7 @@ from rlinf_like.models import load_tokenizer
 from rlinf_like.scheduler import Worker
 from rlinf_like.workers.reward.combine import check_reward_config, combine_rewards
 from rlinf_like.workers.reward.rules import RewardConfig, score
+from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout.types import RolloutResult
 
 
@@ -25,32 +27,28 @@ class RewardWorker(Worker):
 
             self.model = RewardModel(config.model_path, config.model_micro_batch_size, self.torch_device)
 
-    def score(self, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[dict]]:
-        """Per request, per sample: {"reward", "correct", "formatted"} (+ "rule_reward", "model_score"
-        with a reward model)."""
-        samples, rows = [], []
+    def score(self, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[SampleScore]]:
+        """Per request, per sample: its `SampleScore`."""
+        rule_scores, rows, finished, lengths = [], [], [], []
         for result, answer in zip(results, answers):
             for tokens, reason in zip(result.response_ids, result.finish_reasons):
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                b = score(text, answer, finished=reason == "stop", num_tokens=len(tokens), config=self.config)
-                samples.append({"reward": b.total, "correct": b.correct, "formatted": b.formatted,
-                                "finished": reason == "stop", "tokens": len(tokens)})
+                rule_scores.append(score(text, answer, finished=reason == "stop", num_tokens=len(tokens),
+                                         config=self.config))
                 rows.append(list(result.prompt_ids) + list(tokens))
+                finished.append(reason == "stop")
+                lengths.append(len(tokens))
+        samples = [SampleScore(reward=b.total, correct=b.correct, formatted=b.formatted) for b in rule_scores]
         if self.config.kind != "rule" or self.config.whiten:
-            rule = torch.tensor([s["reward"] for s in samples])
-            scores = self.model.score(rows) if self.model is not None else None
-            total, penalised = combine_rewards(self.config, rule, scores,
-                                               torch.tensor([s["finished"] for s in samples], dtype=torch.bool),
-                                               torch.tensor([s["tokens"] for s in samples]))
-            for i, s in enumerate(samples):
-                s["rule_reward"], s["reward"] = s["reward"], float(total[i])
-                if penalised is not None:
-                    s["model_score"] = float(penalised[i])
+            rule = torch.tensor([s.reward for s in samples])
+            model = self.model.score(rows) if self.model is not None else None
+            total, penalised = combine_rewards(self.config, rule, model, torch.tensor(finished, dtype=torch.bool),
+                                               torch.tensor(lengths))
+            samples = [replace(s, rule_reward=s.reward, reward=float(total[i]),
+                               model_score=None if penalised is None else float(penalised[i]))
+                       for i, s in enumerate(samples)]
         out, i = [], 0
         for result in results:
-            group = samples[i : i + len(result.response_ids)]
-            for s in group:
-                del s["finished"], s["tokens"]
-            out.append(group)
-            i += len(group)
+            out.append(samples[i : i + len(result.response_ids)])
+            i += len(result.response_ids)
         return out

@@ -1,0 +1,54 @@
+"""GAE (PPO with a critic): per-token advantages from the critic's values, whitened; returns for the critic."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_like.algorithms.advantage_estimators.base import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageInputs,
+    Advantages,
+    outcome_token_rewards,
+)
+from rlinf_like.algorithms.masked import masked_whiten
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95,
+    last_values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over [batch, T]. `mask` marks valid steps; past the last
+    valid step nothing is bootstrapped unless `last_values` (per row, e.g. a truncated episode's
+    value estimate) is given. Returns (advantages, returns = advantages + values)."""
+    batch, steps = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(batch, dtype=rewards.dtype) if last_values is None else last_values
+    next_advantage = torch.zeros(batch, dtype=rewards.dtype)
+    for t in reversed(range(steps)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        valid = mask[:, t].bool()
+        advantages[:, t] = torch.where(valid, advantage, torch.zeros_like(advantage))
+        # an invalid (padding) step passes the bootstrap through unchanged
+        next_value = torch.where(valid, values[:, t], next_value)
+        next_advantage = torch.where(valid, advantage, next_advantage)
+    return advantages, (advantages + values) * mask
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+class GAE(AdvantageEstimator):
+    needs_critic = True
+    token_level = True
+    accepts_kl_in_reward = True
+    options = ("gamma", "lam")
+    gamma: float = 1.0
+    lam: float = 1.0
+
+    def estimate(self, inputs: AdvantageInputs) -> Advantages:
+        mask, values = inputs.response_mask, inputs.values
+        token_rewards = outcome_token_rewards(inputs.rewards, mask, inputs.kl_penalty)
+        advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
+        value_mean = float((values * mask).sum() / mask.sum())
+        return Advantages(advantages=masked_whiten(advantages, mask), returns=returns,
+                          metrics={"value_mean": value_mean})

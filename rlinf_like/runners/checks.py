@@ -1,0 +1,130 @@
+"""The reasoning runner's checks: every one runs in the driver before any worker starts and names the
+key. Choices are read from the registries and capabilities from what each component declares."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
+from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
+from rlinf_like.runners.actor_setup import check_actor_section
+from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
+from rlinf_like.scheduler.dynamic import SCHEDULES
+from rlinf_like.training.loop import LoopConfig, check_loop
+from rlinf_like.workers.actor.worker import BACKENDS
+from rlinf_like.workers.reward.combine import check_reward_config
+from rlinf_like.workers.rollout.engine import ENGINES, LOGPROB_SOURCES
+
+NONFINITE_POLICIES = ("skip", "stop")
+
+
+def estimators_where(**declared: bool) -> list[str]:
+    """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
+    return [name for name in ADVANTAGE_ESTIMATORS.names()
+            if all(getattr(ADVANTAGE_ESTIMATORS.get(name), k) == v for k, v in declared.items())]
+
+
+def check_choices(cfg: ReasoningConfig) -> None:
+    choices = {"algorithm.advantage": (cfg.algorithm.advantage, ADVANTAGE_ESTIMATORS.names()),
+               "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
+               "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
+               "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
+               "rollout.engine": (cfg.rollout.engine, list(ENGINES)),
+               "rollout.dtype": (cfg.rollout.dtype, ["float32", "bfloat16", "float16"]),
+               "rollout.logprobs": (cfg.rollout.logprobs, list(LOGPROB_SOURCES)),
+               "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
+               "runner.schedule": (cfg.runner.schedule, list(SCHEDULES)),
+               "actor.backend": (cfg.actor.backend, list(BACKENDS))}
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not one of {allowed}")
+
+
+def check_estimator(a: AlgorithmConfig) -> None:
+    """What the chosen advantage estimator declares decides which algorithm keys make sense."""
+    estimator = ADVANTAGE_ESTIMATORS.get(a.advantage)
+    if a.kl_in_reward and (a.kl_beta <= 0 or not estimator.accepts_kl_in_reward):
+        raise ValueError(f"algorithm.kl_in_reward needs algorithm.kl_beta > 0 and algorithm.advantage in "
+                         f"{estimators_where(accepts_kl_in_reward=True)} (per-token rewards); "
+                         f"with {estimators_where(accepts_kl_in_reward=False)} the KL is a loss term")
+    warmup = a.critic_warmup_steps
+    if warmup < 0 or (warmup and not estimator.needs_critic):
+        raise ValueError(f"algorithm.critic_warmup_steps={warmup} needs to be >= 0, and > 0 only with "
+                         f"algorithm.advantage={' or '.join(estimators_where(needs_critic=True))} (the critic)")
+    defaults = AlgorithmConfig()
+    for other in ADVANTAGE_ESTIMATORS.names():
+        for key in ADVANTAGE_ESTIMATORS.get(other).options:
+            if key not in estimator.options and getattr(a, key) != getattr(defaults, key):
+                raise ValueError(f"algorithm.{key}={getattr(a, key)!r} is an option of algorithm.advantage="
+                                 f"{other}; algorithm.advantage={a.advantage} does not read it")
+
+
+def check_config(cfg: ReasoningConfig) -> None:
+    """Values a schema cannot check, failing before any worker starts and naming the key."""
+    check_choices(cfg)
+    r, a = cfg.runner, cfg.algorithm
+    positive = {"runner.max_steps": r.max_steps, "runner.prompts_per_step": r.prompts_per_step,
+                "algorithm.samples_per_prompt": a.samples_per_prompt, "runner.max_new_tokens": r.max_new_tokens}
+    for key, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{key} must be > 0, got {value}")
+    check_estimator(a)
+    if a.is_correction_cap is not None and not a.recompute_logprobs:
+        raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
+    if r.max_staleness < 0:
+        raise ValueError(f"runner.max_staleness must be >= 0, got {r.max_staleness}")
+    if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
+        raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+    if r.temperature <= 0:  # trainer logprobs are taken under the sampling temperature
+        raise ValueError(f"runner.temperature must be > 0 for training (greedy has no logprobs to train on), "
+                         f"got {r.temperature}")
+    if cfg.rollout.logprobs == "rescored" and cfg.rollout.engine != "native":
+        raise ValueError(f"rollout.logprobs=rescored needs rollout.engine=native; got {cfg.rollout.engine!r}")
+    if not 0.0 <= r.migrate_at < 1.0 or (r.migrate_at and r.schedule != "dynamic"):
+        raise ValueError(f"runner.migrate_at={r.migrate_at} must be in [0, 1), and > 0 only with "
+                         f"runner.schedule=dynamic (got {r.schedule!r})")
+    check_reward_config(cfg.reward)
+    check_loop(runner_loop(cfg), "runner")
+    check_actor_section(cfg)
+
+
+def runner_loop(cfg: ReasoningConfig) -> LoopConfig:
+    """The actor's and critic's training loop from the runner and algorithm sections."""
+    r, a = cfg.runner, cfg.algorithm
+    return LoopConfig(mini_batches=a.mini_batches, micro_batch_size=r.micro_batch_size, epochs=a.epochs,
+                      seed=r.seed, pack_sequences=r.pack_sequences, max_batch_seqlen=r.max_batch_seqlen,
+                      max_tokens_per_micro_batch=r.max_tokens_per_micro_batch)
+
+
+def check_finite(metrics: dict[str, float], step: int, policy: str) -> str | None:
+    """The trainers never apply a non-finite gradient (the manager skips that optimizer step); this
+    decides whether the run goes on. Returns the warning to log, or raises under policy "stop"."""
+    skipped = {k: v for k, v in metrics.items() if k in ("skipped", "critic_skipped") and v > 0}
+    if not skipped:
+        return None
+    detail = ", ".join(f"{k}={metrics[k]:.4g}" for k in ("loss", "grad_norm", "value_loss", "critic_grad_norm")
+                       if k in metrics)
+    message = (f"step {step}: non-finite loss or gradient norm ({detail}); the affected optimizer steps were "
+               f"skipped (fraction {skipped}), weights unchanged")
+    if policy == "stop":
+        raise RuntimeError(message + "; stopping (runner.nonfinite=stop); the last checkpoint is intact")
+    return message
+
+
+def check_batch_split(cfg: ReasoningConfig, world_sizes: dict[str, int]) -> None:
+    """Every data-parallel rank must run the same number of micro-batches (each one is a collective
+    under FSDP). By rows, a step's rows must split evenly over ranks and mini-batches; with a token
+    budget the plan deals every rank the same count, so each mini-batch only needs a row per rank."""
+    rows = cfg.runner.prompts_per_step * cfg.algorithm.samples_per_prompt
+    minis = cfg.algorithm.mini_batches
+    for component, world in world_sizes.items():
+        if cfg.runner.max_tokens_per_micro_batch is not None:
+            if rows < world * minis:
+                raise ValueError(
+                    f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step cannot give "
+                    f"each of {component} ranks ({world}) a row in each of algorithm.mini_batches ({minis})")
+        elif rows % (world * minis):
+            raise ValueError(
+                f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step do not divide by "
+                f"{component} ranks ({world}) x algorithm.mini_batches ({minis}); "
+                f"pick sizes whose product is a multiple of {world * minis} (or set runner.max_tokens_per_micro_batch)")

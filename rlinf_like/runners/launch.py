@@ -1,0 +1,131 @@
+"""Placing and launching the reasoning workers: one `Workers` record the schedules pass to the phases."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
+from rlinf_like.algorithms.losses import PolicyLossConfig
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.hybrid_engines.reshard import SyncPlan
+from rlinf_like.runners.actor_setup import actor_config, actor_replicas
+from rlinf_like.runners.checks import check_batch_split, runner_loop
+from rlinf_like.runners.common import write_worker_pids
+from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
+from rlinf_like.scheduler import Cluster, Placement, PlacementMode, WorkerGroup, connect_groups, wait_all
+from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.actor.worker import ActorWorker
+from rlinf_like.workers.critic import CriticConfig, CriticWorker
+from rlinf_like.workers.inference.worker import InferenceWorker
+from rlinf_like.workers.reward.worker import RewardWorker
+from rlinf_like.workers.rollout import RolloutConfig
+from rlinf_like.workers.rollout.worker import RolloutWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Workers:
+    placement: Placement
+    actor: WorkerGroup
+    actor_dp: list  # per actor rank: its data-parallel replica (rank, size)
+    rollout: WorkerGroup
+    reward: WorkerGroup
+    critic: WorkerGroup | None = None  # with an estimator that needs_critic
+    reference: WorkerGroup | None = None  # with algorithm.kl_beta > 0, launched by `launch_reference`
+    collocated: bool  # actor and rollout share devices: they take turns
+
+    @property
+    def trainers(self) -> list[WorkerGroup]:
+        """The trained groups that give their devices to the rollout in collocated mode."""
+        return [self.actor] + ([self.critic] if self.critic is not None else [])
+
+    def all_groups(self) -> dict[str, WorkerGroup | None]:
+        return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout, "reward": self.reward,
+                "reference": self.reference}
+
+
+def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
+          check_placement: Callable[[Placement], None] | None = None) -> Placement:
+    """The placement, checked before any worker starts: every needed component placed, the batch split
+    evenly over every trained component's data-parallel ranks."""
+    a = cfg.algorithm
+    placement = cluster.place(cfg.cluster.component_placement, known_components=COMPONENTS)
+    optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0),
+                "critic": (f"algorithm.advantage={a.advantage}", estimator.needs_critic)}
+    needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
+    missing = [c for c in needed if c not in placement.components]
+    if missing:
+        why = "".join(f" ({c}: with {optional[c][0]})" for c in missing if c in optional)
+        raise ValueError(f"cluster.component_placement places no {missing}{why}; "
+                         f"it places {sorted(placement.components)}")
+    # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
+    split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"
+    replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
+    if a.kl_beta > 0 and cfg.actor.backend == "megatron":  # the reference is split like the actor
+        actor_replicas(cfg, placement["reference"].world_size, "reference")
+    if estimator.needs_critic:
+        replicas["critic"] = placement["critic"].world_size
+    check_batch_split(cfg, replicas)
+    if check_placement is not None:
+        check_placement(placement)
+    return placement
+
+
+def loss_config(cfg: ReasoningConfig) -> LossConfig:
+    a = cfg.algorithm
+    loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
+    return LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), loss_kl,
+                      a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
+
+
+def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, estimator: AdvantageEstimator,
+                   out: Path, actor_worker: type[ActorWorker] = ActorWorker,
+                   check_placement: Callable[[Placement], None] | None = None) -> Workers:
+    """Actor (and critic), rollout and reward, with the actor -> rollout weight sync connected."""
+    a = cfg.algorithm
+    placement = place(cfg, cluster, estimator, check_placement)
+    log.info(placement.describe())
+    loop = runner_loop(cfg)
+    actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop)).launch(
+        cluster, placement, "actor")
+    critic = None
+    if estimator.needs_critic:
+        critic_cfg = CriticConfig(model_path, FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop, a.value_clip)
+        critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
+    r = cfg.rollout
+    rollout_cfg = RolloutConfig(engine=r.engine, model_path=model_path, max_batch_size=r.max_batch_size,
+                                tp_size=r.tp_size, dtype=r.dtype, logprobs=r.logprobs, seed=cfg.runner.seed)
+    rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
+    reward = RewardWorker.create_group(model_path, cfg.reward).launch(cluster, placement, "reward",
+                                                                      init_process_group=False)
+    connect_groups(actor, rollout, "weights")
+    [src] = actor.on_ranks(0).weight_layouts().wait()
+    [dst] = rollout.on_ranks(0).weight_layouts().wait()
+    plan = SyncPlan.build(src, dst, "actor", "rollout")
+    wait_all([actor.connect_weights("weights", plan), rollout.connect_weights("weights", plan)])
+    workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(), rollout=rollout,
+                      reward=reward, critic=critic,
+                      collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
+    write_worker_pids(out, workers.all_groups())
+    return workers
+
+
+def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: Path, out: Path) -> None:
+    """The KL reference (`algorithm.kl_beta > 0`): the policy RL starts from (`start`), frozen, on the actor's
+    backend so its logprobs are the actor's own numerics: the first step's KL is 0."""
+    if cfg.algorithm.kl_beta <= 0:
+        return
+    if not (start / "config.json").exists():
+        raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "
+                                f"warm-start (this run directory predates that, or was cut short before it)")
+    megatron = actor_config(cfg, str(start), loss_config(cfg), runner_loop(cfg)).megatron \
+        if cfg.actor.backend == "megatron" else None
+    r = cfg.runner
+    w.reference = InferenceWorker.create_group(str(start), r.micro_batch_size, r.temperature, r.pack_sequences,
+                                               r.max_batch_seqlen, megatron).launch(cluster, w.placement, "reference")
+    write_worker_pids(out, w.all_groups())

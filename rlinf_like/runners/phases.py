@@ -1,0 +1,137 @@
+"""The phases of a reasoning RL step, as functions with explicit inputs and outputs:
+
+    make_requests -> (rollout generates) -> score -> prepare -> update -> (sync weights)
+
+Each phase takes the workers and data it needs and returns its batch and its metrics; nothing is
+carried between phases on an object, and no phase runs inside another. The schedules in
+`runners/schedules/` call them in their own order (collocated, pipelined, dynamic).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlinf_like.algorithms import KL_ESTIMATORS, AdvantageInputs
+from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
+from rlinf_like.data.batch import Batch, build_rl_batch
+from rlinf_like.data.tasks import Problem
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.launch import Workers
+from rlinf_like.workers.reward.types import SampleScore
+from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, SamplingParams
+
+RankPlan = Callable[[Batch, int, int], list]  # (batch, data-parallel rank, optimizer step) -> that rank's steps
+
+
+@dataclass(kw_only=True)
+class Scored:
+    """Rollout results as one training batch (a row per sample), with what the driver reports per row."""
+
+    batch: Batch  # model inputs: input_ids, attention_mask, response_mask, old_logprobs, advantages (zero)
+    rewards: torch.Tensor  # [rows] float32
+    correct: torch.Tensor  # [rows] 1.0 where the answer was right
+    versions: torch.Tensor  # [rows] the policy version that generated the row
+    seconds: float  # time spent scoring
+
+
+def make_requests(cfg: ReasoningConfig, pool: Sequence[Problem], step: int,
+                  encode: Callable[[str], list[int]]) -> tuple[list[RolloutRequest], list[str]]:
+    """Step `step`'s prompts and their reference answers. The draw depends on the step only, so a resumed
+    run asks what the uninterrupted one would have."""
+    r = cfg.runner
+    rng = random.Random(r.seed * 1_000_003 + step)
+    problems = [rng.choice(pool) for _ in range(r.prompts_per_step)]
+    params = [SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=rng.getrandbits(31))
+              for _ in problems]
+    requests = [RolloutRequest(f"s{step}-{i}", encode(p.prompt), sp, cfg.algorithm.samples_per_prompt)
+                for i, (p, sp) in enumerate(zip(problems, params))]
+    return requests, [p.answer for p in problems]
+
+
+def score_groups(w: Workers, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[SampleScore]]:
+    """Per request, per sample: the reward worker's score."""
+    return w.reward.score(list(results), list(answers)).wait()[0]
+
+
+def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
+    """One right-padded row per sample (prompt + response, the rollout's logprobs)."""
+    rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
+    return build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=pad_id)
+
+
+def score(w: Workers, results: Sequence[RolloutResult], answers: Sequence[str], pad_id: int) -> Scored:
+    start = time.perf_counter()
+    samples = [s for group in score_groups(w, results, answers) for s in group]
+    return Scored(batch=rl_batch(results, pad_id),
+                  rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+                  correct=torch.tensor([float(s.correct) for s in samples]),
+                  versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
+                  seconds=time.perf_counter() - start)
+
+
+def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: torch.Tensor,
+               batch: Batch) -> dict[str, float]:
+    """Writes batch["advantages"] (and the critic's batch["returns"]) from the [rows] rewards; its metrics."""
+    a, mask, metrics = cfg.algorithm, batch["response_mask"], {}
+    kl_penalty = None
+    if a.kl_in_reward:  # checked before launch: only estimators that accept it
+        kl = KL_ESTIMATORS.get(a.kl_estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
+        kl_penalty = a.kl_beta * kl
+        metrics["kl_penalty"] = float(kl.sum() / mask.sum())
+    out = estimator.estimate(AdvantageInputs(rewards=rewards.reshape(-1, a.samples_per_prompt), response_mask=mask,
+                                             values=batch.get("old_values"), kl_penalty=kl_penalty))
+    batch["advantages"] = out.advantages
+    if out.returns is not None:
+        batch["returns"] = out.returns
+    return {**metrics, **out.metrics}
+
+
+def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, scored: Scored) -> tuple[Batch, dict]:
+    """Everything the update needs that takes the whole batch (advantages use every sample of a group):
+    reference logprobs, critic values, advantages, the trainer's own logprobs. The trainers must be resident."""
+    batch, metrics = scored.batch, {}
+    start = time.perf_counter()
+    if w.reference is not None:
+        batch["ref_logprobs"] = torch.cat(w.reference.compute_logprobs(batch).wait())
+        metrics["reference_s"] = time.perf_counter() - start
+    if w.critic is not None:
+        batch["old_values"] = torch.cat(w.critic.compute_values(batch).wait())
+    metrics.update(advantages(estimator, cfg, scored.rewards, batch))
+    if cfg.algorithm.recompute_logprobs:  # the trainer's numerics for pi_old (ranks return their rows in order)
+        batch["recomputed_logprobs"] = torch.cat(w.actor.compute_logprobs(batch).wait())
+        gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
+        metrics["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
+    return batch, metrics
+
+
+def update(w: Workers, cfg: ReasoningConfig, batch: Batch, step: int, rank_plan: RankPlan | None = None) -> dict:
+    """One update of the trained models. During critic warmup (the first `algorithm.critic_warmup_steps`
+    steps) only the critic trains. With `rank_plan` the driver plans each actor rank's micro-batches and
+    sends it only those (the plan each rank would make itself: the same training, less data moved)."""
+    warmup = w.critic is not None and step < cfg.algorithm.critic_warmup_steps
+    metrics = {} if warmup else train_actor(w, batch, rank_plan)
+    if w.critic is not None:
+        metrics.update(w.critic.train_step(batch).wait()[0], critic_warmup=float(warmup))
+    return metrics
+
+
+def train_actor(w: Workers, batch: Batch, rank_plan: RankPlan | None) -> dict:
+    if rank_plan is None:
+        return w.actor.train_step(batch).wait()[0]
+    step = w.actor.on_ranks(0).status().wait()[0]["step"]  # the shuffle's seed, as in train_epochs
+    calls = [w.actor.on_ranks(r).train_micro_batches(rank_plan(batch, dp.rank, step))
+             for r, dp in enumerate(w.actor_dp)]
+    return [call.wait()[0] for call in calls][0]
+
+
+def batch_metrics(scored: Scored, version: int, rollout_s: float) -> dict[str, float]:
+    """What a step reports about its samples: reward, accuracy, staleness, lengths, rollout throughput."""
+    tokens = float(scored.batch["response_mask"].sum())
+    return {"reward": float(scored.rewards.mean()), "train_accuracy": float(scored.correct.mean()),
+            "staleness": float(version - scored.versions.min()), "response_tokens": tokens / len(scored.rewards),
+            "reward_s": scored.seconds, "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9)}

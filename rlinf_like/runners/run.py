@@ -1,0 +1,215 @@
+"""What every reasoning schedule shares around its loop: the run directory, data, tokenizer, workers,
+SFT warm-start, evaluation, weight sync, metrics, checkpoints and the closing summary. A schedule opens
+a `ReasoningRun`, iterates `run.steps()`, calls the phases, and ends each step with `run.end_step`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from rlinf_like.algorithms import build_estimator
+from rlinf_like.data.batch import build_sft_batch
+from rlinf_like.data.tasks import ArithmeticSpec, Problem, arithmetic_problems, load_jsonl, split_train_test
+from rlinf_like.models import load_tokenizer
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.checks import check_config, check_finite
+from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
+from rlinf_like.runners.config import ReasoningConfig, TaskConfig
+from rlinf_like.runners.launch import launch_reference, launch_workers
+from rlinf_like.scheduler import Cluster, Placement, wait_all
+from rlinf_like.workers.actor.worker import ActorWorker
+from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
+from rlinf_like.workers.rollout.worker import gather_results
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint"
+REFERENCE_MODEL = "reference_model"  # the warm-started policy, exported once: what the KL term pulls toward
+
+
+@dataclass(kw_only=True)
+class Tasks:
+    sft: list[Problem]  # SFT warm-start set
+    test: list[Problem]  # held out, greedy evaluation
+    pool: list[Problem]  # what RL steps draw from
+
+
+def load_tasks(t: TaskConfig) -> Tasks:
+    if t.kind == "jsonl":
+        train = load_jsonl(t.train_path)
+        return Tasks(sft=train, test=load_jsonl(t.test_path), pool=train)
+    spec = ArithmeticSpec(t.terms, t.max_operand, t.operators)
+    sft, test = split_train_test(t.sft_problems, t.test_problems, t.seed, spec)
+    held_out = {p.prompt for p in test}
+    pool = [p for p in arithmetic_problems(20 * t.sft_problems, t.seed + 17, spec) if p.prompt not in held_out]
+    return Tasks(sft=sft, test=test, pool=pool)
+
+
+def model_path(cfg: ReasoningConfig, out: Path) -> str:
+    """`model.path`, or the tiny model the model section describes, written under the run directory."""
+    m = cfg.model
+    if m.path:
+        return m.path
+    spec = TinyModelSpec(arch=m.arch, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                         num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                         init_std=m.init_std, seed=m.seed)
+    return str(write_tiny_model(out / "init_model", spec))
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    summary: dict
+    history: list[dict]
+    extras: dict = field(default_factory=dict)  # what a schedule reports beyond the history
+
+
+class ReasoningRun:
+    """Use as a context manager: entering starts the cluster and the workers and resumes (or warm-starts and
+    evaluates); leaving stops the cluster."""
+
+    def __init__(self, cfg: ReasoningConfig, actor_worker: type[ActorWorker] = ActorWorker,
+                 check_placement: Callable[[Placement], None] | None = None):
+        """`actor_worker` and `check_placement` are a schedule's: its actor class, and what it needs of the
+        placement (checked before any worker starts)."""
+        check_config(cfg)
+        self.cfg = cfg
+        self.out = Path(cfg.runner.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = Checkpoints(self.out / CHECKPOINT)
+        self.tasks = load_tasks(cfg.task)
+        self.model_path = model_path(cfg, self.out)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.estimator = build_estimator(cfg.algorithm.advantage, cfg.algorithm)
+        self.actor_worker, self.check_placement = actor_worker, check_placement
+        self.history: list[dict] = []
+        self.step = 0  # optimizer steps done
+        self.version = 0  # the weights' version the rollout holds
+        self._clock = 0.0  # RL seconds so far, without evaluations and checkpoints
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text).input_ids
+
+    # --- start and stop ------------------------------------------------------------------------------
+    def __enter__(self) -> ReasoningRun:
+        self.cluster = Cluster(self.cfg.cluster).__enter__()
+        try:
+            self.workers = launch_workers(self.cfg, self.cluster, self.model_path, self.estimator, self.out,
+                                          self.actor_worker, self.check_placement)
+            if self.cfg.runner.resume and self.checkpoints.exists():
+                self._restore()
+            else:
+                self._warm_start()
+                self.history.append({"step": 0, "eval_accuracy": self.evaluate()})
+            start = self.out / REFERENCE_MODEL if self.cfg.runner.sft_steps > 0 else Path(self.model_path)
+            launch_reference(self.cfg, self.cluster, self.workers, start, self.out)
+        except BaseException:
+            self.cluster.__exit__(None, None, None)
+            raise
+        self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        self._clock = self.history[-1].get("elapsed_s", 0.0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.writer.close()
+        self.cluster.__exit__(*exc)
+
+    def _warm_start(self) -> None:
+        r, w = self.cfg.runner, self.workers
+        if r.sft_steps <= 0:
+            return
+        rng = random.Random(r.seed)
+        w.actor.set_lr(r.sft_lr).wait()
+        eos = self.tokenizer.eos_token_id
+        for _ in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
+            items = [rng.choice(self.tasks.sft) for _ in range(r.sft_batch_size)]
+            batch = build_sft_batch([self.encode(p.prompt) for p in items],
+                                    [self.encode(p.solution) + [eos] for p in items])
+            w.actor.sft_step(batch).wait()
+        w.actor.set_lr(self.cfg.algorithm.lr).wait()
+        self.sync_weights()
+        if self.cfg.algorithm.kl_beta > 0:
+            w.actor.export_hf(str(self.out / REFERENCE_MODEL)).wait()
+
+    # --- used by every schedule ------------------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """The actor's weights to the rollout, as the next version."""
+        self.version += 1
+        wait_all([self.workers.actor.publish_weights(self.version), self.workers.rollout.apply_weights(self.version)])
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out set."""
+        w, test = self.workers, self.tasks.test
+        greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
+        reqs = [RolloutRequest(f"eval-{i}", self.encode(p.prompt), greedy) for i, p in enumerate(test)]
+        results = gather_results(w.rollout.generate(reqs).wait(), reqs)
+        scores = w.reward.score(results, [p.answer for p in test]).wait()[0]
+        return sum(group[0].correct for group in scores) / len(scores)
+
+    def steps(self) -> Iterator[int]:
+        """The steps left to run (0-based), with a progress bar."""
+        r = self.cfg.runner
+        self._bar = tqdm(range(self.step, r.max_steps), desc="GRPO", unit="step", initial=self.step,
+                         total=r.max_steps)
+        for step in self._bar:
+            self._step_start = time.perf_counter()
+            yield step
+
+    def end_step(self, step: int, metrics: dict[str, float]) -> None:
+        """After the step's weight sync: time it, evaluate when due, log, checkpoint when due."""
+        r = self.cfg.runner
+        self._clock += time.perf_counter() - self._step_start
+        self.step = step + 1
+        warning = check_finite(metrics, self.step, r.nonfinite)
+        if warning:
+            tqdm.write(warning)
+        metrics["elapsed_s"] = self._clock
+        if self.step % r.eval_every == 0 or self.step == r.max_steps:
+            metrics["eval_accuracy"] = self.evaluate()
+        for k, v in metrics.items():
+            self.writer.add_scalar(f"grpo/{k}", v, self.step)
+        self.history.append({"step": self.step, **metrics})
+        self._bar.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('eval_accuracy', float('nan')):.2f}")
+        if self.step % r.save_every == 0 or self.step == r.max_steps:
+            self._checkpoint()
+
+    # --- checkpoints -----------------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        path, w = self.checkpoints.step_dir(self.step), self.workers
+        wait_all([g.save(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
+        crash_point("checkpoint", self.step)  # fault tests: the workers' state written, not yet committed
+        self.checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history})
+
+    def _restore(self) -> None:
+        path, state = self.checkpoints.latest()
+        w = self.workers
+        wait_all([g.load(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
+        self.step, self.version, self.history = state["step"], state["version"], state["history"]
+        self.sync_weights()  # the rollout starts from the checkpoint's weights
+        log.info(f"resumed at step {self.step} from {path}")
+
+    # --- the end -----------------------------------------------------------------------------------------
+    def finish(self, **extras) -> RunResult:
+        """Export the final model, plot, write summary.json and print the table."""
+        self.workers.actor.export_hf(str(self.out / "final_model")).wait()
+        evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
+        rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
+        plot_series(self.out / "curves.png", [("mean reward (train samples)", rewards, {"alpha": 0.6}),
+                                              ("held-out accuracy (greedy)", evals, {"marker": "o"})],
+                    "GRPO step", ylim=(0, 1.05))
+        summary = {"steps": self.step, "eval_accuracy_start": evals[0][1], "eval_accuracy_end": evals[-1][1],
+                   "reward_first": rewards[0][1] if rewards else None, "reward_last": rewards[-1][1] if rewards else None,
+                   "output_dir": str(self.out)}
+        (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
+                                                          indent=1, default=str))
+        table = "\n".join(["  step  eval_accuracy"] + [f"  {step:>4}  {acc:.3f}" for step, acc in evals])
+        log.info(f"\n{table}\nplot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
+        return RunResult(summary=summary, history=self.history, extras=extras)

@@ -1,0 +1,44 @@
+"""Collocated, synchronous: actor and rollout share the devices and take turns, so every step is on-policy.
+
+One step: the trainers offload, the rollout onloads and generates, then gives the devices back; the
+samples are scored, prepared (reference, values, advantages) and trained on; the new weights go to
+the rollout.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rlinf_like.runners.phases import batch_metrics, make_requests, prepare, score, update
+from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.scheduler import wait_all
+from rlinf_like.workers.rollout.worker import gather_results
+
+
+def train(cfg: ReasoningConfig) -> RunResult:
+    with ReasoningRun(cfg) as run:
+        w = run.workers
+        for step in run.steps():
+            requests, answers = make_requests(cfg, run.tasks.pool, step, run.encode)
+
+            wait_all([trainer.offload() for trainer in w.trainers])  # the devices go to the rollout
+            w.rollout.onload().wait()
+            start = time.perf_counter()
+            results = gather_results(w.rollout.generate(requests).wait(), requests)
+            rollout_s = time.perf_counter() - start
+            w.rollout.offload().wait()
+
+            scored = score(w, results, answers, run.pad_id)
+
+            start = time.perf_counter()
+            wait_all([trainer.onload() for trainer in w.trainers])  # and back to the trainers
+            batch, prepared = prepare(w, run.estimator, cfg, scored)
+            updated = update(w, cfg, batch, step)
+            metrics = {**updated, **prepared, **batch_metrics(scored, run.version, rollout_s),
+                       "train_s": time.perf_counter() - start}
+
+            w.rollout.onload().wait()
+            run.sync_weights()
+            run.end_step(step, metrics)
+        return run.finish()

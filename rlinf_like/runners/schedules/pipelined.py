@@ -1,0 +1,99 @@
+"""Pipelined, bounded staleness: actor and rollout on their own devices. The rollout generates the next
+`runner.max_staleness` steps with the weights it has while the actor trains on this one; every sample
+carries the policy version that made it, and the step reports the staleness.
+
+With `runner.max_tokens_per_micro_batch` the rollout streams each finished group onto a channel and a
+step trains on the first `prompts_per_step` groups to arrive, whichever step asked for them; the driver
+plans each actor rank's token-budget micro-batches and sends it only those.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from rlinf_like.runners.checks import runner_loop
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.launch import Workers, loss_config
+from rlinf_like.runners.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
+from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.scheduler import Channel, GroupResult
+from rlinf_like.training.loop import plan_steps
+from rlinf_like.workers.actor.worker import loss_weigh
+from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
+from rlinf_like.workers.rollout.worker import gather_results
+
+
+def train(cfg: ReasoningConfig) -> RunResult:
+    with ReasoningRun(cfg) as run:
+        w, r = run.workers, cfg.runner
+        ahead = Generations(w, stream=run.cluster.scoped_name("rollout-results")
+                            if r.max_tokens_per_micro_batch is not None else None)
+        rank_plan = token_budget_plan(cfg, w) if ahead.channel is not None else None
+        for step in run.steps():
+            while len(ahead) <= r.max_staleness and step + len(ahead) < r.max_steps:  # run ahead, bounded
+                ahead.start(*make_requests(cfg, run.tasks.pool, step + len(ahead), run.encode))
+            results, answers, rollout_s = ahead.take(r.prompts_per_step)
+
+            scored = score(w, results, answers, run.pad_id)
+            start = time.perf_counter()
+            batch, prepared = prepare(w, run.estimator, cfg, scored)
+            updated = update(w, cfg, batch, step, rank_plan)
+            metrics = {**updated, **prepared, **batch_metrics(scored, run.version, rollout_s),
+                       "train_s": time.perf_counter() - start}
+
+            run.sync_weights()
+            run.end_step(step, metrics)
+        ahead.close()
+        return run.finish()
+
+
+@dataclass
+class Pending:
+    call: GroupResult
+    requests: list[RolloutRequest]
+    answers: list[str]
+    start: float
+
+
+class Generations:
+    """Rollout calls started ahead of training, oldest first. Results come back a step's requests at a time,
+    or, streaming, as groups finish on a channel."""
+
+    def __init__(self, w: Workers, stream: str | None):
+        self.rollout = w.rollout
+        self.pending: deque[Pending] = deque()
+        self.channel = Channel.create(stream, RolloutResult) if stream else None
+        self.answers: dict[str, str] = {}  # streaming: request id -> reference answer
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def start(self, requests: list[RolloutRequest], answers: list[str]) -> None:
+        if self.channel is None:
+            call = self.rollout.generate(requests)
+        else:
+            self.answers.update((q.request_id, a) for q, a in zip(requests, answers))
+            call = self.rollout.generate_to(self.channel.name, requests)
+        self.pending.append(Pending(call, requests, answers, time.perf_counter()))
+
+    def take(self, groups: int) -> tuple[list[RolloutResult], list[str], float]:
+        """The oldest call's results (streaming: the first `groups` groups on the channel), their answers,
+        and the seconds since that call started."""
+        p = self.pending.popleft()
+        outputs = p.call.wait()
+        if self.channel is None:
+            return gather_results(outputs, p.requests), p.answers, time.perf_counter() - p.start
+        results = [self.channel.get() for _ in range(groups)]
+        return results, [self.answers.pop(res.request_id) for res in results], time.perf_counter() - p.start
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.destroy()
+
+
+def token_budget_plan(cfg: ReasoningConfig, w: Workers) -> RankPlan:
+    """Each actor rank's (micro-batch, loss scale) pairs: the plan the rank would make itself in train_step."""
+    loop, weigh, world = runner_loop(cfg), loss_weigh(loss_config(cfg)), w.actor_dp[0].size
+    return lambda batch, rank, step: list(plan_steps(batch, rank, world, loop, step, weigh=weigh))
