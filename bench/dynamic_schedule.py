@@ -4,7 +4,7 @@
     python bench/dynamic_schedule.py --migrate-at 0.5      # dynamic with request migration
     python bench/dynamic_schedule.py --gpu --placement "0-1" --hidden 512 --layers 8 --prompts 64 --max-new-tokens 256
 
-Both sides run `DynamicScheduleRunner` with the same config and seed (so they train the same
+Both sides run `runners/schedules/dynamic.py` with the same config and seed (so they train the same
 weights; see tests/test_dynamic_schedule.py); only the hand-over differs: static gives the actor
 the devices once the whole rollout has offloaded, dynamic gives it each replica's devices as soon as
 that replica has finished (with `--migrate-at`, also moves the unfinished requests onto fewer replicas
@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlinf_like.runners.config import ReasoningConfig  # noqa: E402
-from rlinf_like.runners.dynamic_schedule import DynamicScheduleRunner  # noqa: E402
+from rlinf_like.runners.schedules import dynamic  # noqa: E402
 from rlinf_like.scheduler import ClusterConfig  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 
@@ -75,12 +75,11 @@ def main() -> None:
         for i, schedule in enumerate(order):
             cfg = config(args, Path(tmp) / f"{schedule}{i}")
             cfg.runner.schedule = "dynamic"  # the config as a dynamic run has it; `schedule` picks the hand-over
-            runner = DynamicScheduleRunner(cfg, schedule=schedule)
-            runner.run()
-            times[schedule] += step_times(runner.history)
-            early = sum(h.get("sched_early_minibatches", 0) for h in runner.history)
-            moved = sum(h.get("sched_migrated", 0) for h in runner.history)
-            print(f"{schedule}: step times {[round(t, 3) for t in step_times(runner.history)]}, "
+            history = dynamic.train(cfg, schedule=schedule).history
+            times[schedule] += step_times(history)
+            early = sum(h.get("sched_early_minibatches", 0) for h in history)
+            moved = sum(h.get("sched_migrated", 0) for h in history)
+            print(f"{schedule}: step times {[round(t, 3) for t in step_times(history)]}, "
                   f"mini-batches trained before the rollout ended: {early:.0f}, requests migrated: {moved:.0f}",
                   flush=True)
     static, dynamic = statistics.median(times["static"]), statistics.median(times["dynamic"])

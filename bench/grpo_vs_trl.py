@@ -36,7 +36,7 @@ from rlinf_like.data.batch import build_sft_batch  # noqa: E402
 from rlinf_like.models import load_tokenizer  # noqa: E402
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
 from rlinf_like.runners.config import ModelConfig, ReasoningConfig  # noqa: E402
-from rlinf_like.runners.reasoning import ReasoningRunner  # noqa: E402
+from rlinf_like.runners.reasoning import load_tasks  # noqa: E402
 from rlinf_like.workers.reward import score  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def warm_start(root: Path, steps: int) -> tuple[Path, list, list]:
 
     cfg = ReasoningConfig()
     cfg.runner.output_dir = str(root / "tasks")
-    tasks = ReasoningRunner(cfg)  # builds the task sets only; nothing is launched
+    tasks = load_tasks(cfg.task)
     m: ModelConfig = cfg.model
     init = write_tiny_model(root / "init", TinyModelSpec(arch=m.arch, hidden_size=m.hidden_size,
                                                          intermediate_size=m.intermediate_size, num_layers=m.num_layers,
@@ -57,7 +57,7 @@ def warm_start(root: Path, steps: int) -> tuple[Path, list, list]:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.runner.sft_lr, weight_decay=0.0)
     rng = random.Random(0)
     for _ in range(steps):
-        items = [rng.choice(tasks.sft_set) for _ in range(cfg.runner.sft_batch_size)]
+        items = [rng.choice(tasks.sft) for _ in range(cfg.runner.sft_batch_size)]
         batch = build_sft_batch([tok(p.prompt).input_ids for p in items],
                                 [tok(p.solution).input_ids + [tok.eos_token_id] for p in items])
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
@@ -70,7 +70,7 @@ def warm_start(root: Path, steps: int) -> tuple[Path, list, list]:
     warm = root / "warm"
     model.save_pretrained(warm)
     tok.save_pretrained(warm)
-    return warm, tasks.test_set, tasks.rl_pool
+    return warm, tasks.test, tasks.pool
 
 
 @torch.inference_mode()

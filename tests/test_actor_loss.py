@@ -10,7 +10,9 @@ from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.models.tiny import build_tiny_model
 from rlinf_like.runners.config import ReasoningConfig, RunnerConfig
-from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.algorithms import build_estimator
+from rlinf_like.runners.phases import advantages
+from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 
 
@@ -49,18 +51,23 @@ def test_on_policy_loss_is_minus_the_mean_advantage_plus_kl(model_and_batch):
 
 def test_advantage_shaping_in_the_runner(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
-    runner = ReasoningRunner(cfg)
+    check_config(cfg)
+
+    def shape(rewards, batch):
+        extra = advantages(build_estimator(cfg.algorithm.advantage, cfg.algorithm), cfg, rewards, batch)
+        return batch["advantages"], extra
+
     mask = torch.tensor([[0.0, 1, 1, 0], [0, 1, 1, 1]])
     batch = {"response_mask": mask}
     rewards = torch.tensor([[1.0, 0.0]])
-    grpo, _ = runner._advantages(rewards, batch)  # mean 0.5, sample std 0.7071: +-0.5 / 0.7071
+    grpo, _ = shape(rewards, batch)  # mean 0.5, sample std 0.7071: +-0.5 / 0.7071
     assert torch.allclose(grpo, torch.tensor([[0, 0.7071, 0.7071, 0], [0, -0.7071, -0.7071, -0.7071]]), atol=1e-4)
     cfg.algorithm.advantage = "reinforce_pp"
-    rpp, _ = runner._advantages(rewards, batch)
+    rpp, _ = shape(rewards, batch)
     # returns-to-go [1, 1] and [0, 0, 0] over 5 valid tokens: mean 0.4, std 0.4899
     assert torch.allclose(rpp, torch.tensor([[0, 1.2247, 1.2247, 0], [0, -0.8165, -0.8165, -0.8165]]), atol=1e-4)
     cfg.algorithm.kl_in_reward, cfg.algorithm.kl_beta = True, 1.0
     batch.update(old_logprobs=torch.zeros(2, 4), ref_logprobs=torch.full((2, 4), -1.0))
-    shaped, extra = runner._advantages(rewards, batch)
+    shaped, extra = shape(rewards, batch)
     assert extra["kl_penalty"] == pytest.approx(KL_ESTIMATORS.get("k3")(torch.zeros(1), -torch.ones(1)).item())
     assert not torch.allclose(shaped, rpp)  # every token paid the penalty: later tokens pay less in total

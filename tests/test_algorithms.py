@@ -8,13 +8,15 @@ import torch
 from rlinf_like.algorithms import (
     AGGREGATIONS,
     KL_ESTIMATORS,
-    OUTCOME_ADVANTAGES,
+    ADVANTAGE_ESTIMATORS,
     PolicyLossConfig,
     entropy_from_logits,
     gae,
+    grpo_advantages,
     masked_whiten,
     policy_loss,
     reinforce_pp_advantages,
+    rloo_advantages,
     truncated_is_weights,
     value_loss,
 )
@@ -26,22 +28,23 @@ def close(a, b, tol=1e-5):
 
 def test_grpo_normalises_within_each_group():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
-    adv = OUTCOME_ADVANTAGES.get("grpo")(rewards)
+    adv = grpo_advantages(rewards)
     # group 1: mean 0.5, sample std sqrt(1/3) -> +-0.5 * sqrt(3) = +-0.8660; group 2: all equal -> 0
     assert close(adv, [[0.866025, -0.866025, -0.866025, 0.866025], [0, 0, 0, 0]], 1e-4)
-    assert close(OUTCOME_ADVANTAGES.get("grpo")(rewards, scale_by_std=False)[0], [0.5, -0.5, -0.5, 0.5])
+    assert close(grpo_advantages(rewards, scale_by_std=False)[0], [0.5, -0.5, -0.5, 0.5])
 
 
 def test_rloo_subtracts_the_mean_of_the_others():
-    adv = OUTCOME_ADVANTAGES.get("rloo")(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
     assert close(adv, [[2 / 3, -2 / 3, -2 / 3, 2 / 3]])  # 1 - 1/3, 0 - 2/3
     with pytest.raises(ValueError, match="at least 2"):
-        OUTCOME_ADVANTAGES.get("rloo")(torch.tensor([[1.0]]))
+        rloo_advantages(torch.tensor([[1.0]]))
 
 
 def test_unknown_names_list_the_choices():
-    with pytest.raises(KeyError, match=r"unknown advantage estimator 'grop'; allowed: \['grpo', 'rloo'\]"):
-        OUTCOME_ADVANTAGES.get("grop")
+    with pytest.raises(KeyError, match=r"unknown advantage estimator 'grop'; allowed: "
+                                       r"\['gae', 'grpo', 'reinforce_pp', 'rloo'\]"):
+        ADVANTAGE_ESTIMATORS.get("grop")
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
 
 

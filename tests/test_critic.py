@@ -10,7 +10,9 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
-from rlinf_like.runners.reasoning import ReasoningRunner, check_batch_split
+from rlinf_like.algorithms import build_estimator
+from rlinf_like.runners.phases import advantages
+from rlinf_like.runners.reasoning import check_batch_split, check_config
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.training.loop import LoopConfig
 
@@ -63,10 +65,12 @@ def test_critic_values_match_an_unsharded_forward_and_it_learns_returns(critic):
     assert after < 0.1 * before, (before, after)
 
 
-def runner_for(tmp_path, **algorithm) -> ReasoningRunner:
-    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", **algorithm),
-                          runner=RunnerConfig(output_dir=str(tmp_path)))
-    return ReasoningRunner(cfg)
+def gae_advantages(rewards, batch, **algorithm):
+    """The runner's advantage phase for algorithm.advantage=gae (the critic's returns land in batch)."""
+    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", **algorithm))
+    check_config(cfg)
+    advantages(build_estimator("gae", cfg.algorithm), cfg, rewards, batch)
+    return batch["advantages"]
 
 
 def one_row_batch():
@@ -77,7 +81,7 @@ def one_row_batch():
 
 def test_gae_with_lambda_one_regresses_on_the_outcome(tmp_path):
     batch = one_row_batch()
-    advantages, _ = runner_for(tmp_path, gamma=1.0, lam=1.0)._advantages(torch.tensor([[1.0]]), batch)
+    advantages = gae_advantages(torch.tensor([[1.0]]), batch, gamma=1.0, lam=1.0)
     mask = batch["response_mask"]
     assert torch.equal(batch["returns"], torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]]))  # R on every response token
     raw = torch.tensor([[0.0, 0.8, 0.5, 0.3, 0.0]])  # R - V(s_t)
@@ -86,7 +90,7 @@ def test_gae_with_lambda_one_regresses_on_the_outcome(tmp_path):
 
 def test_gae_with_lambda_zero_is_the_td_residual(tmp_path):
     batch = one_row_batch()
-    advantages, _ = runner_for(tmp_path, gamma=1.0, lam=0.0)._advantages(torch.tensor([[1.0]]), batch)
+    advantages = gae_advantages(torch.tensor([[1.0]]), batch, gamma=1.0, lam=0.0)
     mask = batch["response_mask"]
     raw = torch.tensor([[0.0, 0.5 - 0.2, 0.7 - 0.5, 1.0 - 0.7, 0.0]])  # r_t + V(s_t+1) - V(s_t)
     torch.testing.assert_close(batch["returns"], torch.tensor([[0.0, 0.5, 0.7, 1.0, 0.0]]))

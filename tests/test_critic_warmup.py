@@ -10,7 +10,9 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
-from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.runners.launch import Workers
+from rlinf_like.runners.phases import update
+from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.training.loop import LoopConfig
@@ -38,15 +40,17 @@ def runner_with_workers(cluster, tmp_path):
                                                     loop, value_clip=None)).launch(cluster, placement, "critic")
     cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", critic_warmup_steps=WARMUP),
                           runner=RunnerConfig(output_dir=str(tmp_path / "run")))
-    runner = ReasoningRunner(cfg)
-    runner.actor, runner.critic = actor, critic
-    yield runner, path, tmp_path
+    check_config(cfg)
+    workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(timeout=60),
+                      rollout=None, reward=None, critic=critic, collocated=False)
+    yield (cfg, workers), path, tmp_path
     actor.shutdown()
     critic.shutdown()
 
 
 def actor_weights(runner, path):
-    runner.actor.export_hf(str(path)).wait(timeout=120)
+    _, workers = runner
+    workers.actor.export_hf(str(path)).wait(timeout=120)
     return load_file(str(path / "model.safetensors"))
 
 
@@ -54,19 +58,18 @@ def test_warmup_trains_the_critic_only_then_the_actor(runner_with_workers):
     runner, model_path, tmp = runner_with_workers
     init = load_file(str(model_path / "model.safetensors"))
     batch = toy_batch()
-    batch["old_values"] = torch.cat(runner.critic.compute_values(batch).wait(timeout=120))
+    cfg, workers = runner
+    batch["old_values"] = torch.cat(workers.critic.compute_values(batch).wait(timeout=120))
     losses = []
     for step in range(WARMUP):
-        runner.step = step
-        metrics = runner._update(batch)
+        metrics = update(workers, cfg, batch, step)
         assert metrics["critic_warmup"] == 1.0 and "policy_loss" not in metrics
         losses.append(metrics["value_loss"])
     assert losses[-1] < 0.7 * losses[0], losses  # the value model learns the fixed returns
     during = actor_weights(runner, tmp / "after_warmup")
     assert during.keys() == init.keys() and all(torch.equal(during[k], init[k]) for k in init)  # bit-identical
 
-    runner.step = WARMUP  # warmup over: the policy trains
-    metrics = runner._update(batch)
+    metrics = update(workers, cfg, batch, WARMUP)  # warmup over: the policy trains
     assert metrics["critic_warmup"] == 0.0 and "policy_loss" in metrics and "value_loss" in metrics
     after = actor_weights(runner, tmp / "after_update")
     assert any(not torch.equal(after[k], init[k]) for k in init)
@@ -76,4 +79,4 @@ def test_warmup_needs_a_critic(tmp_path):
     cfg = ReasoningConfig(algorithm=AlgorithmConfig(critic_warmup_steps=2),
                           runner=RunnerConfig(output_dir=str(tmp_path)))
     with pytest.raises(ValueError, match=r"algorithm.critic_warmup_steps=2 .* only with algorithm.advantage=gae"):
-        ReasoningRunner(cfg)
+        check_config(cfg)

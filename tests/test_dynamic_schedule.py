@@ -1,4 +1,4 @@
-"""The dynamic collocated schedule (`runners/dynamic_schedule.py`): same weights and metrics as the
+"""The dynamic collocated schedule (`runners/schedules/dynamic.py`): same weights and metrics as the
 static schedule for the same seed, bit for bit, while unfinished requests migrate to one replica and
 the devices go to the actor replica by replica."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.dynamic_schedule import DynamicScheduleRunner, check_dynamic
+from rlinf_like.runners.schedules import dynamic
+from rlinf_like.runners.schedules.dynamic import check_dynamic
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.scheduler.dynamic import DeviceScheduler
@@ -90,11 +91,11 @@ def run_both_schedules(root: Path) -> dict:
     the test session's shared Ray would refuse. Returns what the test compares (runners don't pickle)."""
     out = {}
     for schedule in ("static", "dynamic"):
-        runner = DynamicScheduleRunner(small_config(root / schedule, "dynamic"), schedule=schedule)
-        runner.run()
-        out[schedule] = {"history": runner.history,
-                         "dp_sizes": [runner.scheduler.dp_sizes(step) for step in range(STEPS)],
-                         "events": [(e.step, e.kind, e.detail) for e in runner.scheduler.events]}
+        result = dynamic.train(small_config(root / schedule, "dynamic"), schedule=schedule)
+        scheduler = result.extras["scheduler"]
+        out[schedule] = {"history": result.history,
+                         "dp_sizes": [scheduler.dp_sizes(step) for step in range(STEPS)],
+                         "events": [(e.step, e.kind, e.detail) for e in scheduler.events]}
     return out
 
 

@@ -180,11 +180,14 @@ def test_a_wrongly_typed_value_is_named():
 ])
 def test_impossible_placements_and_batch_splits_fail_before_any_worker_starts(cluster, tmp_path, placement,
                                                                                overrides, error):
-    from rlinf_like.runners.reasoning import ReasoningRunner
+    from rlinf_like.algorithms import build_estimator
+    from rlinf_like.runners.launch import launch_workers
+    from rlinf_like.runners.reasoning import check_config
 
     cfg = compose_grpo(f"runner.output_dir={tmp_path}", *SMALL, *overrides)
     cfg.cluster.component_placement = placement or cfg.cluster.component_placement
-    runner = ReasoningRunner(cfg)
-    with pytest.raises(ValueError, match=error):
-        runner._launch(cluster)  # on the test session's 2-CPU Ray
-    assert not hasattr(runner, "actor") and not (tmp_path / "workers.json").exists()  # nothing launched
+    check_config(cfg)
+    estimator = build_estimator(cfg.algorithm.advantage, cfg.algorithm)
+    with pytest.raises(ValueError, match=error):  # on the test session's 2-CPU Ray
+        launch_workers(cfg, cluster, str(tmp_path / "no-model"), estimator, tmp_path)
+    assert not (tmp_path / "workers.json").exists()  # nothing launched

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from rlinf_like.runners.config import ReasoningConfig, RunnerConfig
-from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.runners.phases import make_requests
+from rlinf_like.runners.reasoning import check_config, load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
@@ -73,14 +74,18 @@ def test_a_wrong_key_fails_before_any_worker_starts():
 def test_bad_values_are_named_before_launch(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
     cfg.algorithm.advantage = "gpro"
-    with pytest.raises(ValueError, match=r"algorithm.advantage='gpro' is not one of \['grpo', 'rloo', 'reinforce_pp', 'gae'\]"):
-        ReasoningRunner(cfg)
+    with pytest.raises(ValueError, match=r"algorithm.advantage='gpro' is not one of \['gae', 'grpo', 'reinforce_pp', 'rloo'\]"):
+        check_config(cfg)
 
 
 def test_data_order_depends_only_on_the_step(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
-    a, b = ReasoningRunner(cfg), ReasoningRunner(cfg)
-    assert a._requests(5) == b._requests(5)  # what a resumed run draws at step 5
-    assert a._requests(5)[0] != a._requests(6)[0]
-    held_out = {p.prompt for p in a.test_set}
-    assert not any(p.prompt in held_out for p in a.rl_pool)
+    a, b = load_tasks(cfg.task), load_tasks(cfg.task)
+
+    def requests(tasks, step):
+        return make_requests(cfg, tasks.pool, step, lambda text: [ord(c) for c in text])
+
+    assert requests(a, 5) == requests(b, 5)  # what a resumed run draws at step 5
+    assert requests(a, 5)[0] != requests(a, 6)[0]
+    held_out = {p.prompt for p in a.test}
+    assert not any(p.prompt in held_out for p in a.pool)

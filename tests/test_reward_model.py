@@ -139,7 +139,7 @@ def test_reward_keys_override_through_hydra_and_are_checked_before_launch(tmp_pa
 
     from rlinf_like.config import structure
     from rlinf_like.runners.config import ReasoningConfig
-    from rlinf_like.runners.reasoning import ReasoningRunner
+    from rlinf_like.runners.reasoning import check_config
 
     ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
     config_dir = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
@@ -149,4 +149,4 @@ def test_reward_keys_override_through_hydra_and_are_checked_before_launch(tmp_pa
     parsed = structure(ReasoningConfig, cfg)
     assert (parsed.reward.kind, parsed.reward.model_weight, parsed.reward.whiten) == ("both", 0.5, True)
     with pytest.raises(ValueError, match=r"reward.kind='both' needs reward.model_path"):
-        ReasoningRunner(parsed)
+        check_config(parsed)

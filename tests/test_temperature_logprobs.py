@@ -11,7 +11,7 @@ from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.config import ReasoningConfig, RunnerConfig
-from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
 
@@ -54,4 +54,4 @@ def test_actor_loss_sees_ratio_one_under_the_sampling_temperature(sampled):
 def test_greedy_training_is_refused(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path), temperature=0.0))
     with pytest.raises(ValueError, match=r"runner.temperature must be > 0"):
-        ReasoningRunner(cfg)
+        check_config(cfg)

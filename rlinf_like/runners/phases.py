@@ -76,14 +76,15 @@ def score(w: Workers, results: Sequence[RolloutResult], answers: Sequence[str], 
 
 def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: torch.Tensor,
                batch: Batch) -> dict[str, float]:
-    """Writes batch["advantages"] (and the critic's batch["returns"]) from the [rows] rewards; its metrics."""
+    """Writes batch["advantages"] (and the critic's batch["returns"]) from the [prompts, samples] rewards;
+    returns the estimator's metrics."""
     a, mask, metrics = cfg.algorithm, batch["response_mask"], {}
     kl_penalty = None
     if a.kl_in_reward:  # checked before launch: only estimators that accept it
         kl = KL_ESTIMATORS.get(a.kl_estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
         kl_penalty = a.kl_beta * kl
         metrics["kl_penalty"] = float(kl.sum() / mask.sum())
-    out = estimator.estimate(AdvantageInputs(rewards=rewards.reshape(-1, a.samples_per_prompt), response_mask=mask,
+    out = estimator.estimate(AdvantageInputs(rewards=rewards, response_mask=mask,
                                              values=batch.get("old_values"), kl_penalty=kl_penalty))
     batch["advantages"] = out.advantages
     if out.returns is not None:
@@ -101,7 +102,7 @@ def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, sco
         metrics["reference_s"] = time.perf_counter() - start
     if w.critic is not None:
         batch["old_values"] = torch.cat(w.critic.compute_values(batch).wait())
-    metrics.update(advantages(estimator, cfg, scored.rewards, batch))
+    metrics.update(advantages(estimator, cfg, scored.rewards.reshape(-1, cfg.algorithm.samples_per_prompt), batch))
     if cfg.algorithm.recompute_logprobs:  # the trainer's numerics for pi_old (ranks return their rows in order)
         batch["recomputed_logprobs"] = torch.cat(w.actor.compute_logprobs(batch).wait())
         gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]

@@ -1,0 +1,72 @@
+"""Adding an advantage estimator is one class plus a registration: a toy estimator registered here runs
+through a 2-step run, and the runner's checks read its declarations instead of its name."""
+
+import pytest
+import torch
+
+from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advantages
+from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning import check_config, train
+from rlinf_like.scheduler import ClusterConfig
+
+CALLS: list[torch.Tensor] = []
+
+
+class SignOfReward(AdvantageEstimator):
+    """+1 for a response above its group's median reward, -1 below: sequence-level, no critic, no KL in
+    reward, no options."""
+
+    def estimate(self, inputs: AdvantageInputs) -> Advantages:
+        CALLS.append(inputs.rewards.clone())
+        sign = torch.sign(inputs.rewards - inputs.rewards.median(dim=-1, keepdim=True).values)
+        return Advantages(advantages=sign.reshape(-1, 1) * inputs.response_mask, metrics={"toy_positive": float((sign > 0).sum())})
+
+
+@pytest.fixture()
+def toy_registered():
+    ADVANTAGE_ESTIMATORS.register("toy_sign")(SignOfReward)
+    yield
+    ADVANTAGE_ESTIMATORS._items.pop("toy_sign")
+
+
+def tiny(tmp_path, advantage="toy_sign") -> ReasoningConfig:
+    cfg = ReasoningConfig()
+    cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
+                                component_placement={"actor,rollout": "0-1", "reward": "0"})
+    cfg.task.sft_problems, cfg.task.test_problems = 32, 4
+    r = cfg.runner
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = 2, 4, 8, 8, 0
+    r.eval_every, r.save_every, r.output_dir = 100, 100, str(tmp_path)
+    cfg.algorithm.advantage, cfg.algorithm.samples_per_prompt = advantage, 4
+    return cfg
+
+
+def test_checks_read_the_declarations(toy_registered, tmp_path):
+    cfg = tiny(tmp_path)
+    check_config(cfg)
+    cfg.algorithm.kl_in_reward, cfg.algorithm.kl_beta = True, 0.1  # the toy does not take a KL penalty
+    with pytest.raises(ValueError, match=r"algorithm.kl_in_reward needs .* algorithm.advantage in "
+                                         r"\['gae', 'reinforce_pp'\]"):
+        check_config(cfg)
+    cfg = tiny(tmp_path)
+    cfg.algorithm.critic_warmup_steps = 1  # it needs no critic
+    with pytest.raises(ValueError, match=r"only with algorithm.advantage=gae \(the critic\)"):
+        check_config(cfg)
+    cfg = tiny(tmp_path)
+    cfg.algorithm.lam = 0.9  # an option only gae reads
+    with pytest.raises(ValueError, match=r"algorithm.lam=0.9 is an option of algorithm.advantage=gae; "
+                                         r"algorithm.advantage=toy_sign does not read it"):
+        check_config(cfg)
+
+
+@pytest.mark.timeout(300)
+def test_a_registered_toy_estimator_runs_two_steps(toy_registered, tmp_path):
+    CALLS.clear()
+    result = train(tiny(tmp_path))
+    steps = result.history[1:]
+    assert [h["step"] for h in steps] == [1, 2]
+    assert len(CALLS) == 2 and all(c.shape == (4, 4) for c in CALLS)  # [prompts, samples] each step
+    assert [h["toy_positive"] for h in steps] == [float((torch.sign(c - c.median(-1, keepdim=True).values) > 0).sum())
+                                                  for c in CALLS]
+    assert (tmp_path / "final_model" / "config.json").exists()
