@@ -64,6 +64,7 @@ class ModelFamily:
             raise ValueError(f"model family {self.name!r}: a weight is listed twice")
         if not set(self.tied) <= set(names):
             raise ValueError(f"model family {self.name!r}: tied weights {self.tied} are not among its weights")
+        self.parameter_groups()  # refuses a fused group whose members disagree
 
     def parameter_groups(self) -> list[tuple[Weight, ...]]:
         """The weights grouped by the Megatron parameter holding them, in order of first appearance:
