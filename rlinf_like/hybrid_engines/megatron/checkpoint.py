@@ -15,7 +15,6 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,10 +22,8 @@ import torch.distributed as dist
 
 from rlinf_like.hybrid_engines.megatron import cpu_compat
 from rlinf_like.hybrid_engines.model_manager import swap_checkpoint_into_place
+from rlinf_like.hybrid_engines.megatron.types import MegatronState
 from rlinf_like.hybrid_engines.reshard.layout import box_slices, dtype_from_name
-
-if TYPE_CHECKING:
-    from rlinf_like.hybrid_engines.megatron.manager import MegatronModelManager
 
 
 # The distributed optimizer's state per data-parallel buffer ("dp_reshardable"): megatron 0.16's
@@ -37,13 +34,13 @@ if TYPE_CHECKING:
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def _sharded_state(m: MegatronModelManager, loading: bool) -> dict:
+def _sharded_state(m: MegatronState, loading: bool) -> dict:
     model = m.gpt.sharded_state_dict()
     optim = m.optimizer.sharded_state_dict(model, is_loading=loading, metadata=_OPTIM_METADATA)
     return {"model": model, "optimizer": optim}
 
 
-def save_checkpoint(m: MegatronModelManager, path: str) -> None:
+def save_checkpoint(m: MegatronState, path: str) -> None:
     from megatron.core import dist_checkpointing
 
     final, tmp = Path(path), Path(f"{path}.tmp")
@@ -63,7 +60,7 @@ def save_checkpoint(m: MegatronModelManager, path: str) -> None:
     dist.barrier()
 
 
-def load_checkpoint(m: MegatronModelManager, path: str) -> None:
+def load_checkpoint(m: MegatronState, path: str) -> None:
     from megatron.core import dist_checkpointing
 
     with cpu_compat.cuda_as_cpu(), torch.no_grad():  # the optimizer writes into views of the parameters
@@ -73,8 +70,7 @@ def load_checkpoint(m: MegatronModelManager, path: str) -> None:
     own = Path(path) / f"extra_rank{m.rank}.pt"
     extra = torch.load(own if own.exists() else Path(path) / "extra_rank0.pt", weights_only=False)
     m.step = extra["step"]
-    m.base_lr = extra.get("base_lr", m.base_lr)  # as FSDP's scheduler state carries its base LRs
-    m._set_lr()
+    m.set_base_lr(extra.get("base_lr", m.base_lr))  # as FSDP's scheduler state carries its base LRs
     # Adam's bias-correction step: the distributed optimizer's checkpoint formats do not carry torch
     # AdamW's per-parameter 'step'; it equals the manager's step (a skipped step never reaches Adam)
     for opt in getattr(m.optimizer, "chained_optimizers", [m.optimizer]):
@@ -87,7 +83,7 @@ def load_checkpoint(m: MegatronModelManager, path: str) -> None:
         np.random.set_state(extra["rng"]["numpy"])
 
 
-def gather_hf(m: MegatronModelManager) -> dict[str, torch.Tensor] | None:
+def gather_hf(m: MegatronState) -> dict[str, torch.Tensor] | None:
     """Full HF tensors on rank 0 (None elsewhere), assembled from every rank's boxes."""
     shards = {k: v.cpu() for k, v in m.named_shards().items()}
     gathered = [None] * m.world_size if m.rank == 0 else None
@@ -104,7 +100,7 @@ def gather_hf(m: MegatronModelManager) -> dict[str, torch.Tensor] | None:
     return full
 
 
-def export_hf(m: MegatronModelManager, path: str) -> None:
+def export_hf(m: MegatronState, path: str) -> None:
     from safetensors.torch import save_file
 
     full = gather_hf(m)

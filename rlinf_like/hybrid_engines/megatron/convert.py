@@ -1,9 +1,10 @@
-"""HF <-> Megatron weights as one declarative table of name / layout rules (no per-model code).
+"""HF <-> Megatron weights as a table of name / layout rules, built from the model family (no
+per-model code here).
 
 Each `Rule` names a Megatron parameter (with `{i}` for a decoder layer), the HF tensors it holds, how
-they are fused, and the dimension tensor parallelism splits (None: replicated over TP). Conversion
-splits every HF tensor into its TP shards first and fuses per rank, because that is how megatron lays
-out a TP shard:
+they are fused, and the dimension tensor parallelism splits (None: replicated over TP); all of it is
+the family's (`rlinf_like.models.families`). Conversion splits every HF tensor into its TP shards
+first and fuses per rank, because that is how megatron lays out a TP shard:
   * "qkv": per query group g: [q heads of g; k_g; v_g] rows (megatron's interleaved layout),
   * "gate_up": [gate rows of this rank; up rows of this rank],
   * "none": the HF tensor itself.
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
 
 import torch
 
 from rlinf_like.hybrid_engines.reshard.layout import split_bounds
-
-Fuse = Literal["none", "qkv", "gate_up"]
+from rlinf_like.models.families import ModelFamily
+from rlinf_like.models.families.base import Fuse
 
 
 @dataclass(frozen=True)
@@ -31,24 +31,12 @@ class Rule:
     hf: tuple[str, ...]
     fuse: Fuse = "none"
     tp_dim: int | None = None
+    when: str | None = None  # the ModelConfig flag without which the parameter does not exist
 
 
-L, H = "decoder.layers.{i}.", "model.layers.{i}."
-# Norm names of megatron's local layer spec; the TransformerEngine spec fuses the norms into the
-# following linear layer (see TE_NAMES).
-RULES: tuple[Rule, ...] = (
-    Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), tp_dim=0),
-    Rule("decoder.final_layernorm.weight", ("model.norm.weight",)),
-    Rule("output_layer.weight", ("lm_head.weight",), tp_dim=0),
-    Rule(L + "input_layernorm.weight", (H + "input_layernorm.weight",)),
-    Rule(L + "self_attention.linear_qkv.weight",
-         tuple(H + f"self_attn.{p}_proj.weight" for p in "qkv"), "qkv", 0),
-    Rule(L + "self_attention.linear_qkv.bias", tuple(H + f"self_attn.{p}_proj.bias" for p in "qkv"), "qkv", 0),
-    Rule(L + "self_attention.linear_proj.weight", (H + "self_attn.o_proj.weight",), tp_dim=1),
-    Rule(L + "pre_mlp_layernorm.weight", (H + "post_attention_layernorm.weight",)),
-    Rule(L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"), "gate_up", 0),
-    Rule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), tp_dim=1),
-)
+L = "decoder.layers.{i}."
+# The family names the norms as megatron's local layer spec does; the TransformerEngine spec fuses
+# them into the following linear layer.
 TE_NAMES = {
     L + "input_layernorm.weight": L + "self_attention.linear_qkv.layer_norm_weight",
     L + "pre_mlp_layernorm.weight": L + "mlp.linear_fc1.layer_norm_weight",
@@ -64,10 +52,11 @@ class Heads:
     head_dim: int
 
 
-def rules_for(te_spec: bool) -> tuple[Rule, ...]:
-    if not te_spec:
-        return RULES
-    return tuple(Rule(TE_NAMES.get(r.megatron, r.megatron), r.hf, r.fuse, r.tp_dim) for r in RULES)
+def rules_for(family: ModelFamily, te_spec: bool = False) -> tuple[Rule, ...]:
+    """One rule per Megatron parameter of the family, under the local or the TransformerEngine spec's names."""
+    rules = tuple(Rule(g[0].megatron, tuple(w.hf for w in g), g[0].fuse, g[0].tp_dim, g[0].when)
+                  for g in family.parameter_groups())
+    return tuple(replace(r, megatron=TE_NAMES.get(r.megatron, r.megatron)) for r in rules) if te_spec else rules
 
 
 def _pattern(template: str) -> re.Pattern:

@@ -14,40 +14,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
+from rlinf_like.hybrid_engines.lr_schedule import lr_multiplier
 from rlinf_like.hybrid_engines.megatron import convert, cpu_compat, layouts, model as mmodel
 from rlinf_like.hybrid_engines.megatron.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from rlinf_like.hybrid_engines.megatron.hf_source import hf_source
 from rlinf_like.hybrid_engines.megatron.parallel import destroy_parallel, init_parallel
+from rlinf_like.hybrid_engines.megatron.types import MegatronConfig
 from rlinf_like.hybrid_engines.model_manager import (
-    Batch, DataParallelRank, LossFn, ModelManager, OptimConfig, token_logprobs, token_nll_loss,
+    Batch, DataParallelRank, LossFn, ModelManager, token_logprobs, token_nll_loss,
 )
 from rlinf_like.hybrid_engines.packing import Packing
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.utils.extras import require
-
-
-@dataclass
-class MegatronConfig:
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    micro_batches: int = 1  # slices of each forward_backward batch (the pipeline's micro-batches)
-    distributed_optimizer: bool = False
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    layer_spec: Literal["auto", "te", "local"] = "auto"  # auto: TransformerEngine when it imports
-    seed: int = 1234
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
 def _check_config(cfg: MegatronConfig) -> None:
@@ -94,8 +82,8 @@ class MegatronModelManager(ModelManager):
         self.config = cfg = config or MegatronConfig()
         _check_config(cfg)
         self.hf_config, hf_weights = hf_source(source)
-        self.dims = mmodel.hf_dims(self.hf_config)
-        mmodel.check_parallel(self.dims, cfg.tensor_parallel, cfg.pipeline_parallel)
+        self.model_cfg = mc = mmodel.model_config(self.hf_config)
+        mmodel.check_parallel(mc, cfg.tensor_parallel, cfg.pipeline_parallel)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         self.dtype = torch.bfloat16 if bf16 else torch.float32
@@ -109,13 +97,13 @@ class MegatronModelManager(ModelManager):
         coords: list[Any] = [None] * self.world_size
         dist.all_gather_object(coords, layouts.RankCoord(self.tp_rank, self.pp_rank))
         self.coords = coords
-        self.rules = convert.rules_for(self.te_spec)
-        self.heads = convert.Heads(self.dims["num_heads"], self.dims["num_kv_heads"], self.dims["head_dim"])
+        self.rules = convert.rules_for(mc.family, self.te_spec)
+        self.heads = convert.Heads(mc.num_heads, mc.num_kv_heads, mc.head_dim)
 
         with cpu_compat.cuda_as_cpu():  # tied embeddings across stages: megatron moves them with .cuda()
             self.gpt = mmodel.build_stage(self.tconfig, self.hf_config, self.te_spec, ps.is_pipeline_first_stage(),
                                           ps.is_pipeline_last_stage())
-        self.layer_offset = layouts.stage_layers(self.dims["num_layers"], pp, self.pp_rank).start
+        self.layer_offset = layouts.stage_layers(mc.num_layers, pp, self.pp_rank).start
         self._load_hf(hf_weights)
         self.gpt.to(self.device)
         with cpu_compat.cuda_as_cpu():
@@ -140,14 +128,15 @@ class MegatronModelManager(ModelManager):
         self.residency = ResidencyManager(self.model, _OptimizerState(self.optimizer, self.model))
 
     def _load_hf(self, hf: Mapping[str, torch.Tensor]) -> None:
+        output, embedding = self.model_cfg.family.tied
         with torch.no_grad():
             for name, param in self.gpt.named_parameters():
                 found = convert.match(self.rules, name)
                 if found is None:
                     raise KeyError(f"megatron parameter {name!r} has no conversion rule")
                 rule, layer = found
-                if rule.megatron == "output_layer.weight" and self.dims["tied"]:
-                    rule = convert.match(self.rules, "embedding.word_embeddings.weight")[0]  # the tied copy
+                if rule.hf == (output,) and self.model_cfg.tie_word_embeddings:
+                    rule = next(r for r in self.rules if r.hf == (embedding,))  # megatron's copy of the embedding
                 layer = None if layer is None else layer + self.layer_offset
                 param.copy_(convert.hf_to_megatron(rule, layer, hf, self.heads, self.tp_rank,
                                                    self.config.tensor_parallel))
@@ -282,10 +271,10 @@ class MegatronModelManager(ModelManager):
     def named_shards(self) -> dict[str, torch.Tensor]:
         """This rank's shards under HF names (q/k/v and gate/up split out of the fused tensors)."""
         return layouts.hf_named_shards(self.gpt.named_parameters(), self.rules, self.heads,
-                                       self.config.tensor_parallel, self.layer_offset, self.dims)
+                                       self.config.tensor_parallel, self.layer_offset, self.model_cfg)
 
     def shard_layouts(self) -> list[TensorLayout]:
-        return layouts.hf_layouts(self.dims, self.rules, self.coords, self.config.tensor_parallel,
+        return layouts.hf_layouts(self.model_cfg, self.rules, self.coords, self.config.tensor_parallel,
                                   self.config.pipeline_parallel, self.dtype)
 
     def get_config(self) -> dict[str, Any]:

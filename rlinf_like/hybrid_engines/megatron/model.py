@@ -17,53 +17,38 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+from rlinf_like.models.families import ModelConfig
 
 
 def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
 
 
-def hf_dims(hf: dict) -> dict[str, Any]:
-    """The fields of an HF config.json the Megatron model needs (refusing what it cannot represent)."""
-    model_type = hf.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"megatron manager: model_type {model_type!r} is not supported; supported: "
-                         f"{list(SUPPORTED_MODEL_TYPES)}")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ValueError(f"megatron manager: rope scaling {rope} is not supported (only the default RoPE)")
-    heads = hf["num_attention_heads"]
-    return dict(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], ffn_hidden_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, eps=hf["rms_norm_eps"],
-        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
-        max_positions=hf["max_position_embeddings"], tied=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-    )
+def model_config(hf: dict) -> ModelConfig:
+    """The HF config.json as the Megatron model needs it (refusing what it cannot represent)."""
+    return ModelConfig.from_hf(hf, "megatron manager")
 
 
-def check_parallel(d: dict, tp: int, pp: int) -> None:
+def check_parallel(cfg: ModelConfig, tp: int, pp: int) -> None:
     """Refuse, by name, a TP/PP size the model's shapes do not split into."""
-    for what, n in (("attention heads", d["num_heads"]), ("key/value heads", d["num_kv_heads"]),
-                    ("vocabulary rows", d["vocab_size"]), ("MLP rows", d["ffn_hidden_size"])):
+    for what, n in (("attention heads", cfg.num_heads), ("key/value heads", cfg.num_kv_heads),
+                    ("vocabulary rows", cfg.vocab_size), ("MLP rows", cfg.intermediate_size)):
         if tp < 1 or n % tp:
             raise ValueError(f"megatron manager: tensor_parallel={tp} must divide the {n} {what}")
-    if pp < 1 or d["num_layers"] % pp:
-        raise ValueError(f"megatron manager: pipeline_parallel={pp} must divide the {d['num_layers']} layers")
+    if pp < 1 or cfg.num_layers % pp:
+        raise ValueError(f"megatron manager: pipeline_parallel={pp} must divide the {cfg.num_layers} layers")
 
 
 def transformer_config(hf: dict, tp: int, pp: int, dtype: torch.dtype, **overrides):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    d = hf_dims(hf)
-    check_parallel(d, tp, pp)
+    c = model_config(hf)
+    check_parallel(c, tp, pp)
     kwargs = dict(
-        num_layers=d["num_layers"], hidden_size=d["hidden_size"], ffn_hidden_size=d["ffn_hidden_size"],
-        num_attention_heads=d["num_heads"], num_query_groups=d["num_kv_heads"], kv_channels=d["head_dim"],
-        normalization="RMSNorm", layernorm_epsilon=d["eps"], gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, add_qkv_bias=d["qkv_bias"], hidden_dropout=0.0, attention_dropout=0.0,
+        num_layers=c.num_layers, hidden_size=c.hidden_size, ffn_hidden_size=c.intermediate_size,
+        num_attention_heads=c.num_heads, num_query_groups=c.num_kv_heads, kv_channels=c.head_dim,
+        normalization="RMSNorm", layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=c.attention_bias, hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, params_dtype=dtype,
         pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=not torch.cuda.is_available(),
         # the fused kernels are GPU-only; on GPU they are a speed choice left to `overrides`
@@ -82,12 +67,12 @@ def build_stage(config, hf: dict, te_spec: bool, pre_process: bool, post_process
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    d = hf_dims(hf)
+    c = model_config(hf)
     spec = get_gpt_layer_with_transformer_engine_spec() if te_spec else get_gpt_layer_local_spec(normalization="RMSNorm")
     return GPTModel(
-        config=config, transformer_layer_spec=spec, vocab_size=d["vocab_size"], max_sequence_length=d["max_positions"],
-        pre_process=pre_process, post_process=post_process, share_embeddings_and_output_weights=d["tied"],
-        position_embedding_type="rope", rotary_base=int(d["rope_theta"]), parallel_output=True,
+        config=config, transformer_layer_spec=spec, vocab_size=c.vocab_size, max_sequence_length=c.max_position_embeddings,
+        pre_process=pre_process, post_process=post_process, share_embeddings_and_output_weights=c.tie_word_embeddings,
+        position_embedding_type="rope", rotary_base=int(c.rope_theta), parallel_output=True,
     )
 
 

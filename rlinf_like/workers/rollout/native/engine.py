@@ -30,9 +30,9 @@ from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.native.model import (
     Decoder,
-    DecoderConfig,
     fuse_projections,
     load_shards,
+    model_config,
     weight_layouts,
 )
 from rlinf_like.workers.rollout.sampling import RowParams, sample
@@ -66,7 +66,7 @@ class NativeEngine(RolloutEngine):
     def __init__(self, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu"):
         super().__init__()
         self.config = config
-        self.model_cfg = DecoderConfig.from_path(config.model_path)
+        self.model_cfg = model_config(config.model_path)
         self.dtype = getattr(torch, config.dtype)
         self.device = torch.device(device)
         tp = dist.get_world_size(process_group) if process_group is not None else 1

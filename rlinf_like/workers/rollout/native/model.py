@@ -4,14 +4,14 @@ Weights keep their HF checkpoint names, so the weight sync needs no name map. Un
 parallelism (tp > 1, over the worker group's process group) each rank holds a slice of the heads
 and of the MLP: q/k/v and gate/up are split by output rows (column parallel), o_proj and down_proj
 by input columns (row parallel, then one all-reduce each); embeddings, norms and the LM head are
-replicated. The numerics follow transformers' implementation (fp32 RMSNorm, the same RoPE), so
+replicated. Which weight splits how, and which are fused, is read from the model family
+(`rlinf_like.models.families`). The numerics follow transformers' implementation (fp32 RMSNorm, the same RoPE), so
 greedy decoding reproduces HF tokens.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import os
 from pathlib import Path
 
 import torch
@@ -19,79 +19,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v biases (Qwen2 always; Llama when configured)
-    eos_token_ids: tuple[int, ...]
-
-    @classmethod
-    def from_hf(cls, hf: dict) -> DecoderConfig:
-        model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"native engine: model_type {model_type!r} is not supported; supported: "
-                             f"{list(SUPPORTED_MODEL_TYPES)} (use rollout.engine=hf or sglang)")
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"native engine: rope type {rope_type!r} is not supported (only 'default')")
-        eos = hf.get("eos_token_id")
-        heads = hf["num_attention_heads"]
-        return cls(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"], num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            rms_norm_eps=hf["rms_norm_eps"], rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
-            max_position_embeddings=hf["max_position_embeddings"],
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
-        )
-
-    @classmethod
-    def from_path(cls, path: str | Path) -> DecoderConfig:
-        return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
+from rlinf_like.models.families import ModelConfig, Weight
 
 
-def weight_layouts(cfg: DecoderConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
-    """Every weight's global shape and the box each TP rank holds (HF names)."""
+def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
+    """Every weight's global shape and the box each TP rank holds (HF names), as the family splits it;
+    vocabulary-parallel weights stay whole here (the lookup and the LM head run unsplit)."""
     if cfg.num_heads % tp or cfg.num_kv_heads % tp:
         raise ValueError(f"native engine: tp={tp} must divide the {cfg.num_heads} attention heads and "
                          f"{cfg.num_kv_heads} key/value heads")
-    d, h, ffn, hd = str(dtype), cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    out = [replicated("model.embed_tokens.weight", (cfg.vocab_size, h), tp, d),
-           replicated("model.norm.weight", (h,), tp, d)]
-    if not cfg.tie_word_embeddings:
-        out.append(replicated("lm_head.weight", (cfg.vocab_size, h), tp, d))
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        out += [replicated(p + "input_layernorm.weight", (h,), tp, d),
-                replicated(p + "post_attention_layernorm.weight", (h,), tp, d)]
-        for proj, rows in (("q_proj", cfg.num_heads * hd), ("k_proj", cfg.num_kv_heads * hd),
-                           ("v_proj", cfg.num_kv_heads * hd)):
-            out.append(sharded(p + f"self_attn.{proj}.weight", (rows, h), tp, dim=0, dtype=d))
-            if cfg.attention_bias:
-                out.append(sharded(p + f"self_attn.{proj}.bias", (rows,), tp, dim=0, dtype=d))
-        out.append(sharded(p + "self_attn.o_proj.weight", (h, cfg.num_heads * hd), tp, dim=1, dtype=d))
-        out += [sharded(p + "mlp.gate_proj.weight", (ffn, h), tp, dim=0, dtype=d),
-                sharded(p + "mlp.up_proj.weight", (ffn, h), tp, dim=0, dtype=d),
-                sharded(p + "mlp.down_proj.weight", (h, ffn), tp, dim=1, dtype=d)]
+    out = []
+    for name, weight in cfg.named_weights():
+        if weight.parallel in ("column", "row"):
+            out.append(sharded(name, cfg.shape(weight), tp, dim=weight.tp_dim, dtype=str(dtype)))
+        else:
+            out.append(replicated(name, cfg.shape(weight), tp, str(dtype)))
     return out
+
+
+def model_config(path: str | Path) -> ModelConfig:
+    return ModelConfig.from_path(path, "native engine", hint="use rollout.engine=hf or sglang")
 
 
 def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -117,23 +64,27 @@ def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype:
     return out
 
 
-def fuse_projections(cfg: DecoderConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Store q/k/v (and gate/up) of each layer in one tensor, and put views of it back under the HF
-    names: the decoder runs one matmul instead of three (two), and a weight sync or an offload that
-    writes the named views writes the fused tensor."""
+def fused_name(group: tuple[Weight, ...]) -> str:
+    """Where the native engine keeps a fused group: "model.layers.{i}.self_attn.q_proj.weight", k, v ->
+    "model.layers.{i}.self_attn.qkv.weight" (their common scope, the fusion, the suffix)."""
+    names = [w.hf for w in group]
+    scope = os.path.commonprefix(names)
+    return scope[:scope.rfind(".") + 1] + group[0].fuse + names[0][names[0].rfind("."):]
+
+
+def fuse_projections(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Store each of the family's fused groups (q/k/v, gate/up) of each layer in one tensor, and put
+    views of it back under the HF names: the decoder runs one matmul instead of three (two), and a
+    weight sync or an offload that writes the named views writes the fused tensor."""
     fused = dict(weights)
+    groups = [g for g in cfg.family.parameter_groups() if g[0].fuse != "none" and cfg.has(g[0])]
     for i in range(cfg.num_layers):
-        groups = {"self_attn.qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-                  "mlp.gate_up": ["mlp.gate_proj", "mlp.up_proj"]}
-        for fused_name, parts in groups.items():
-            for suffix in (".weight", ".bias"):
-                names = [f"model.layers.{i}.{part}{suffix}" for part in parts]
-                if names[0] not in weights:
-                    continue
-                whole = torch.cat([weights[n] for n in names])
-                fused[f"model.layers.{i}.{fused_name}{suffix}"] = whole
-                for name, view in zip(names, whole.split([weights[n].shape[0] for n in names])):
-                    fused[name] = view
+        for group in groups:
+            names = [w.hf.format(i=i) for w in group]
+            whole = torch.cat([weights[n] for n in names])
+            fused[fused_name(group).format(i=i)] = whole
+            for name, view in zip(names, whole.split([weights[n].shape[0] for n in names])):
+                fused[name] = view
     return fused
 
 
@@ -164,7 +115,7 @@ def _decode_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tenso
 class Decoder:
     """Forward passes over weights `w` (this rank's shards) and a KV cache of `slots` sequences."""
 
-    def __init__(self, cfg: DecoderConfig, weights: dict[str, torch.Tensor], tp_group=None):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], tp_group=None):
         self.cfg, self.w, self.tp_group = cfg, weights, tp_group
         tp = dist.get_world_size(tp_group) if tp_group is not None else 1
         self.heads, self.kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp

@@ -1,0 +1,10 @@
+"""Model families: one description per decoder architecture, read by every backend (see base.py).
+
+To add a family: one module here that registers a `ModelFamily`, imported below.
+"""
+
+from rlinf_like.models.families.base import MODEL_FAMILIES, FamilyRegistry, ModelFamily, Weight, family_of
+from rlinf_like.models.families.config import ModelConfig
+from rlinf_like.models.families import llama, qwen2  # noqa: F401  (registers them, in this order)
+
+__all__ = ["MODEL_FAMILIES", "FamilyRegistry", "ModelConfig", "ModelFamily", "Weight", "family_of"]

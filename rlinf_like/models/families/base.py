@@ -1,0 +1,131 @@
+"""What a model family is, in one place: its HF weights, how tensor parallelism splits each, which
+weights Megatron fuses into one parameter, and its config rules (q/k/v biases, tied embeddings).
+
+The native rollout engine, the Megatron converter and the reshard layouts all read these facts from
+the family, so they cannot disagree, and a new family is one file that builds a `ModelFamily` and
+registers it in `MODEL_FAMILIES` (after torchtitan's ModelSpec + per-model state_dict adapter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# How tensor parallelism splits a weight (torchtitan's names):
+#   "column": output rows (dim 0), "row": input columns (dim 1), "vocab": vocabulary rows (dim 0; the
+#   native engine keeps these whole), "replicated": every rank holds the whole tensor.
+Parallel = Literal["column", "row", "vocab", "replicated"]
+_TP_DIM: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "replicated": None}
+
+# How the HF weights sharing one Megatron parameter are laid out in it (see megatron/convert.py).
+Fuse = Literal["none", "qkv", "gate_up"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Weight:
+    """One HF tensor; "{i}" in a name stands for a decoder layer's index."""
+
+    hf: str
+    shape: tuple[str, ...]  # ModelConfig attributes, e.g. ("q_size", "hidden_size")
+    parallel: Parallel = "replicated"
+    megatron: str  # the Megatron parameter (local layer spec names) holding it
+    fuse: Fuse = "none"  # how it shares that parameter with the other weights naming it
+    when: str | None = None  # a ModelConfig flag without which the weight does not exist
+
+    def __post_init__(self):
+        if self.parallel not in _TP_DIM:
+            raise ValueError(f"weight {self.hf!r}: parallel={self.parallel!r} is not one of {list(_TP_DIM)}")
+
+    @property
+    def tp_dim(self) -> int | None:
+        """The dimension tensor parallelism splits (None: replicated)."""
+        return _TP_DIM[self.parallel]
+
+    @property
+    def per_layer(self) -> bool:
+        return "{i}" in self.hf
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFamily:
+    """A decoder architecture as every backend needs it; per-family options are fields with defaults."""
+
+    name: str
+    model_types: tuple[str, ...]  # the HF config.json `model_type` values it serves
+    weights: tuple[Weight, ...]  # in the order the native engine lays them out
+    # q/k/v projection biases: "always" (Qwen2) or "configured" (as config.json's attention_bias says)
+    qkv_bias: Literal["always", "configured"] = "configured"
+    # (output head, input embedding): one tensor when config.json says tie_word_embeddings
+    tied: tuple[str, str] = ("lm_head.weight", "model.embed_tokens.weight")
+
+    def __post_init__(self):
+        names = [w.hf for w in self.weights]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model family {self.name!r}: a weight is listed twice")
+        if not set(self.tied) <= set(names):
+            raise ValueError(f"model family {self.name!r}: tied weights {self.tied} are not among its weights")
+        self.parameter_groups()  # refuses a fused group whose members disagree
+
+    def parameter_groups(self) -> list[tuple[Weight, ...]]:
+        """The weights grouped by the Megatron parameter holding them, in order of first appearance:
+        a fused group (q/k/v, gate/up) or a single weight."""
+        groups: dict[str, list[Weight]] = {}
+        for w in self.weights:
+            groups.setdefault(w.megatron, []).append(w)
+        for megatron, members in groups.items():
+            if len({(w.fuse, w.parallel, w.when) for w in members}) != 1:
+                raise ValueError(f"model family {self.name!r}: the weights of {megatron!r} disagree on how they "
+                                 "are fused, split or present")
+        return [tuple(members) for members in groups.values()]
+
+    def weight(self, hf: str) -> Weight:
+        for w in self.weights:
+            if w.hf == hf:
+                return w
+        raise KeyError(f"model family {self.name!r} has no weight {hf!r}")
+
+
+class FamilyRegistry:
+    """Model families by name, and by the HF model_type each serves."""
+
+    def __init__(self):
+        self._families: dict[str, ModelFamily] = {}
+
+    def register(self, family: ModelFamily) -> ModelFamily:
+        if family.name in self._families:
+            raise ValueError(f"model family {family.name!r} is already registered")
+        for model_type in family.model_types:
+            other = self.for_model_type(model_type)
+            if other is not None:
+                raise ValueError(f"model family {family.name!r}: model_type {model_type!r} is already served by "
+                                 f"{other.name!r}")
+        self._families[family.name] = family
+        return family
+
+    def get(self, name: str) -> ModelFamily:
+        if name not in self._families:
+            raise KeyError(f"model family {name!r} is not registered; supported: {self.names()}")
+        return self._families[name]
+
+    def names(self) -> list[str]:
+        return list(self._families)
+
+    def model_types(self) -> list[str]:
+        return [t for f in self._families.values() for t in f.model_types]
+
+    def for_model_type(self, model_type: str | None) -> ModelFamily | None:
+        return next((f for f in self._families.values() if model_type in f.model_types), None)
+
+
+MODEL_FAMILIES = FamilyRegistry()
+
+
+def family_of(hf_config: dict, user: str = "model", hint: str = "") -> ModelFamily:
+    """The family serving an HF config's model_type; an unknown one is refused naming the supported
+    types (`user` names who refuses, `hint` what to do instead)."""
+    model_type = hf_config.get("model_type")
+    family = MODEL_FAMILIES.for_model_type(model_type)
+    if family is None:
+        raise ValueError(f"{user}: model_type {model_type!r} is not supported; supported: "
+                         f"{MODEL_FAMILIES.model_types()}{f' ({hint})' if hint else ''}")
+    return family
