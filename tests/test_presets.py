@@ -29,14 +29,23 @@ def test_reasoning_presets_compose_and_pass_the_runner_checks(preset):
     assert cfg.runner.max_steps > 0 and cfg.cluster.component_placement
 
 
+PIXEL_ENVS = {"reach_colour_pixels"}  # the env presets with image observations: only the vla policy reads them
+
+
 @pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_embodied_presets_compose_and_pass_the_runner_checks(env, policy):
+    """Every env x policy preset pair composes; the pairs that fit pass the runner's checks, and a
+    policy that cannot read the env's observations is refused there, naming both keys."""
     ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
     with initialize_config_dir(str(EXAMPLES / "embodied" / "config"), version_base="1.3"):
         cfg = structure(EmbodiedConfig, compose("embodied", [f"env={env}", f"policy={policy}"]))
-    embodied.check_config(cfg)
     assert cfg.policy.kind == policy
+    if (policy == "vla") == (env in PIXEL_ENVS):
+        embodied.check_config(cfg)
+    else:
+        with pytest.raises(ValueError, match=rf"policy.kind='{policy}' reads env.obs_mode in .*not '{cfg.env.obs_mode}'"):
+            embodied.check_config(cfg)
 
 
 def test_presets_were_found():

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rlinf_like.envs.config import EnvConfig
+
 Obs = dict[str, np.ndarray]
 
 
@@ -54,8 +56,16 @@ class StepResult:
 
 
 class VectorEnv(ABC):
+    # What the env class can give, declared by each env; config checks read it (envs/factory.py).
+    obs_modes: tuple[str, ...] = ("state",)  # the observation kinds `env.obs_mode` may pick
+
     obs_spec: dict[str, FieldSpec]
     action_spec: ActionSpec
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: EnvConfig, num_envs: int, name: str) -> VectorEnv:
+        """Build `num_envs` envs from the env section of a config; `name` is their owner, for errors."""
 
     def __init__(self, num_envs: int, name: str = "env"):
         if num_envs <= 0:

@@ -1,36 +1,43 @@
-"""`EnvConfig` -> a VectorEnv, so workers and runners name envs in config, not code."""
+"""The env registry: `env.kind` names a `VectorEnv` class, so workers and runners name envs in config,
+not code, and checks read what the class declares (`VectorEnv.obs_modes`).
+
+The built-in envs are registered by import path: their simulators (gymnasium, MuJoCo) are imported
+only when an env is built. To add an env, subclass `VectorEnv`, declare `obs_modes`, implement
+`from_config`, and register it here by path (or `@ENV_REGISTRY.register("name")` on the class).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from rlinf_like.envs.base import VectorEnv
+from rlinf_like.envs.config import EnvConfig
+from rlinf_like.utils.registry import Registry
 
-KINDS = ("gym", "reach_colour")
+ENV_REGISTRY: Registry[type[VectorEnv]] = Registry("env", key="env.kind")
+ENV_REGISTRY.register("gym", "rlinf_like.envs.gym_env:GymVectorEnv")  # any gymnasium id (env.id) with a Box obs
+ENV_REGISTRY.register("reach_colour", "rlinf_like.envs.reach_colour:ReachColourEnv")
+
+KINDS = ENV_REGISTRY.registered()  # the built-ins; later registrations are in ENV_REGISTRY.names()
+
+__all__ = ["ENV_REGISTRY", "KINDS", "EnvConfig", "check_env_config", "env_class", "make_env"]
 
 
-@dataclass
-class EnvConfig:
-    kind: str = "gym"  # gym | reach_colour
-    id: str = "Reacher-v5"  # gymnasium id (kind=gym)
-    num_envs: int = 16  # per env worker rank
-    max_episode_steps: int | None = None  # None: the env's own limit (reach_colour: 50)
-    obs_mode: str = "state"  # reach_colour: state | pixels
-    image_size: int = 48
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make; reach_colour: frame_skip
+def env_class(kind: str) -> type[VectorEnv]:
+    """The env class `env.kind=kind` picks; an unknown kind raises naming the key and the choices."""
+    return ENV_REGISTRY.get(kind)
+
+
+def check_env_config(cfg: EnvConfig, name: str = "env") -> type[VectorEnv]:
+    """What the chosen env cannot give, refused by key before it is built; returns its class."""
+    try:
+        env = env_class(cfg.kind)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    if cfg.obs_mode not in env.obs_modes:
+        raise ValueError(f"{name}: env.obs_mode={cfg.obs_mode!r} is not one of {list(env.obs_modes)} "
+                         f"(what env.kind={cfg.kind} gives)")
+    return env
 
 
 def make_env(cfg: EnvConfig, num_envs: int | None = None, name: str = "env") -> VectorEnv:
-    n = cfg.num_envs if num_envs is None else num_envs
-    if cfg.kind == "gym":
-        from rlinf_like.envs.gym_env import GymVectorEnv
-
-        return GymVectorEnv(cfg.id, n, name, cfg.max_episode_steps, **cfg.kwargs)
-    if cfg.kind == "reach_colour":
-        from rlinf_like.envs.reach_colour import ReachColourEnv
-
-        unknown = sorted(set(cfg.kwargs) - {"frame_skip"})
-        if unknown:
-            raise ValueError(f"{name}: env.kwargs {unknown} are not options of reach_colour; allowed: ['frame_skip']")
-        return ReachColourEnv(n, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps or 50, **cfg.kwargs)
-    raise ValueError(f"{name}: env.kind={cfg.kind!r} is not one of {list(KINDS)}")
+    env = check_env_config(cfg, name)
+    return env.from_config(cfg, cfg.num_envs if num_envs is None else num_envs, name)

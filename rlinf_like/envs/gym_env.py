@@ -8,10 +8,17 @@ from typing import Any
 import numpy as np
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec, Obs, VectorEnv
+from rlinf_like.envs.config import EnvConfig
 from rlinf_like.envs.state import gym_env_state, set_gym_env_state
 
 
 class GymVectorEnv(VectorEnv):
+    obs_modes = ("state",)  # Box observation spaces only
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig, num_envs: int, name: str) -> GymVectorEnv:
+        return cls(cfg.id, num_envs, name, cfg.max_episode_steps, **cfg.kwargs)
+
     def __init__(self, env_id: str, num_envs: int, name: str = "env", max_episode_steps: int | None = None,
                  **kwargs: Any):
         import gymnasium as gym

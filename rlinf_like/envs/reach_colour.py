@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec, Obs, VectorEnv
+from rlinf_like.envs.config import EnvConfig
 from rlinf_like.envs.render import ensure_gl
 from rlinf_like.envs.state import physics_state, rng_state, set_physics_state
 
@@ -51,10 +52,19 @@ def tokenize(text: str) -> np.ndarray:
 
 
 class ReachColourEnv(VectorEnv):
+    obs_modes = ("state", "pixels")
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig, num_envs: int, name: str) -> ReachColourEnv:
+        unknown = sorted(set(cfg.kwargs) - {"frame_skip"})
+        if unknown:
+            raise ValueError(f"{name}: env.kwargs {unknown} are not options of reach_colour; allowed: ['frame_skip']")
+        return cls(num_envs, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps or 50, **cfg.kwargs)
+
     def __init__(self, num_envs: int, name: str = "env", obs_mode: str = "state", image_size: int = 48,
                  max_episode_steps: int = 50, frame_skip: int = 2):
-        if obs_mode not in ("state", "pixels"):
-            raise ValueError(f"{name}: obs_mode={obs_mode!r} is not one of ['state', 'pixels']")
+        if obs_mode not in self.obs_modes:
+            raise ValueError(f"{name}: obs_mode={obs_mode!r} is not one of {list(self.obs_modes)}")
         ensure_gl()
         import mujoco
 

@@ -1,17 +1,14 @@
-"""Actor-critic policies for embodied RL, behind one call:
+"""The embodied policy registry (`policy.kind`), and the state-observation MLP actor-critic.
 
-    actions, logprobs, entropy, values = policy(obs, actions=None, deterministic=False)
-
-With `actions=None` the policy samples (or takes the mode); given actions it scores them (PPO's
-training pass). Everything goes through `forward`, so FSDP2's hooks gather the weights. `obs` is a
-dict of batched tensors; a policy reads the keys in `obs_keys`. `env_actions` maps the policy's
-actions to what the env takes (e.g. action-token bins -> continuous values).
+Policies share one call (see `policy_base.py`) and declare the observations they read, so the
+runner can refuse an env / policy pair that does not fit before any worker starts. To add a
+policy, subclass `ActorCriticPolicy`, declare `obs_modes` / `obs_keys`, implement `from_config`,
+and register it here by import path (or `@POLICY_REGISTRY.register("name")` on the class).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,20 +16,14 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec
+from rlinf_like.models.policy_base import ActorCriticPolicy, PolicyConfig, PolicyOut
+from rlinf_like.utils.registry import Registry
 
-PolicyOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+POLICY_REGISTRY: Registry[type[ActorCriticPolicy]] = Registry("policy", key="policy.kind")
+POLICY_REGISTRY.register("vla", "rlinf_like.models.vla:VLAPolicy")
 
-
-@dataclass
-class PolicyConfig:
-    kind: str = "mlp"  # mlp (state) | vla (image + instruction -> action tokens)
-    hidden: list[int] = field(default_factory=lambda: [64, 64])  # mlp
-    log_std_init: float = 0.0  # mlp, continuous actions
-    bins: int = 7  # vla: action tokens per dimension
-    chunk: int = 1  # vla: actions predicted per inference (an action chunk)
-    width: int = 32  # vla: conv channels and instruction embedding size
-    vocab_size: int = 16  # vla: instruction token ids below this
-    init_weights: str | None = None  # a state dict file to start from (e.g. a behaviour-cloning warm start)
+__all__ = ["POLICY_REGISTRY", "ActorCriticPolicy", "MLPActorCritic", "PolicyConfig", "PolicyOut", "build_policy",
+           "check_policy_fits", "policy_class"]
 
 
 def _mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
@@ -46,11 +37,20 @@ def _mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class MLPActorCritic(nn.Module):
+@POLICY_REGISTRY.register("mlp")
+class MLPActorCritic(ActorCriticPolicy):
     """Separate tanh MLPs for policy and value (as SB3's MlpPolicy): a Gaussian with a learned,
     state-independent log std for continuous actions, a categorical for discrete ones."""
 
+    obs_modes = ("state",)
     obs_keys = ("state",)
+
+    @classmethod
+    def from_config(cls, cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> MLPActorCritic:
+        if set(obs_spec) != {"state"}:
+            raise ValueError(f"policy.kind=mlp takes state observations; the env gives {sorted(obs_spec)} "
+                             "(use policy.kind=vla for pixels)")
+        return cls(int(np.prod(obs_spec["state"].shape)), action, list(cfg.hidden), cfg.log_std_init)
 
     def __init__(self, obs_dim: int, action: ActionSpec, hidden: list[int], log_std_init: float = 0.0):
         super().__init__()
@@ -80,8 +80,23 @@ class MLPActorCritic(nn.Module):
         return actions.detach().cpu().numpy()
 
 
-def build_policy(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> nn.Module:
-    policy = _build(cfg, obs_spec, action)
+def policy_class(kind: str) -> type[ActorCriticPolicy]:
+    """The policy class `policy.kind=kind` picks; an unknown kind raises naming the key and the choices."""
+    return POLICY_REGISTRY.get(kind)
+
+
+def check_policy_fits(kind: str, obs_mode: str) -> type[ActorCriticPolicy]:
+    """Refuse, by key, a policy that cannot read the env's observations (before any worker starts)."""
+    policy = policy_class(kind)
+    if obs_mode not in policy.obs_modes:
+        readers = [name for name in POLICY_REGISTRY.names() if obs_mode in policy_class(name).obs_modes]
+        raise ValueError(f"policy.kind={kind!r} reads env.obs_mode in {list(policy.obs_modes)}, not {obs_mode!r}; "
+                         f"policies that read {obs_mode!r}: {readers}")
+    return policy
+
+
+def build_policy(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> ActorCriticPolicy:
+    policy = policy_class(cfg.kind).from_config(cfg, obs_spec, action)
     if cfg.init_weights:
         try:
             policy.load_state_dict(torch.load(cfg.init_weights, map_location="cpu"))
@@ -89,16 +104,3 @@ def build_policy(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: Acti
             raise ValueError(f"policy.init_weights={cfg.init_weights!r} does not load into policy.kind={cfg.kind}: "
                              f"{err}") from err
     return policy
-
-
-def _build(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> nn.Module:
-    if cfg.kind == "mlp":
-        if set(obs_spec) != {"state"}:
-            raise ValueError(f"policy.kind=mlp takes state observations; the env gives {sorted(obs_spec)} "
-                             "(use policy.kind=vla for pixels)")
-        return MLPActorCritic(int(np.prod(obs_spec["state"].shape)), action, list(cfg.hidden), cfg.log_std_init)
-    if cfg.kind == "vla":
-        from rlinf_like.models.vla import VLAPolicy
-
-        return VLAPolicy(obs_spec, action, cfg.bins, cfg.chunk, cfg.width, cfg.vocab_size)
-    raise ValueError(f"policy.kind={cfg.kind!r} is not one of ['mlp', 'vla']")

@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributions import Categorical
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec
-from rlinf_like.models.policies import PolicyOut
+from rlinf_like.models.policy_base import ActorCriticPolicy, PolicyConfig, PolicyOut
 
 
 class KeypointAttention(nn.Module):
@@ -46,8 +46,14 @@ class KeypointAttention(nn.Module):
         return (torch.softmax(logits, dim=-1) @ self.grid).flatten(1)
 
 
-class VLAPolicy(nn.Module):
+class VLAPolicy(ActorCriticPolicy):
+    obs_modes = ("pixels",)
     obs_keys = ("image", "instruction", "state")
+    action_chunks = True
+
+    @classmethod
+    def from_config(cls, cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> VLAPolicy:
+        return cls(obs_spec, action, cfg.bins, cfg.chunk, cfg.width, cfg.vocab_size)
 
     def __init__(self, obs_spec: dict[str, FieldSpec], action: ActionSpec, bins: int = 7, chunk: int = 1,
                  width: int = 32, vocab_size: int = 16, trunk: int = 128, keypoints: int = 16):

@@ -31,10 +31,11 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from rlinf_like.data.trajectory import Trajectory
-from rlinf_like.envs import EnvConfig, make_env
+from rlinf_like.envs import EnvConfig, check_env_config, make_env
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
+from rlinf_like.models.policies import check_policy_fits, policy_class
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
@@ -63,13 +64,8 @@ def trajectory_channel(cluster: Cluster) -> Channel[Trajectory]:
 
 def check_config(cfg: EmbodiedConfig) -> None:
     """Values a schema cannot check, failing before any worker starts and naming the key."""
-    from rlinf_like.envs import KINDS
-
-    choices = {"env.kind": (cfg.env.kind, list(KINDS)), "policy.kind": (cfg.policy.kind, ["mlp", "vla"]),
-               "env.obs_mode": (cfg.env.obs_mode, ["state", "pixels"])}
-    for key, (value, allowed) in choices.items():
-        if value not in allowed:
-            raise ValueError(f"{key}={value!r} is not one of {allowed}")
+    check_env_config(cfg.env)
+    check_policy_fits(cfg.policy.kind, cfg.env.obs_mode)
     r, a = cfg.runner, cfg.algorithm
     for key, value in {"runner.total_env_steps": r.total_env_steps, "runner.steps_per_rollout": r.steps_per_rollout,
                        "env.num_envs": cfg.env.num_envs, "algorithm.epochs": a.epochs,
@@ -154,7 +150,7 @@ class EmbodiedRunner:
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
         self.channel = trajectory_channel(cluster)
         action = specs["action_spec"]
-        chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
+        chunk = (cfg.policy.chunk,) if policy_class(cfg.policy.kind).action_chunks and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)
         self.envs_total = cfg.env.num_envs * (self.rollout if self.env is None else self.env).world_size
         write_worker_pids(self.out, {"env": self.env, "rollout": self.rollout, "actor": self.actor})

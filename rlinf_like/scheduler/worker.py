@@ -7,39 +7,14 @@ group's process group are available already in `__init__`.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import ray
+from typing import Any
 
 from rlinf_like.scheduler import comm
 from rlinf_like.scheduler.placement import Device
-from rlinf_like.utils.threads import limit_threads
+from rlinf_like.scheduler.worker_group import WorkerGroup
+from rlinf_like.scheduler.worker_host import WorkerContext, control, is_control
 
-if TYPE_CHECKING:
-    from rlinf_like.scheduler.worker_group import WorkerGroup
-
-
-@dataclass(frozen=True)
-class WorkerContext:
-    group_name: str
-    rank: int
-    world_size: int
-    device: Device
-    collective_timeout_s: float
-
-
-def control(method):
-    """Mark a Worker method to run on the worker's control thread, so it can be called while another
-    call (e.g. a long `generate`) is still running — for abort, progress and health checks. Control
-    methods must be thread-safe (set a flag, read a counter)."""
-    method._rlinf_control = True
-    return method
-
-
-def is_control(worker_cls: type, method: str) -> bool:
-    return bool(getattr(getattr(worker_cls, method, None), "_rlinf_control", False))
+__all__ = ["Worker", "WorkerContext", "control", "is_control"]
 
 
 class Worker:
@@ -49,8 +24,6 @@ class Worker:
 
     @classmethod
     def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroup:
-        from rlinf_like.scheduler.worker_group import WorkerGroup
-
         return WorkerGroup(cls, args, kwargs)
 
     # --- identity --------------------------------------------------------------------------
@@ -94,72 +67,3 @@ class Worker:
         if name not in groups:
             raise KeyError(f"{self.name} is in no peer group {name!r}; it is in {sorted(groups)}")
         return groups[name]
-
-
-class _WorkerHost:
-    """The Ray actor behind one rank: builds the user's Worker and runs its methods.
-
-    Keeping this generic (rather than decorating each Worker subclass) gives one place for
-    rendezvous, thread limits and error context, and keeps user classes plain Python.
-    """
-
-    def __init__(self, worker_cls: type[Worker], ctx: WorkerContext, args: tuple, kwargs: dict):
-        limit_threads()
-        if ctx.device.kind == "gpu":
-            import torch
-
-            torch.cuda.set_device(0)
-        self._ctx = ctx
-        self._stores: dict[str, Any] = {}
-        # Bind the context before __init__ so subclasses can use self.rank there without super().
-        self.worker = worker_cls.__new__(worker_cls)
-        self.worker._ctx = ctx
-        self.worker._peer_groups = {}
-        self._args, self._kwargs = args, kwargs
-
-    def construct(self) -> None:
-        self.worker.__init__(*self._args, **self._kwargs)
-        del self._args, self._kwargs
-
-    def node_info(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), os.getpid()
-
-    def host_store(self, key: str, host: str, world_size: int) -> int:
-        store = comm.host_store(host, world_size, self._ctx.collective_timeout_s)
-        self._stores[key] = store
-        return store.port
-
-    def _store(self, key: str, host: str, port: int, world_size: int):
-        if key in self._stores:
-            return self._stores.pop(key)
-        return comm.connect_store(host, port, world_size, self._ctx.collective_timeout_s)
-
-    def init_process_group(self, host: str, port: int) -> None:
-        ctx = self._ctx
-        store = self._store("default", host, port, ctx.world_size)
-        comm.init_default_group(
-            store, ctx.rank, ctx.world_size, comm.backend_for(ctx.device.kind), ctx.collective_timeout_s
-        )
-
-    def join_peer_group(
-        self, name: str, host: str, port: int, rank: int, ranks: dict[str, list[int]], backend: str | None
-    ) -> None:
-        world_size = sum(len(r) for r in ranks.values())
-        store = self._store(f"peer/{name}", host, port, world_size)
-        backend = backend or comm.backend_for(self._ctx.device.kind)
-        self.worker._peer_groups[name] = comm.PeerGroup.join(
-            name, store, rank, ranks, backend, self._ctx.collective_timeout_s
-        )
-
-    def execute(self, method: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
-
-    @ray.method(concurrency_group="control")
-    def execute_control(self, method: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
-
-    def shutdown(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()

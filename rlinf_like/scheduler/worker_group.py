@@ -25,7 +25,7 @@ from rlinf_like.scheduler import comm
 from rlinf_like.scheduler.cluster import Cluster
 from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
 from rlinf_like.scheduler.placement import Placement
-from rlinf_like.scheduler.worker import Worker, WorkerContext, _WorkerHost, is_control
+from rlinf_like.scheduler.worker_host import WorkerContext, _WorkerHost, is_control
 
 
 DEATH_GRACE_S = 5.0
@@ -120,7 +120,7 @@ def _root_cause(first: Exception, pending: list, owner: dict, grace_s: float = D
 
 
 class WorkerGroup:
-    def __init__(self, worker_cls: type[Worker], args: tuple, kwargs: dict):
+    def __init__(self, worker_cls: type, args: tuple, kwargs: dict):  # worker_cls: a Worker subclass
         self.worker_cls, self._args, self._kwargs = worker_cls, args, kwargs
         self.name: str = ""
         self._hosts: list[ray.actor.ActorHandle] = []

@@ -9,56 +9,30 @@ every algorithm, role and backend.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from rlinf_like.data.batch import Batch
-from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
-from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
+from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, BACKENDS, backend_class
+from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.training.loop import LoopConfig, check_loop, loss_tokens, num_rows, run_steps, train_epochs
+from rlinf_like.training.loop import check_loop, loss_tokens, num_rows, run_steps, train_epochs
 
-
-BACKENDS = ("fsdp", "megatron")
-
-
-@dataclass
-class ActorConfig:
-    model_path: str = ""
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    loop: LoopConfig = field(default_factory=LoopConfig)
-    backend: str = "fsdp"  # fsdp | megatron (the [megatron] extra)
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # backend=megatron: parallel sizes, optimizer
+__all__ = ["BACKENDS", "ActorConfig", "ActorWorker", "build_manager", "check_actor_config", "loss_weigh"]
 
 
 def check_actor_config(config: ActorConfig, owner: str = "actor") -> None:
     """What the chosen backend cannot do, refused by name before the model is built."""
-    if config.backend not in BACKENDS:
-        raise ValueError(f"{owner}.backend={config.backend!r} is not one of {list(BACKENDS)}")
+    if config.backend not in BACKEND_REGISTRY:
+        raise ValueError(f"{owner}.backend={config.backend!r} is not one of {BACKEND_REGISTRY.names()}")
     check_loop(config.loop, f"{owner}.loop")
-    m = config.megatron
-    if config.backend == "megatron" and config.loop.pack_sequences and m.pipeline_parallel > 1:
-        raise ValueError(f"{owner}.loop.pack_sequences=true needs pipeline_parallel=1 under backend=megatron "
-                         f"(pipeline stages exchange fixed shapes), got pipeline_parallel={m.pipeline_parallel}")
-    if config.backend == "megatron" and m.micro_batches > 1 and config.loop.max_tokens_per_micro_batch is not None:
-        raise ValueError(f"{owner}.megatron.micro_batches={m.micro_batches} must divide every micro-batch's rows; "
-                         f"token-budget micro-batches ({owner}.loop.max_tokens_per_micro_batch) vary: use 1")
+    backend_class(config.backend).check(config, owner)
 
 
 def build_manager(config: ActorConfig) -> ModelManager:
     """The manager `config.backend` names, on the HF checkpoint `config.model_path`."""
-    if config.backend == "megatron":
-        from rlinf_like.hybrid_engines.megatron import MegatronModelManager  # raises naming [megatron] if missing
-
-        return MegatronModelManager(config.model_path, config.megatron)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
-    return FSDPModelManager(model, config.fsdp)
+    return backend_class(config.backend).build_manager(config)
 
 
 def loss_weigh(loss: LossConfig):

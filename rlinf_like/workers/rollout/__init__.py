@@ -1,7 +1,16 @@
 """Rollout: engines that turn prompts into sampled responses (native CPU engine, HF reference,
 SGLang on GPU) behind one interface, and the worker that runs them in a group."""
 
-from rlinf_like.workers.rollout.engine import ENGINES, RolloutConfig, RolloutEngine, make_engine
+from rlinf_like.workers.rollout.engine import (
+    ENGINE_REGISTRY,
+    ENGINES,
+    RolloutConfig,
+    RolloutEngine,
+    check_rollout_config,
+    engine_class,
+    engine_names,
+    make_engine,
+)
 from rlinf_like.workers.rollout.types import (
     FINISH_REASONS,
     RolloutRequest,
@@ -11,5 +20,6 @@ from rlinf_like.workers.rollout.types import (
     continuation,
 )
 
-__all__ = ["ENGINES", "FINISH_REASONS", "RolloutConfig", "RolloutEngine", "RolloutRequest", "RolloutResult",
-           "SampleProgress", "SamplingParams", "continuation", "make_engine"]
+__all__ = ["ENGINES", "ENGINE_REGISTRY", "FINISH_REASONS", "RolloutConfig", "RolloutEngine", "RolloutRequest",
+           "RolloutResult", "SampleProgress", "SamplingParams", "check_rollout_config", "continuation", "engine_class",
+           "engine_names", "make_engine"]

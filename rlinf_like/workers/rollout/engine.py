@@ -1,109 +1,69 @@
-"""The rollout engine interface, and the one place that picks an engine from config.
+"""The rollout engine registry: `rollout.engine` names an engine class, and config checks read what
+the class declares it can do (`RolloutEngine.supports_tp`, `continues_migrated`, `rescored_logprobs`,
+`needs_gpu`).
 
-Every engine takes `RolloutRequest`s and returns `RolloutResult`s, can give its memory back
-(`offload` / `onload`), stop in-flight work (`abort`, from another thread), and receives new
-weights through the hybrid engine's weight sync: it describes its weights as `TensorLayout`s
-(`weight_layouts`), the actor's `WeightSender` publishes a version, and `apply_weights(version)`
-writes it into `weight_tensors()` and then tells the engine (`_weights_changed`).
+The built-in engines are registered by import path, so listing them imports none: an engine's module
+is imported when it is looked up, and its GPU stack (sglang) only when it is built. To add an engine,
+subclass `RolloutEngine`, declare its capabilities on the class, and register it here by path (or
+with `@ENGINE_REGISTRY.register("name")` on the class, from any module imported before the config
+is checked).
 """
 
 from __future__ import annotations
 
-import threading
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import torch.distributed as dist
 
-import torch
+from rlinf_like.utils.registry import Registry
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
 
-from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver
-from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
+ENGINE_REGISTRY: Registry[type[RolloutEngine]] = Registry("rollout engine", key="rollout.engine")
+ENGINE_REGISTRY.register("native", "rlinf_like.workers.rollout.native.engine:NativeEngine")
+ENGINE_REGISTRY.register("hf", "rlinf_like.workers.rollout.hf_engine:HFEngine")
+ENGINE_REGISTRY.register("sglang", "rlinf_like.workers.rollout.sglang_engine:SGLangEngine")
 
-ENGINES = ("native", "hf", "sglang")
-LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: native engine only
-ResultCallback = Callable[[RolloutResult], None]
+# The built-ins, as before the registry (the runners' checks import these names); engines registered
+# later are in `engine_names()` only.
+ENGINES = ENGINE_REGISTRY.registered()
+LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: engines declaring rescored_logprobs
 
-
-@dataclass
-class RolloutConfig:
-    engine: str = "native"
-    model_path: str = ""
-    max_batch_size: int = 64  # sequences decoded together (continuous-batching slots)
-    tp_size: int = 0  # ranks per engine; the group holds world / tp_size replicas (0: one engine over all)
-    max_context: int = 0  # prompt + response tokens; 0 = the model's max_position_embeddings
-    dtype: str = "float32"
-    seed: int = 0  # for requests without a seed
-    logprobs: str = "sampled"  # "sampled": from the decode step; "rescored": one pass over prompt + response
-    sglang_mem_fraction: float = 0.5  # sglang: share of GPU memory for weights + KV cache
+__all__ = ["ENGINES", "ENGINE_REGISTRY", "LOGPROB_SOURCES", "ResultCallback", "RolloutConfig", "RolloutEngine",
+           "check_rollout_config", "engine_class", "engine_names", "engines_with", "make_engine"]
 
 
-class RolloutEngine(ABC):
-    def __init__(self) -> None:
-        self.version = 0
-        self._abort = threading.Event()
-        self._receiver: WeightReceiver | None = None
+def engine_class(name: str) -> type[RolloutEngine]:
+    """The engine class `rollout.engine=name` picks (its module imported, not its GPU stack);
+    an unknown name raises naming the key and the registered engines."""
+    return ENGINE_REGISTRY.get(name)
 
-    @abstractmethod
-    def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
-        """Serve every request; `on_result` is called as each request's whole group finishes.
-        Invalid requests come back with `error` set; the others are served."""
 
-    def abort(self) -> None:
-        """Thread-safe: the running `generate` returns soon, unfinished samples partial with reason 'abort'
-        (`continuation` turns them into requests another engine finishes). With no generate running it
-        does nothing: the next generate starts by clearing it."""
-        self._abort.set()
+def engine_names() -> list[str]:
+    return ENGINE_REGISTRY.names()
 
-    @abstractmethod
-    def offload(self) -> None:
-        """Give weights and KV cache memory back (weights kept on host)."""
 
-    @abstractmethod
-    def onload(self) -> None: ...
+def engines_with(capability: str) -> list[str]:
+    """The registered engines declaring `capability` (e.g. "supports_tp"), for error messages."""
+    return [name for name in engine_names() if getattr(engine_class(name), capability)]
 
-    # --- weights -------------------------------------------------------------------------------------
-    @abstractmethod
-    def weight_layouts(self) -> list[TensorLayout]:
-        """The engine's weights (HF names) as this rank holds them, for a `SyncPlan`."""
 
-    @abstractmethod
-    def weight_tensors(self) -> dict[str, torch.Tensor]:
-        """Tensors a weight sync writes into (this rank's shards, or a staging copy)."""
-
-    def _weights_changed(self) -> None:
-        """Called after a sync wrote `weight_tensors()`; engines with private weights load them here."""
-
-    def connect_weights(self, group, plan: SyncPlan, rank: int, transport: str = "group") -> None:
-        self._receiver = WeightReceiver(group, plan, rank, self.weight_tensors(), transport)
-
-    def apply_weights(self, version: int, timeout_s: float | None = None) -> int:
-        if self._receiver is None:
-            raise RuntimeError("apply_weights before connect_weights: no weight sync is set up")
-        received = self._receiver.apply(version, timeout_s)
-        self._weights_changed()
-        self.version = version
-        return received
+def check_rollout_config(config: RolloutConfig, tp_size: int = 1) -> type[RolloutEngine]:
+    """What the chosen engine cannot do, refused by key before it is built; returns its class.
+    `tp_size`: ranks the engine would span (rollout.tp_size, resolved against the group)."""
+    if config.logprobs not in LOGPROB_SOURCES:
+        raise ValueError(f"rollout.logprobs={config.logprobs!r} is not one of {list(LOGPROB_SOURCES)}")
+    engine = engine_class(config.engine)
+    if config.logprobs == "rescored" and not engine.rescored_logprobs:
+        able = engines_with("rescored_logprobs")
+        raise ValueError(f"rollout.logprobs=rescored is built into the {' / '.join(able)} engine"
+                         f"{'s' if len(able) > 1 else ''} only; rollout.engine={config.engine!r} reports the "
+                         f"logprobs it sampled with")
+    if tp_size > 1 and not engine.supports_tp:
+        raise ValueError(f"rollout.tp_size={tp_size}: rollout.engine={config.engine!r} runs on one rank; tensor "
+                         f"parallelism needs rollout.engine in {engines_with('supports_tp')}")
+    return engine
 
 
 def make_engine(config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> RolloutEngine:
-    """The engine `config.engine` names; `process_group` (world size > 1) makes the native engine tensor parallel."""
-    if config.logprobs not in LOGPROB_SOURCES:
-        raise ValueError(f"rollout.logprobs={config.logprobs!r} is not one of {list(LOGPROB_SOURCES)}")
-    if config.logprobs == "rescored" and config.engine != "native":
-        raise ValueError(f"rollout.logprobs=rescored is built into the native engine only; rollout.engine="
-                         f"{config.engine!r} reports the logprobs it sampled with")
-    if config.engine == "native":
-        from rlinf_like.workers.rollout.native.engine import NativeEngine
-
-        return NativeEngine(config, process_group=process_group, tokenizer=tokenizer, device=device)
-    if config.engine == "hf":
-        from rlinf_like.workers.rollout.hf_engine import HFEngine
-
-        if process_group is not None:
-            raise ValueError("rollout.engine=hf runs on one rank; use native or sglang for tensor parallelism")
-        return HFEngine(config, tokenizer=tokenizer, device=device)
-    if config.engine == "sglang":
-        from rlinf_like.workers.rollout.sglang_engine import SGLangEngine
-
-        return SGLangEngine(config)
-    raise ValueError(f"unknown rollout.engine {config.engine!r}; allowed: {list(ENGINES)}")
+    """The engine `config.engine` names; `process_group` (world size > 1) makes it tensor parallel."""
+    tp_size = dist.get_world_size(process_group) if process_group is not None else 1
+    engine = check_rollout_config(config, tp_size)
+    return engine.create(config, process_group=process_group, tokenizer=tokenizer, device=device)

@@ -16,11 +16,17 @@ import torch
 from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.models import load_tokenizer
-from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, SamplingParams, rejected, request_error
 
 
 class HFEngine(RolloutEngine):
+    # one rank, no continuation of migrated requests, sampled logprobs only: the base's declarations
+
+    @classmethod
+    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> HFEngine:
+        return cls(config, tokenizer=tokenizer, device=device)  # no process group: supports_tp is False
+
     def __init__(self, config: RolloutConfig, tokenizer=None, device: str = "cpu"):
         from transformers import AutoModelForCausalLM
 

@@ -30,7 +30,7 @@ import torch
 
 from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
 from rlinf_like.utils.extras import require
-from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, SampleProgress, rejected, request_error
 
 ABORT_GRACE_S = 30.0  # after an abort, how long to wait for SGLang to hand back the partial samples
@@ -56,6 +56,14 @@ def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
 
 
 class SGLangEngine(RolloutEngine):
+    supports_tp = True  # inside sglang.Engine (its tp_size); note __init__ still starts it with tp_size=1
+    continues_migrated = True
+    needs_gpu = True
+
+    @classmethod
+    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> SGLangEngine:
+        return cls(config)  # SGLang loads its own tokenizer and places itself on the GPU
+
     def __init__(self, config: RolloutConfig, **engine_kwargs):
         sgl = require("sglang")  # first: a clear MissingExtraError before any work
         from transformers import AutoConfig

@@ -27,7 +27,7 @@ from torch import nn
 
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
-from rlinf_like.workers.rollout.engine import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.native.model import (
     Decoder,
     fuse_projections,
@@ -63,6 +63,10 @@ class _Live:
 
 
 class NativeEngine(RolloutEngine):
+    supports_tp = True
+    continues_migrated = True
+    rescored_logprobs = True
+
     def __init__(self, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu"):
         super().__init__()
         self.config = config

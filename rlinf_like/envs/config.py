@@ -1,0 +1,16 @@
+"""`EnvConfig`, the env section of a config (a leaf module: the registry and every env read it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EnvConfig:
+    kind: str = "gym"  # a name in ENV_REGISTRY (envs/factory.py): gym | reach_colour
+    id: str = "Reacher-v5"  # gymnasium id (kind=gym)
+    num_envs: int = 16  # per env worker rank
+    max_episode_steps: int | None = None  # None: the env's own limit (reach_colour: 50)
+    obs_mode: str = "state"  # one of the env class's `obs_modes` (reach_colour: state | pixels)
+    image_size: int = 48
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make; reach_colour: frame_skip

@@ -1,0 +1,48 @@
+"""What every embodied policy is (a leaf module: the policies and their registry import it).
+
+    actions, logprobs, entropy, values = policy(obs, actions=None, deterministic=False)
+
+With `actions=None` the policy samples (or takes the mode); given actions it scores them (PPO's
+training pass). Everything goes through `forward`, so FSDP2's hooks gather the weights. `obs` is a
+dict of batched tensors; a policy reads the keys in `obs_keys`. `env_actions` maps the policy's
+actions to what the env takes (e.g. action-token bins -> continuous values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlinf_like.envs.base import ActionSpec, FieldSpec
+
+PolicyOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class PolicyConfig:
+    kind: str = "mlp"  # a name in POLICY_REGISTRY (models/policies.py): mlp (state) | vla (image + instruction)
+    hidden: list[int] = field(default_factory=lambda: [64, 64])  # mlp
+    log_std_init: float = 0.0  # mlp, continuous actions
+    bins: int = 7  # vla: action tokens per dimension
+    chunk: int = 1  # vla: actions predicted per inference (an action chunk)
+    width: int = 32  # vla: conv channels and instruction embedding size
+    vocab_size: int = 16  # vla: instruction token ids below this
+    init_weights: str | None = None  # a state dict file to start from (e.g. a behaviour-cloning warm start)
+
+
+class ActorCriticPolicy(nn.Module):
+    # What the policy takes and gives, declared by each policy; config checks read these.
+    obs_modes: tuple[str, ...] = ("state",)  # the env.obs_mode values whose observations it reads
+    obs_keys: tuple[str, ...] = ("state",)  # the observation fields it reads
+    action_chunks = False  # predicts policy.chunk actions per inference
+
+    @classmethod
+    def from_config(cls, cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> ActorCriticPolicy:
+        """Build for an env's observation fields and action space; raise naming what does not fit."""
+        raise NotImplementedError
+
+    def env_actions(self, actions: torch.Tensor) -> np.ndarray:
+        raise NotImplementedError

@@ -1,0 +1,20 @@
+"""The actor's config (a leaf module: the worker and the training backends both read it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
+from rlinf_like.training.loop import LoopConfig
+from rlinf_like.workers.actor.loss import LossConfig
+
+
+@dataclass
+class ActorConfig:
+    model_path: str = ""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    backend: str = "fsdp"  # a name in BACKEND_REGISTRY (workers/actor/backends.py): fsdp | megatron
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # backend=megatron: parallel sizes, optimizer
