@@ -12,7 +12,7 @@ import torch
 
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.schedules import dynamic
-from rlinf_like.runners.schedules.dynamic import check_dynamic
+from rlinf_like.runners.checks import check_dynamic
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.scheduler.dynamic import DeviceScheduler
@@ -75,7 +75,7 @@ def test_bad_schedule_values_are_refused_by_name(tmp_path):
         check_config(cfg)
     cfg = small_config(tmp_path, "dynamic")
     cfg.rollout.engine = "hf"
-    with pytest.raises(ValueError, match="rollout.logprobs=rescored needs rollout.engine=native"):
+    with pytest.raises(ValueError, match="rollout.logprobs=rescored is built into the native engine only"):
         check_config(cfg)
     cfg.rollout.logprobs = "sampled"
     with pytest.raises(ValueError, match="runner.migrate_at > 0 needs a rollout engine that continues"):

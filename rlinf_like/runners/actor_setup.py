@@ -11,6 +11,7 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.actor.backends import backend_class, backends_with
 from rlinf_like.workers.actor.worker import ActorConfig
 from rlinf_like.training.loop import LoopConfig
 
@@ -18,21 +19,17 @@ from rlinf_like.training.loop import LoopConfig
 def check_actor_section(cfg: ReasoningConfig) -> None:
     """The actor's backend and parallel sizes; what the Megatron path cannot do yet is refused by name."""
     act = cfg.actor
-    for key in ("tp_size", "pp_size"):
+    backend = backend_class(act.backend)
+    for key, capability in (("tp_size", "supports_tp"), ("pp_size", "supports_pp")):
         value = getattr(act, key)
-        if value < 1 or (value > 1 and act.backend != "megatron"):
-            raise ValueError(f"actor.{key}={value} must be >= 1, and > 1 only with actor.backend=megatron "
-                             f"(got actor.backend={act.backend!r})")
-    if act.backend != "megatron":
-        return
-    if cfg.runner.schedule == "dynamic":
-        raise ValueError("runner.schedule=dynamic needs actor.backend=fsdp: its elastic actor (data parallel "
-                         "over a changing set of ranks) has no Megatron version")
+        if value < 1 or (value > 1 and not getattr(backend, capability)):
+            raise ValueError(f"actor.{key}={value} must be >= 1, and > 1 only with actor.backend="
+                             f"{' or '.join(backends_with(capability))} (got actor.backend={act.backend!r})")
     if cfg.runner.pack_sequences and act.pp_size > 1:
-        raise ValueError(f"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend=megatron "
+        raise ValueError(f"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend={act.backend} "
                          f"(pipeline stages exchange fixed shapes), got actor.pp_size={act.pp_size}")
-    if importlib.util.find_spec("megatron") is None:  # a look-up, not an import, in the driver
-        require("megatron.core")  # raises naming the [megatron] extra, before any worker starts
+    if backend.requires and importlib.util.find_spec(backend.requires.split(".")[0]) is None:  # a look-up only
+        require(backend.requires)  # raises naming the extra, before any worker starts
 
 
 def actor_replicas(cfg: ReasoningConfig, ranks: int, component: str = "actor") -> int:

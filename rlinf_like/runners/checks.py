@@ -3,7 +3,6 @@ key. Choices are read from the registries and capabilities from what each compon
 
 from __future__ import annotations
 
-from dataclasses import fields
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
@@ -11,9 +10,9 @@ from rlinf_like.runners.actor_setup import check_actor_section
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.scheduler.dynamic import SCHEDULES
 from rlinf_like.training.loop import LoopConfig, check_loop
-from rlinf_like.workers.actor.worker import BACKENDS
+from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, backends_with
 from rlinf_like.workers.reward.combine import check_reward_config
-from rlinf_like.workers.rollout.engine import ENGINES, LOGPROB_SOURCES
+from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class, engines_with
 
 NONFINITE_POLICIES = ("skip", "stop")
 
@@ -29,15 +28,15 @@ def check_choices(cfg: ReasoningConfig) -> None:
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
-               "rollout.engine": (cfg.rollout.engine, list(ENGINES)),
                "rollout.dtype": (cfg.rollout.dtype, ["float32", "bfloat16", "float16"]),
-               "rollout.logprobs": (cfg.rollout.logprobs, list(LOGPROB_SOURCES)),
                "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
                "runner.schedule": (cfg.runner.schedule, list(SCHEDULES)),
-               "actor.backend": (cfg.actor.backend, list(BACKENDS))}
+               "actor.backend": (cfg.actor.backend, BACKEND_REGISTRY.names())}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
+    # the engine by name, its logprobs and TP by what it declares
+    check_rollout_config(cfg.rollout, cfg.rollout.tp_size)
 
 
 def check_estimator(a: AlgorithmConfig) -> None:
@@ -78,14 +77,34 @@ def check_config(cfg: ReasoningConfig) -> None:
     if r.temperature <= 0:  # trainer logprobs are taken under the sampling temperature
         raise ValueError(f"runner.temperature must be > 0 for training (greedy has no logprobs to train on), "
                          f"got {r.temperature}")
-    if cfg.rollout.logprobs == "rescored" and cfg.rollout.engine != "native":
-        raise ValueError(f"rollout.logprobs=rescored needs rollout.engine=native; got {cfg.rollout.engine!r}")
     if not 0.0 <= r.migrate_at < 1.0 or (r.migrate_at and r.schedule != "dynamic"):
         raise ValueError(f"runner.migrate_at={r.migrate_at} must be in [0, 1), and > 0 only with "
                          f"runner.schedule=dynamic (got {r.schedule!r})")
     check_reward_config(cfg.reward)
     check_loop(runner_loop(cfg), "runner")
     check_actor_section(cfg)
+    if r.schedule == "dynamic":
+        check_dynamic(cfg)
+
+
+def check_dynamic(cfg: ReasoningConfig) -> None:
+    """What this schedule does not support yet, refused before any worker starts."""
+    a = cfg.algorithm
+    per_group = estimators_where(token_level=False, needs_critic=False)
+    unsupported = {"algorithm.advantage": (a.advantage not in per_group,
+                                           f"{' or '.join(per_group)} (per-group advantages)"),
+                   "algorithm.kl_beta": (a.kl_beta > 0, "0 (no reference model)"),
+                   "algorithm.recompute_logprobs": (a.recompute_logprobs, "false")}
+    for key, (bad, allowed) in unsupported.items():
+        if bad:
+            raise ValueError(f"runner.schedule=dynamic needs {key} = {allowed}; got {getattr(a, key.split('.')[1])!r}")
+    if cfg.runner.migrate_at and not engine_class(cfg.rollout.engine).continues_migrated:
+        raise ValueError(f"runner.migrate_at > 0 needs a rollout engine that continues migrated requests "
+                         f"(rollout.engine in {engines_with('continues_migrated')}); got {cfg.rollout.engine!r}")
+    if not backend_class(cfg.actor.backend).elastic:
+        raise ValueError(f"runner.schedule=dynamic needs actor.backend={' or '.join(backends_with('elastic'))} "
+                         f"(its elastic actor trains data parallel over a changing set of ranks); "
+                         f"got {cfg.actor.backend!r}")
 
 
 def runner_loop(cfg: ReasoningConfig) -> LoopConfig:

@@ -7,10 +7,10 @@ schedule is one file here plus its registration below.
 
 from __future__ import annotations
 
-from rlinf_like.algorithms.registry import Registry
+from rlinf_like.utils.registry import Registry
 from rlinf_like.runners.schedules import collocated, dynamic, pipelined
 
-SCHEDULE_LOOPS: Registry = Registry("schedule")
+SCHEDULE_LOOPS: Registry = Registry("schedule loop", key="runner.schedule")
 SCHEDULE_LOOPS.register("collocated")(collocated.train)
 SCHEDULE_LOOPS.register("pipelined")(pipelined.train)
 SCHEDULE_LOOPS.register("dynamic")(dynamic.train)

@@ -25,7 +25,6 @@ import time
 
 import torch
 
-from rlinf_like.runners.checks import estimators_where
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import advantages, make_requests, rl_batch, score_groups
 from rlinf_like.runners.run import ReasoningRun, RunResult
@@ -39,7 +38,6 @@ from rlinf_like.workers.rollout import RolloutResult
 def train(cfg: ReasoningConfig, schedule: str | None = None) -> RunResult:
     """`schedule` overrides cfg.runner.schedule: "static" is the reference a dynamic run must equal."""
     schedule = check_schedule(schedule or cfg.runner.schedule)
-    check_dynamic(cfg)
     migrate_at = cfg.runner.migrate_at if schedule == "dynamic" else 0.0
     with ReasoningRun(cfg, actor_worker=ElasticActorWorker, check_placement=rank_by_rank) as run:
         w = run.workers
@@ -82,22 +80,6 @@ def train(cfg: ReasoningConfig, schedule: str | None = None) -> RunResult:
             run.sync_weights()
             run.end_step(step, metrics)
         return run.finish(scheduler=scheduler)
-
-
-def check_dynamic(cfg: ReasoningConfig) -> None:
-    """What this schedule does not support yet, refused before any worker starts."""
-    a = cfg.algorithm
-    per_group = estimators_where(token_level=False, needs_critic=False)
-    unsupported = {"algorithm.advantage": (a.advantage not in per_group,
-                                           f"{' or '.join(per_group)} (per-group advantages)"),
-                   "algorithm.kl_beta": (a.kl_beta > 0, "0 (no reference model)"),
-                   "algorithm.recompute_logprobs": (a.recompute_logprobs, "false")}
-    for key, (bad, allowed) in unsupported.items():
-        if bad:
-            raise ValueError(f"runner.schedule=dynamic needs {key} = {allowed}; got {getattr(a, key.split('.')[1])!r}")
-    if cfg.runner.migrate_at and cfg.rollout.engine == "hf":
-        raise ValueError("runner.migrate_at > 0 needs a rollout engine that continues migrated requests "
-                         "(rollout.engine=native or sglang); got 'hf'")
 
 
 def rank_by_rank(placement: Placement) -> None:

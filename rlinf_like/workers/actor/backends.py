@@ -20,6 +20,7 @@ class TrainingBackend:
     supports_pp = False  # pipeline parallelism inside a replica
     elastic = False  # trains data parallel over a changing set of ranks (the dynamic schedule's elastic actor)
     extra: str | None = None  # the optional-dependency extra it needs installed
+    requires: str | None = None  # the module of that extra, looked up in the driver before any worker starts
 
     @classmethod
     def check(cls, config: ActorConfig, owner: str) -> None:
@@ -52,6 +53,7 @@ class MegatronBackend(TrainingBackend):
     supports_tp = True
     supports_pp = True
     extra = "megatron"
+    requires = "megatron.core"
 
     @classmethod
     def check(cls, config: ActorConfig, owner: str) -> None:
