@@ -40,18 +40,18 @@ from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
+from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
 
 CHECKPOINT = "checkpoint"
 WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, inside each step directory
 
 
-def env_specs(config: EnvConfig) -> dict:
+def env_specs(config: EnvConfig) -> EnvSpecs:
     """The specs an env worker would report, from one env made here (for `runner.env_in_rollout`)."""
     env = make_env(config, 1, "env specs")
     try:
-        return {"obs_spec": env.obs_spec, "action_spec": env.action_spec, "envs_per_stage": config.num_envs,
-                "stages": 1}
+        return EnvSpecs(env.obs_spec, env.action_spec, envs_per_stage=config.num_envs, stages=1)
     finally:
         env.close()
 
@@ -132,14 +132,14 @@ class EmbodiedRunner:
                                                                                  init_process_group=False)
             specs = self.env.on_ranks(0).specs().wait()[0]
         self.specs = specs
-        self.rollout = PolicyRolloutWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"],
+        self.rollout = PolicyRolloutWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec,
                                                         cfg.runner.seed).launch(cluster, placement, "rollout")
         if self.env is None:
             self.rollout.attach_envs(cfg.env, seed).wait()
         a = cfg.algorithm
         ppo = PPOConfig(**{k: getattr(a, k) for k in PPOConfig.__dataclass_fields__})
         fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm))
-        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"], ppo, fsdp,
+        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec, ppo, fsdp,
                                                       cfg.runner.seed).launch(cluster, placement, "actor")
         if self.env is not None:  # env <-> rollout wire: env rank e talks to rollout rank e % rollout ranks
             connect_groups(self.env, self.rollout, "env_wire")
@@ -153,7 +153,7 @@ class EmbodiedRunner:
         plan = SyncPlan.build(src, dst, "actor", "rollout")
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
         self.channel = trajectory_channel(cluster)
-        action = specs["action_spec"]
+        action = specs.action_spec
         chunk = (cfg.policy.chunk,) if cfg.policy.kind == "vla" and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)
         self.envs_total = cfg.env.num_envs * (self.rollout if self.env is None else self.env).world_size
@@ -168,23 +168,23 @@ class EmbodiedRunner:
         r, start = self.cfg.runner, time.perf_counter()
         train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size,  # waits for data
                                  streamed=r.stream_trajectories)
-        rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs["envs_per_stage"],
+        rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,
                                        self.action_shape, self.channel.name,
                                        r.stream_chunk_steps if r.stream_trajectories else 0)
         if self.env is None:  # the rollout ranks stepped the envs and report what env workers would
-            env_out = roll_out = rollout.wait()
+            roll_out = rollout.wait()
+            env_out = [o.env for o in roll_out]
         else:
             env_out, roll_out = wait_all([self.env.collect(r.steps_per_rollout, self.action_shape), rollout])
         collect_s = time.perf_counter() - start
         metrics = train.wait()[0]
         train_s = time.perf_counter() - start - collect_s
         self._sync_weights()
-        steps = sum(o["env_steps"] for o in env_out)
-        episodes = [e for o in env_out for e in o["episodes"]]
+        steps = sum(o.steps for o in env_out)
+        episodes = [e for o in env_out for e in o.episodes]
         metrics.update(episode_metrics(episodes))
         metrics.update(collect_s=collect_s, train_s=train_s, env_steps_per_s=steps / collect_s,
-                       env_busy_s=max(o["env_busy_s"] for o in env_out),
-                       rollout_busy_s=max(o["rollout_busy_s"] for o in roll_out))
+                       env_busy_s=max(o.busy_s for o in env_out), rollout_busy_s=max(o.busy_s for o in roll_out))
         self.env_steps += steps
         return metrics
 
