@@ -25,6 +25,7 @@ from rlinf_like.config import check_overrides, structure
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.dynamic_schedule import DynamicScheduleRunner
 from rlinf_like.runners.reasoning import ReasoningRunner
+from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 
@@ -34,6 +35,7 @@ ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
 
 @hydra.main(config_path="config", config_name="grpo_collocated", version_base="1.3")
 def main(cfg) -> None:
+    setup_logging()  # after Hydra has set up logging
     limit_threads()
     config = structure(ReasoningConfig, cfg)
     (DynamicScheduleRunner if config.runner.schedule == "dynamic" else ReasoningRunner)(config).run()

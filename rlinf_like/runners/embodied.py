@@ -21,6 +21,7 @@ state resumes with fresh episodes.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import time
 from dataclasses import asdict
@@ -43,6 +44,7 @@ from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
 
+log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, inside each step directory
 
@@ -123,7 +125,7 @@ class EmbodiedRunner:
             raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
         check_actor_split(cfg, placement["actor"].world_size,
                           placement["rollout" if cfg.runner.env_in_rollout else "env"].world_size)
-        print(placement.describe())
+        log.info("%s", placement.describe())
         self.stages = 2 if cfg.runner.pipeline else 1
         if cfg.runner.env_in_rollout:  # the envs live in the rollout ranks: no env group, no wire
             self.env, specs = None, env_specs(cfg.env)
@@ -242,7 +244,7 @@ class EmbodiedRunner:
     def _saved_workers(path: Path) -> dict | None:
         file = path / WORKER_STATE
         if not file.exists():
-            print(f"no env state in {path}: the envs start fresh episodes")
+            log.warning("no env state in %s: the envs start fresh episodes", path)
             return None
         return pickle.loads(file.read_bytes())
 
@@ -254,7 +256,7 @@ class EmbodiedRunner:
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
         self._sync_weights()  # the rollout starts from the checkpoint's weights
-        print(f"resumed at update {self.iteration} ({self.env_steps} env steps) from {path}")
+        log.info("resumed at update %d (%d env steps) from %s", self.iteration, self.env_steps, path)
 
     def _summary(self) -> dict:
         points = lambda key: [(h["env_steps"], h[key]) for h in self.history if key in h]  # noqa: E731
@@ -271,5 +273,5 @@ class EmbodiedRunner:
                    "success_last": success[-1][1] if success else None, "output_dir": str(self.out)}
         (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
                                                           indent=1, default=str))
-        print(f"plot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
+        log.info("plot: %s   TensorBoard: tensorboard --logdir %s", self.out / "curves.png", self.out / "tensorboard")
         return summary

@@ -15,6 +15,7 @@ import ray
 
 from rlinf_like.scheduler import comm
 from rlinf_like.scheduler.placement import Device
+from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class _WorkerHost:
 
     def __init__(self, worker_cls: type[Worker], ctx: WorkerContext, args: tuple, kwargs: dict):
         limit_threads()
+        setup_logging()  # a worker's log lines reach the driver's console through Ray, as its prints do
         if ctx.device.kind == "gpu":
             import torch
 
