@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from rlinf_like.config import structure
 from rlinf_like.scheduler import Channel, Cluster, ClusterConfig, Worker, connect_groups, wait_all
+from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 COMPONENTS = ("producer", "consumer")
@@ -141,6 +142,7 @@ def run(cfg: RunConfig) -> dict:
 
 @hydra.main(config_path="config", config_name="channel_demo", version_base="1.3")
 def main(cfg) -> None:
+    setup_logging()  # after Hydra has set up logging
     run(structure(RunConfig, cfg))
 
 

@@ -21,8 +21,9 @@ from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.envs.render import ensure_gl
 from rlinf_like.scheduler import WorkerError
 from rlinf_like.workers.env import EnvWorker
-from rlinf_like.workers.env.link import step_layout, step_message
+from rlinf_like.workers.env.link import read_step, step_fields, step_layout
 from rlinf_like.workers.env.local import LocalEnvLink
+from rlinf_like.workers.env.types import EnvStats, StepMessage
 
 ensure_gl()  # at collection, before any test imports MuJoCo (it picks its GL backend once)
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,22 +117,23 @@ def test_local_env_link_gives_the_wires_messages():
     link, env = LocalEnvLink(cfg, seed=3, name="envs in test"), make_env(cfg)
     layout, obs, rng, episodes = step_layout(env.obs_spec, 4), env.reset(3), np.random.default_rng(0), []
 
-    def same(got, sent):
-        want = layout.unpack(layout.pack(sent))
+    def same(got: StepMessage, sent: StepMessage):
+        got, want = step_fields(got), layout.unpack(layout.pack(step_fields(sent)))
         assert got.keys() == want.keys()
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
-    same(link.recv(), step_message(obs, None, 4))  # a collect starts with the observation alone
+    same(link.recv_step(), StepMessage.first(obs, 4))  # a collect starts with the observation alone
     for _ in range(40):
         actions = rng.integers(0, 2, 4).astype(np.float64)
         link.send(None, {"actions": actions})
         result = env.step(actions)
         episodes += result.episodes
-        same(link.recv(), step_message(result.obs, result, 4))
-    same(link.recv(), step_message(result.obs, None, 4))  # the next collect starts where this one ended
-    assert len(episodes) > 0 and link.take_stats()["episodes"] == episodes
-    assert link.take_stats() == {"episodes": [], "env_busy_s": 0.0, "env_steps": 0}
+        same(link.recv_step(), StepMessage.after(result))
+    same(link.recv_step(), StepMessage.first(result.obs, 4))  # the next collect starts where this one ended
+    stats = link.take_stats()
+    assert len(episodes) > 0 and stats.episodes == episodes and stats.steps == 40 * 4 and stats.busy_s > 0
+    assert link.take_stats() == EnvStats()
 
 
 def test_episode_gae_cuts_at_episode_ends_and_bootstraps():
@@ -187,10 +189,11 @@ def test_wire_message_round_trip():
     obs = env.reset(0)
     layout = step_layout(env.obs_spec, 2)
     result = env.step(np.ones((2, 2)))
-    back = layout.unpack(layout.pack(step_message(result.obs, result, 2)))
-    np.testing.assert_array_equal(back["state"], result.obs["state"])
-    np.testing.assert_array_equal(back["reward"], result.rewards)
-    assert back["terminated"].dtype == bool and not np.array_equal(back["state"], obs["state"])
+    back = read_step(layout.unpack(layout.pack(step_fields(StepMessage.after(result)))), env.obs_spec)
+    np.testing.assert_array_equal(back.obs["state"], result.obs["state"])
+    np.testing.assert_array_equal(back.final_obs["state"], result.final_obs["state"])
+    np.testing.assert_array_equal(back.reward, result.rewards)
+    assert back.terminated.dtype == bool and not np.array_equal(back.obs["state"], obs["state"])
 
 
 def launch_main(out: Path, log: Path, *overrides) -> subprocess.Popen:

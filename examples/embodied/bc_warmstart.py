@@ -25,6 +25,7 @@ import torch
 
 from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.models.policies import PolicyConfig, build_policy
+from rlinf_like.utils.logging import setup_logging
 
 
 def collect(env, policy, steps: int, noise: float, rng: np.random.Generator) -> tuple[dict, torch.Tensor, float]:
@@ -53,6 +54,7 @@ def evaluate(env, policy, steps: int, seed: int) -> float:
 
 
 def main() -> None:
+    setup_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/bc/vla.pt")
     p.add_argument("--steps", type=int, default=200, help="expert steps per env")

@@ -26,6 +26,7 @@ from hydra.core.config_store import ConfigStore
 from rlinf_like.config import check_overrides, structure
 from rlinf_like.runners.embodied import EmbodiedRunner
 from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
@@ -33,6 +34,7 @@ ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
 
 @hydra.main(config_path="config", config_name="embodied", version_base="1.3")
 def main(cfg) -> None:
+    setup_logging()  # after Hydra has set up logging
     limit_threads()
     EmbodiedRunner(structure(EmbodiedConfig, cfg)).run()
 

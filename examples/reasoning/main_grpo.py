@@ -16,7 +16,6 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import logging
 import sys
 
 import hydra
@@ -25,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from rlinf_like.config import check_overrides, structure
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.reasoning import train
+from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 
@@ -34,8 +34,8 @@ ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
 
 @hydra.main(config_path="config", config_name="grpo_collocated", version_base="1.3")
 def main(cfg) -> None:
+    setup_logging()  # after Hydra has set up logging
     limit_threads()
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     config = structure(ReasoningConfig, cfg)
     train(config)
 

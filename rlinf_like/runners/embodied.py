@@ -21,6 +21,7 @@ state resumes with fresh episodes.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import time
 from dataclasses import asdict
@@ -41,18 +42,19 @@ from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
+from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
 
+log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, inside each step directory
 
 
-def env_specs(config: EnvConfig) -> dict:
+def env_specs(config: EnvConfig) -> EnvSpecs:
     """The specs an env worker would report, from one env made here (for `runner.env_in_rollout`)."""
     env = make_env(config, 1, "env specs")
     try:
-        return {"obs_spec": env.obs_spec, "action_spec": env.action_spec, "envs_per_stage": config.num_envs,
-                "stages": 1}
+        return EnvSpecs(env.obs_spec, env.action_spec, envs_per_stage=config.num_envs, stages=1)
     finally:
         env.close()
 
@@ -119,7 +121,7 @@ class EmbodiedRunner:
             raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
         check_actor_split(cfg, placement["actor"].world_size,
                           placement["rollout" if cfg.runner.env_in_rollout else "env"].world_size)
-        print(placement.describe())
+        log.info("%s", placement.describe())
         self.stages = 2 if cfg.runner.pipeline else 1
         if cfg.runner.env_in_rollout:  # the envs live in the rollout ranks: no env group, no wire
             self.env, specs = None, env_specs(cfg.env)
@@ -128,14 +130,14 @@ class EmbodiedRunner:
                                                                                  init_process_group=False)
             specs = self.env.on_ranks(0).specs().wait()[0]
         self.specs = specs
-        self.rollout = PolicyRolloutWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"],
+        self.rollout = PolicyRolloutWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec,
                                                         cfg.runner.seed).launch(cluster, placement, "rollout")
         if self.env is None:
             self.rollout.attach_envs(cfg.env, seed).wait()
         a = cfg.algorithm
         ppo = PPOConfig(**{k: getattr(a, k) for k in PPOConfig.__dataclass_fields__})
         fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm))
-        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs["obs_spec"], specs["action_spec"], ppo, fsdp,
+        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec, ppo, fsdp,
                                                       cfg.runner.seed).launch(cluster, placement, "actor")
         if self.env is not None:  # env <-> rollout wire: env rank e talks to rollout rank e % rollout ranks
             connect_groups(self.env, self.rollout, "env_wire")
@@ -149,7 +151,7 @@ class EmbodiedRunner:
         plan = SyncPlan.build(src, dst, "actor", "rollout")
         wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
         self.channel = trajectory_channel(cluster)
-        action = specs["action_spec"]
+        action = specs.action_spec
         chunk = (cfg.policy.chunk,) if policy_class(cfg.policy.kind).action_chunks and cfg.policy.chunk > 1 else ()
         self.action_shape = (*chunk, *action.shape)
         self.envs_total = cfg.env.num_envs * (self.rollout if self.env is None else self.env).world_size
@@ -164,23 +166,23 @@ class EmbodiedRunner:
         r, start = self.cfg.runner, time.perf_counter()
         train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size,  # waits for data
                                  streamed=r.stream_trajectories)
-        rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs["envs_per_stage"],
+        rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,
                                        self.action_shape, self.channel.name,
                                        r.stream_chunk_steps if r.stream_trajectories else 0)
         if self.env is None:  # the rollout ranks stepped the envs and report what env workers would
-            env_out = roll_out = rollout.wait()
+            roll_out = rollout.wait()
+            env_out = [o.env for o in roll_out]
         else:
             env_out, roll_out = wait_all([self.env.collect(r.steps_per_rollout, self.action_shape), rollout])
         collect_s = time.perf_counter() - start
         metrics = train.wait()[0]
         train_s = time.perf_counter() - start - collect_s
         self._sync_weights()
-        steps = sum(o["env_steps"] for o in env_out)
-        episodes = [e for o in env_out for e in o["episodes"]]
+        steps = sum(o.steps for o in env_out)
+        episodes = [e for o in env_out for e in o.episodes]
         metrics.update(episode_metrics(episodes))
         metrics.update(collect_s=collect_s, train_s=train_s, env_steps_per_s=steps / collect_s,
-                       env_busy_s=max(o["env_busy_s"] for o in env_out),
-                       rollout_busy_s=max(o["rollout_busy_s"] for o in roll_out))
+                       env_busy_s=max(o.busy_s for o in env_out), rollout_busy_s=max(o.busy_s for o in roll_out))
         self.env_steps += steps
         return metrics
 
@@ -238,7 +240,7 @@ class EmbodiedRunner:
     def _saved_workers(path: Path) -> dict | None:
         file = path / WORKER_STATE
         if not file.exists():
-            print(f"no env state in {path}: the envs start fresh episodes")
+            log.warning("no env state in %s: the envs start fresh episodes", path)
             return None
         return pickle.loads(file.read_bytes())
 
@@ -250,7 +252,7 @@ class EmbodiedRunner:
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
         self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
         self._sync_weights()  # the rollout starts from the checkpoint's weights
-        print(f"resumed at update {self.iteration} ({self.env_steps} env steps) from {path}")
+        log.info("resumed at update %d (%d env steps) from %s", self.iteration, self.env_steps, path)
 
     def _summary(self) -> dict:
         points = lambda key: [(h["env_steps"], h[key]) for h in self.history if key in h]  # noqa: E731
@@ -267,5 +269,5 @@ class EmbodiedRunner:
                    "success_last": success[-1][1] if success else None, "output_dir": str(self.out)}
         (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
                                                           indent=1, default=str))
-        print(f"plot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
+        log.info("plot: %s   TensorBoard: tensorboard --logdir %s", self.out / "curves.png", self.out / "tensorboard")
         return summary

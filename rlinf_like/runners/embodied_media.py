@@ -9,14 +9,15 @@ import torch
 
 from rlinf_like.envs import make_env
 from rlinf_like.models.policies import build_policy
+from rlinf_like.workers.env.types import EnvSpecs
 
 
-def write_gif(cfg, weights: dict[str, torch.Tensor], specs: dict, path: Path, max_steps: int = 100) -> None:
+def write_gif(cfg, weights: dict[str, torch.Tensor], specs: EnvSpecs, path: Path, max_steps: int = 100) -> None:
     from PIL import Image
 
     env_cfg = replace(cfg.env, kwargs={**cfg.env.kwargs, "render_mode": "rgb_array"}) if cfg.env.kind == "gym" else cfg.env
     env = make_env(env_cfg, 1, "gif")
-    policy = build_policy(cfg.policy, specs["obs_spec"], specs["action_spec"])
+    policy = build_policy(cfg.policy, specs.obs_spec, specs.action_spec)
     policy.load_state_dict(weights, strict=False)
     obs, frames = env.reset(cfg.runner.seed + 12345), []
     with torch.no_grad():

@@ -11,6 +11,7 @@ import ray
 
 from rlinf_like.scheduler import comm
 from rlinf_like.scheduler.placement import Device
+from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 
@@ -44,6 +45,7 @@ class _WorkerHost:
 
     def __init__(self, worker_cls: type, ctx: WorkerContext, args: tuple, kwargs: dict):
         limit_threads()
+        setup_logging()  # a worker's log lines reach the driver's console through Ray, as its prints do
         if ctx.device.kind == "gpu":
             import torch
 

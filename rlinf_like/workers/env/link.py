@@ -1,7 +1,8 @@
 """The env <-> rollout wire: fixed-layout messages over the pair's peer group (gloo on CPU).
 
 Both sides know the layout from the env's specs, so one message is one uint8 buffer (one send):
-env -> rollout carries obs, reward, terminated, truncated and the final obs of truncated envs;
+env -> rollout carries a `StepMessage` (obs, reward, terminated, truncated, the final obs of truncated
+envs) as the flat fields of `step_layout`;
 rollout -> env carries the env actions as float64. Sends are posted (non-blocking) so neither side
 can deadlock on the other's order; `flush` waits for them.
 """
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlinf_like.envs.base import FieldSpec, Obs, StepResult
+from rlinf_like.envs.base import FieldSpec
+from rlinf_like.workers.env.types import StepMessage
 
 ALIGN = 8
 
@@ -49,6 +51,7 @@ class Layout:
 
 
 def step_layout(obs_spec: dict[str, FieldSpec], n: int) -> Layout:
+    """The wire form of a `StepMessage` of `n` envs (its fields named as `step_fields` names them)."""
     obs = [(k, (n, *s.shape), s.dtype) for k, s in obs_spec.items()]
     final = [(f"final_{k}", shape, dtype) for k, shape, dtype in obs]
     meta = [("reward", (n,), "float32"), ("terminated", (n,), "bool"), ("truncated", (n,), "bool")]
@@ -75,18 +78,23 @@ class Link:
     def recv(self, layout: Layout) -> dict[str, np.ndarray]:
         return layout.unpack(self.group.recv(layout.empty(), self.peer))
 
+    def send_step(self, layout: Layout, msg: StepMessage) -> None:
+        self.send(layout, step_fields(msg))
+
+    def recv_step(self, layout: Layout, obs_keys) -> StepMessage:
+        return read_step(self.recv(layout), obs_keys)
+
     def flush(self, keep: int = 0) -> None:
         while len(self._pending) > keep:
             work, _ = self._pending.pop(0)
             self.group.wait(work)
 
 
-def step_message(obs: Obs, result: StepResult | None, n: int) -> dict[str, np.ndarray]:
-    """The env side's message: the first one of a segment has no step result (zeros)."""
-    msg = dict(obs)
-    msg.update({f"final_{k}": (result.final_obs if result else obs)[k] for k in obs})
-    if result is None:
-        msg.update(reward=np.zeros(n, np.float32), terminated=np.zeros(n, bool), truncated=np.zeros(n, bool))
-    else:
-        msg.update(reward=result.rewards, terminated=result.terminated, truncated=result.truncated)
-    return msg
+def step_fields(msg: StepMessage) -> dict[str, np.ndarray]:
+    return {**msg.obs, **{f"final_{k}": v for k, v in msg.final_obs.items()}, "reward": msg.reward,
+            "terminated": msg.terminated, "truncated": msg.truncated}
+
+
+def read_step(fields: dict[str, np.ndarray], obs_keys) -> StepMessage:
+    return StepMessage({k: fields[k] for k in obs_keys}, {k: fields[f"final_{k}"] for k in obs_keys},
+                       fields["reward"], fields["terminated"], fields["truncated"])

@@ -15,7 +15,8 @@ import numpy as np
 
 from rlinf_like.envs import EnvConfig, EpisodeStats, Obs, StepResult, make_env
 from rlinf_like.scheduler import Worker
-from rlinf_like.workers.env.link import Link, action_layout, step_layout, step_message
+from rlinf_like.workers.env.link import Link, action_layout, step_layout
+from rlinf_like.workers.env.types import EnvSpecs, EnvStats, StepMessage
 
 
 class EnvWorker(Worker):
@@ -31,10 +32,9 @@ class EnvWorker(Worker):
         self.obs: list[Obs] = [env.reset(self.seed + s * per_stage) for s, env in enumerate(self.envs)]
         self._link: Link | None = None
 
-    def specs(self) -> dict:
+    def specs(self) -> EnvSpecs:
         env = self.envs[0]
-        return {"obs_spec": env.obs_spec, "action_spec": env.action_spec, "envs_per_stage": self.per_stage,
-                "stages": len(self.envs)}
+        return EnvSpecs(env.obs_spec, env.action_spec, envs_per_stage=self.per_stage, stages=len(self.envs))
 
     # --- direct driving ----------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> list[Obs]:
@@ -64,7 +64,7 @@ class EnvWorker(Worker):
     def connect_rollout(self, peer_group: str, rollout_peer_rank: int) -> None:
         self._link = Link(self.peer_group(peer_group), rollout_peer_rank)
 
-    def collect(self, steps: int, action_shape: tuple[int, ...]) -> dict:
+    def collect(self, steps: int, action_shape: tuple[int, ...]) -> EnvStats:
         """Serve `steps` steps of every stage to the rollout; returns finished episodes and timings."""
         if self._link is None:
             raise RuntimeError(f"env worker {self.name}: collect before connect_rollout")
@@ -72,7 +72,7 @@ class EnvWorker(Worker):
         msg_layout, act_layout = step_layout(spec, n), action_layout((n, *action_shape))
         start, busy, episodes = time.perf_counter(), 0.0, []
         for s in range(len(self.envs)):
-            self._link.send(msg_layout, step_message(self.obs[s], None, n))
+            self._link.send_step(msg_layout, StepMessage.first(self.obs[s], n))
         for _ in range(steps):
             for s, env in enumerate(self.envs):
                 actions = self._link.recv(act_layout)["actions"]
@@ -80,10 +80,9 @@ class EnvWorker(Worker):
                 result = self.step(actions, s)
                 busy += time.perf_counter() - t0
                 episodes += result.episodes
-                self._link.send(msg_layout, step_message(result.obs, result, n))
+                self._link.send_step(msg_layout, StepMessage.after(result))
         self._link.flush()
-        return {"episodes": episodes, "env_busy_s": busy, "env_wall_s": time.perf_counter() - start,
-                "env_steps": steps * n * len(self.envs)}
+        return EnvStats(episodes, busy, steps * n * len(self.envs), wall_s=time.perf_counter() - start)
 
     def render(self, stage: int = 0, index: int = 0) -> np.ndarray | None:
         env = self.envs[stage]

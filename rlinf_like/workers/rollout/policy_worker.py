@@ -25,10 +25,11 @@ from rlinf_like.models.policies import PolicyConfig, build_policy
 from rlinf_like.scheduler import Channel, Worker
 from rlinf_like.workers.env.link import Link, action_layout, step_layout
 from rlinf_like.workers.env.local import LocalEnvLink
+from rlinf_like.workers.env.types import CollectResult, EnvSpecs, StepMessage
 
 
-def _tensors(msg: dict[str, np.ndarray], keys) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.array(msg[k])) for k in keys}
+def _tensors(obs: dict[str, np.ndarray], keys) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.array(obs[k])) for k in keys}
 
 
 class _Stream:
@@ -92,25 +93,25 @@ class PolicyRolloutWorker(Worker):
         group = self.peer_group(peer_group)
         self._links = [Link(group, r) for r in env_peer_ranks]
 
-    def attach_envs(self, config: EnvConfig, seed: int) -> dict:
+    def attach_envs(self, config: EnvConfig, seed: int) -> EnvSpecs:
         """Step `config.num_envs` envs in this process (seeded as env worker `rank` would be); returns
-        their specs. `collect` then also returns what an env worker's would (episodes, env_busy_s)."""
+        their specs. `collect` then also returns what an env worker's would (`CollectResult.env`)."""
         link = LocalEnvLink(config, seed + self.rank * config.num_envs, f"envs in {self.name}")
-        if link.specs()["obs_spec"] != self.obs_spec:
-            raise ValueError(f"{self.name}: attached envs give {link.specs()['obs_spec']}, "
-                             f"the policy takes {self.obs_spec}")
+        specs = link.specs()
+        if specs.obs_spec != self.obs_spec:
+            raise ValueError(f"{self.name}: attached envs give {specs.obs_spec}, the policy takes {self.obs_spec}")
         self._links = [link]
-        return link.specs()
+        return specs
 
     @torch.no_grad()
-    def _infer(self, msg: dict[str, np.ndarray]):
-        return self.policy(_tensors(msg, self.policy.obs_keys))
+    def _infer(self, obs: dict[str, np.ndarray]):
+        return self.policy(_tensors(obs, self.policy.obs_keys))
 
     @torch.no_grad()
     def collect(self, steps: int, stages: int, envs_per_stage: int, action_shape: tuple[int, ...],
-                channel: str | None = None, chunk_steps: int = 0) -> Trajectory | dict:
+                channel: str | None = None, chunk_steps: int = 0) -> CollectResult:
         """`steps` steps of every (env rank, stage); returns the trajectory with the stats, or puts it on
-        `channel` (as chunks of `chunk_steps` steps when > 0) and returns the stats."""
+        `channel` (as chunks of `chunk_steps` steps when > 0) and returns the stats alone."""
         if chunk_steps and channel is None:
             raise ValueError(f"{self.name}: chunk_steps={chunk_steps} streams to a channel; none given")
         if not self._links:
@@ -119,18 +120,17 @@ class PolicyRolloutWorker(Worker):
         streams = [_Stream(link) for link in self._links for _ in range(stages)]
         start, busy = time.perf_counter(), 0.0
 
-        def receive(stream: _Stream, first: bool) -> dict[str, np.ndarray]:
+        def receive(stream: _Stream, first: bool) -> StepMessage:
             nonlocal busy
-            msg = stream.link.recv(msg_layout)
+            msg = stream.link.recv_step(msg_layout, self.obs_spec)
             if not first:
-                stream.rewards.append(torch.from_numpy(msg["reward"].copy()))
-                stream.terminated.append(torch.from_numpy(msg["terminated"].copy()))
-                stream.truncated.append(torch.from_numpy(msg["truncated"].copy()))
+                stream.rewards.append(torch.from_numpy(msg.reward.copy()))
+                stream.terminated.append(torch.from_numpy(msg.terminated.copy()))
+                stream.truncated.append(torch.from_numpy(msg.truncated.copy()))
                 final = torch.zeros(envs_per_stage)
-                if msg["truncated"].any():  # bootstrap from the truncated episodes' last observations
+                if msg.truncated.any():  # bootstrap from the truncated episodes' last observations
                     t0 = time.perf_counter()
-                    final = self.policy(_tensors({k: msg[f"final_{k}"] for k in self.obs_spec},
-                                                 self.policy.obs_keys))[3]
+                    final = self._infer(msg.final_obs)[3]
                     busy += time.perf_counter() - t0
                 stream.final_values.append(final)
             return msg
@@ -141,12 +141,12 @@ class PolicyRolloutWorker(Worker):
             for stream in streams:
                 msg = receive(stream, first=t == 0)
                 t0 = time.perf_counter()
-                actions, logprobs, _, values = self._infer(msg)
+                actions, logprobs, _, values = self._infer(msg.obs)
                 env_actions = self.policy.env_actions(actions)
                 busy += time.perf_counter() - t0
                 stream.link.send(act_layout, {"actions": env_actions})
                 for k in self.obs_spec:
-                    stream.obs.setdefault(k, []).append(torch.from_numpy(np.array(msg[k])))
+                    stream.obs.setdefault(k, []).append(torch.from_numpy(np.array(msg.obs[k])))
                 stream.actions.append(actions)
                 stream.logprobs.append(logprobs)
                 stream.values.append(values)
@@ -157,16 +157,16 @@ class PolicyRolloutWorker(Worker):
         last_values = []
         for stream in streams:
             msg = receive(stream, first=False)
-            last_values.append(self._infer(msg)[3])
+            last_values.append(self._infer(msg.obs)[3])
             stream.link.flush()
         traj = self._trajectory(streams, torch.cat(last_values), sent, steps, final=True)
-        stats = {"rollout_busy_s": busy, "rollout_wall_s": time.perf_counter() - start}
-        if isinstance(self._links[0], LocalEnvLink):
-            stats.update(self._links[0].take_stats())
+        local = self._local_envs()
+        result = CollectResult(busy, time.perf_counter() - start, env=local[0].take_stats() if local else None)
         if channel is None:
-            return {"trajectory": traj, **stats}
-        out.put(traj)
-        return stats
+            result.trajectory = traj
+        else:
+            out.put(traj)
+        return result
 
     def _trajectory(self, streams: list[_Stream], after: torch.Tensor, lo: int, hi: int, final: bool) -> Trajectory:
         """Steps lo..hi-1 of every stream; `after`: the values of step hi (the bootstrap at the last step)."""

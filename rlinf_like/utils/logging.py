@@ -1,0 +1,44 @@
+"""Console logging for the package: `[rlinf_like] message` lines on stdout.
+
+Modules log with `log = logging.getLogger(__name__)`; the entry points (the examples) call
+`setup_logging()`, and so does every Ray worker process (`scheduler/worker.py`), whose stdout Ray
+forwards to the driver's console. Lines go through `tqdm.write`, so an open progress bar is
+redrawn below them instead of being broken.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from tqdm import tqdm
+
+PACKAGE = "rlinf_like"
+
+
+class TqdmHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record))  # sys.stdout as it is now (pytest's capture, Ray's redirect)
+            sys.stdout.flush()  # a run's log file shows progress as it happens
+        except Exception:
+            self.handleError(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        return f"[{PACKAGE}] {level}{super().format(record)}"
+
+
+def setup_logging(level: int | str = logging.INFO) -> logging.Logger:
+    """Send the package's records at `level` and above to stdout; calling it again only sets the level."""
+    logger = logging.getLogger(PACKAGE)
+    logger.setLevel(level)
+    if not any(isinstance(h, TqdmHandler) for h in logger.handlers):
+        handler = TqdmHandler()
+        handler.setFormatter(_Formatter("%(message)s"))
+        logger.addHandler(handler)
+    # Hydra's root handlers would print every line again in their own format
+    logger.propagate = False
+    return logger
