@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.envs.base import VectorEnv
 
 KINDS = ("gym", "reach_colour")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EnvConfig:
-    kind: str = "gym"  # gym | reach_colour
+    kind: Literal[KINDS] = "gym"  # a gymnasium env or our reach_colour task
     id: str = "Reacher-v5"  # gymnasium id (kind=gym)
-    num_envs: int = 16  # per env worker rank
+    num_envs: int = bounded(16, gt=0)  # per env worker rank
     max_episode_steps: int | None = None  # None: the env's own limit (reach_colour: 50)
-    obs_mode: str = "state"  # reach_colour: state | pixels
-    image_size: int = 48
+    obs_mode: Literal["state", "pixels"] = "state"  # reach_colour: positions or rendered frames
+    image_size: int = 48  # obs_mode=pixels: rendered frames are image_size x image_size
     kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make; reach_colour: frame_skip
 
 

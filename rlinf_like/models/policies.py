@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -23,9 +24,9 @@ from rlinf_like.envs.base import ActionSpec, FieldSpec
 PolicyOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PolicyConfig:
-    kind: str = "mlp"  # mlp (state) | vla (image + instruction -> action tokens)
+    kind: Literal["mlp", "vla"] = "mlp"  # mlp (state) | vla (image + instruction -> action tokens)
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # mlp
     log_std_init: float = 0.0  # mlp, continuous actions
     bins: int = 7  # vla: action tokens per dimension
