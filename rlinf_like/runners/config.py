@@ -55,15 +55,16 @@ class AlgorithmConfig:
     clip_low: float = bounded(0.2, ge=0)  # PPO ratio clip below 1 - clip_low
     clip_high: float = bounded(0.2, ge=0)  # PPO ratio clip above 1 + clip_high (clip-higher when > clip_low)
     dual_clip: float | None = bounded(None, gt=1)  # dual-clip bound c > 1 for negative advantages; null = off
-    aggregation: str = "token-mean"  # how per-token losses reduce to one (see algorithms/registry.py)
+    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (algorithms/losses.py)
     kl_beta: float = bounded(0.0, ge=0)  # > 0 launches the reference model
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (see algorithms/registry.py)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (algorithms/losses.py)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
     entropy_coef: float = 0.0  # entropy bonus weight in the loss
     recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
     is_correction_cap: float | None = bounded(None, gt=0)  # with recompute: truncated pi_trainer / pi_rollout weights
     gamma: float = bounded(1.0, ge=0, le=1)  # gae: discount over response tokens
-    lam: float = bounded(1.0, ge=0, le=1)  # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
+    # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
+    lam: float = bounded(1.0, ge=0, le=1)
     critic_lr: float = bounded(1.0e-3, gt=0)  # gae: the value model's learning rate
     value_clip: float | None = bounded(0.2, gt=0)  # gae: PPO value clipping; null = off
     critic_warmup_steps: int = bounded(0, ge=0)  # gae: the first k steps train the value model only (actor unchanged)
@@ -72,7 +73,8 @@ class AlgorithmConfig:
 @dataclass(kw_only=True)
 class ActorSection:
     backend: Literal["fsdp", "megatron"] = "fsdp"  # megatron: the [megatron] extra; not with runner.schedule=dynamic
-    tp_size: int = bounded(1, ge=1)  # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
+    # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
+    tp_size: int = bounded(1, ge=1)
     pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
 
 
@@ -81,8 +83,10 @@ class RolloutSection:
     engine: str = "native"  # native | hf | sglang
     tp_size: int = bounded(1, ge=1)  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
     max_batch_size: int = bounded(128, ge=1)  # continuous-batching slots per engine
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the rollout's weights; a weight sync converts once, at the sender
-    logprobs: Literal[LOGPROB_SOURCES] = "sampled"  # "rescored": one extra pass per sample, same floats whatever the batch (native)
+    # the rollout's weights; a weight sync converts once, at the sender
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # "rescored": one extra pass per sample, same floats whatever the batch (native)
+    logprobs: Literal[LOGPROB_SOURCES] = "sampled"
 
 
 @dataclass(kw_only=True)
@@ -99,15 +103,19 @@ class RunnerConfig:
     save_every: int = bounded(20, gt=0)  # steps between checkpoints
     resume: bool = False  # continue from the checkpoint in output_dir
     output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
-    micro_batch_size: int | None = bounded(64, gt=0)  # rows per forward (per rank); null: a whole mini-batch / shard in one pass
-    schedule: Literal[SCHEDULES] = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
+    # rows per forward (per rank); null: a whole mini-batch / shard in one pass
+    micro_batch_size: int | None = bounded(64, gt=0)
+    # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
+    schedule: Literal[SCHEDULES] = "static"
     # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate
     migrate_at: float = bounded(0.0, ge=0, lt=1)
     pack_sequences: bool = False  # actor/critic micro-batches run packed (no compute on padding)
     max_batch_seqlen: int | None = bounded(None, gt=0)  # packed row length; null: each micro-batch's longest sequence
-    max_tokens_per_micro_batch: int | None = bounded(None, gt=0)  # token-budget micro-batches (per rank) instead of micro_batch_size
-    nonfinite: Literal["skip", "stop"] = "skip"  # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
+    # token-budget micro-batches (per rank) instead of micro_batch_size
+    max_tokens_per_micro_batch: int | None = bounded(None, gt=0)
+    # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
+    nonfinite: Literal["skip", "stop"] = "skip"
     seed: int = 0  # seeds sampling and data order
 
 
