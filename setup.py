@@ -27,6 +27,7 @@ setup(
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
-        "dev": ["pytest>=8", "pytest-timeout"],
+        "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
+        "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline
     },
 )

@@ -11,17 +11,19 @@ over which producer rank 0 broadcasts a "weights" tensor. Metrics go to TensorBo
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import hydra
+from hydra.core.config_store import ConfigStore
 import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from rlinf_like.config import structure
+from rlinf_like.config import check_overrides, hydra_schema, structure
 from rlinf_like.scheduler import Channel, Cluster, ClusterConfig, Worker, connect_groups, wait_all
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
@@ -29,7 +31,7 @@ from rlinf_like.utils.threads import limit_threads
 COMPONENTS = ("producer", "consumer")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DemoConfig:
     num_items: int = 48
     item_mib: float = 1.0
@@ -37,7 +39,7 @@ class DemoConfig:
     log_dir: str = "runs/channel_demo"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -140,6 +142,10 @@ def run(cfg: RunConfig) -> dict:
     return summary
 
 
+# the schema under the YAML: hydra then types every value (a placement override `consumer=0` becomes "0")
+ConfigStore.instance().store(name="demo_schema", node=hydra_schema(RunConfig))
+
+
 @hydra.main(config_path="config", config_name="channel_demo", version_base="1.3")
 def main(cfg) -> None:
     setup_logging()  # after Hydra has set up logging
@@ -147,4 +153,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides(RunConfig, sys.argv[1:])  # a typo fails here, naming the allowed keys
     main()

@@ -286,13 +286,13 @@ def test_bad_config_fails_before_launch(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from rlinf_like.config import check_overrides, structure
+    from rlinf_like.config import check_overrides, hydra_schema, structure
     from rlinf_like.runners.embodied import EmbodiedRunner
     from rlinf_like.runners.embodied_config import EmbodiedConfig
 
     with pytest.raises(Exception, match=r"did you mean 'runner.pipeline'"):
         check_overrides(EmbodiedConfig, ["runner.pipline=true"])
-    ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
+    ConfigStore.instance().store(name="embodied_schema", node=hydra_schema(EmbodiedConfig))
     with initialize_config_dir(str(MAIN.parent / "config"), version_base="1.3"):
         cfg = compose("embodied", ["env=cartpole", "env.num_envs=5", "runner.pipeline=true",
                                    f"runner.output_dir={tmp_path}"])

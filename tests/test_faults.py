@@ -151,10 +151,10 @@ def compose_grpo(*overrides: str):
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from rlinf_like.config import structure
+    from rlinf_like.config import hydra_schema, structure
     from rlinf_like.runners.config import ReasoningConfig
 
-    ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     with initialize_config_dir(str(GRPO.parent / "config"), version_base="1.3"):
         return structure(ReasoningConfig, compose("grpo_collocated", list(overrides)))
 

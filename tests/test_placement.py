@@ -119,3 +119,18 @@ def test_several_ranks_per_device():
 def test_bad_ranks_per_device(text):
     with pytest.raises(PlacementError, match="'env'.*positive integer"):
         plan_placement({"env": text}, devices())
+
+
+@pytest.mark.parametrize("comma,per_component", [
+    # the reasoning presets before and after they moved to one key per component (issue 15)
+    ({"actor,rollout": "0-1", "reward": "0", "reference": "0", "critic": "0-1"},
+     {"actor": "0-1", "rollout": "0-1", "reward": "0", "reference": "0", "critic": "0-1"}),
+    ({"actor": "0", "rollout,reward": "1", "reference": "0", "critic": "0"},
+     {"actor": "0", "rollout": "1", "reward": "1", "reference": "0", "critic": "0"}),
+])
+def test_one_key_per_component_places_exactly_like_a_comma_key(comma, per_component):
+    cpus = devices(gpus_per_node=(0,), cpus_per_node=(2,))
+    a, b = plan_placement(comma, cpus), plan_placement(per_component, cpus)
+    assert a.mode is b.mode and dict(a.components) == dict(b.components)
+    assert {(x, y): a.relation(x, y) for x in comma for y in per_component if "," not in x + y} == \
+        {(x, y): b.relation(x, y) for x in comma for y in per_component if "," not in x + y}

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 
-from rlinf_like.config import structure
+from rlinf_like.config import hydra_schema, structure
 from rlinf_like.runners import embodied
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.embodied_config import EmbodiedConfig
@@ -22,7 +22,7 @@ POLICIES = sorted(p.stem for p in (EXAMPLES / "embodied" / "config" / "policy").
 
 @pytest.mark.parametrize("preset", REASONING)
 def test_reasoning_presets_compose_and_pass_the_runner_checks(preset):
-    ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     with initialize_config_dir(str(EXAMPLES / "reasoning" / "config"), version_base="1.3"):
         cfg = structure(ReasoningConfig, compose(preset))
     check_config(cfg)
@@ -37,7 +37,7 @@ PIXEL_ENVS = {"reach_colour_pixels"}  # the env presets with image observations:
 def test_embodied_presets_compose_and_pass_the_runner_checks(env, policy):
     """Every env x policy preset pair composes; the pairs that fit pass the runner's checks, and a
     policy that cannot read the env's observations is refused there, naming both keys."""
-    ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
+    ConfigStore.instance().store(name="embodied_schema", node=hydra_schema(EmbodiedConfig))
     with initialize_config_dir(str(EXAMPLES / "embodied" / "config"), version_base="1.3"):
         cfg = structure(EmbodiedConfig, compose("embodied", [f"env={env}", f"policy={policy}"]))
     assert cfg.policy.kind == policy

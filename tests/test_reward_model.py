@@ -137,11 +137,11 @@ def test_reward_keys_override_through_hydra_and_are_checked_before_launch(tmp_pa
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from rlinf_like.config import structure
+    from rlinf_like.config import hydra_schema, structure
     from rlinf_like.runners.config import ReasoningConfig
     from rlinf_like.runners.reasoning import check_config
 
-    ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     config_dir = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
     with initialize_config_dir(str(config_dir), version_base="1.3"):
         cfg = compose("grpo_collocated", ["reward.kind=both", "reward.model_weight=0.5", "reward.whiten=true",

@@ -2,7 +2,8 @@
 
     python examples/embodied/main_embodied.py                              # Reacher-v5, state MLP
     python examples/embodied/main_embodied.py env=cartpole runner.total_env_steps=30000
-    python examples/embodied/main_embodied.py runner.pipeline=true          # env stages overlap inference
+    python examples/embodied/main_embodied.py env=cartpole runner.pipeline=true   # env stages overlap inference
+    python examples/embodied/main_embodied.py --help                        # every key, default, comment
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla runner.gif=true
     python examples/embodied/bc_warmstart.py --out runs/bc/vla.pt      # VLA: behaviour-cloning warm start,
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla \
@@ -23,13 +24,13 @@ import sys
 import hydra
 from hydra.core.config_store import ConfigStore
 
-from rlinf_like.config import check_overrides, structure
+from rlinf_like.config import check_overrides, hydra_schema, print_help_if_asked, structure
 from rlinf_like.runners.embodied import EmbodiedRunner
 from rlinf_like.runners.embodied_config import EmbodiedConfig
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
-ConfigStore.instance().store(name="embodied_schema", node=EmbodiedConfig)
+ConfigStore.instance().store(name="embodied_schema", node=hydra_schema(EmbodiedConfig))
 
 
 @hydra.main(config_path="config", config_name="embodied", version_base="1.3")
@@ -40,5 +41,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    print_help_if_asked(EmbodiedConfig, sys.argv[1:], "examples/embodied/main_embodied.py")
     check_overrides(EmbodiedConfig, sys.argv[1:])  # a typo fails here, naming the allowed keys
     main()

@@ -2,8 +2,13 @@
 
     python examples/reasoning/main_grpo.py                                  # collocated, CPU defaults
     python examples/reasoning/main_grpo.py --config-name grpo_pipelined     # rollout runs ahead
-    python examples/reasoning/main_grpo.py runner.max_steps=50 algorithm.kl_beta=0.01 \\
-        cluster.component_placement.actor=0
+    python examples/reasoning/main_grpo.py runner.max_steps=50 algorithm.kl_beta=0.01
+    python examples/reasoning/main_grpo.py cluster.component_placement.actor=0 \\
+        cluster.component_placement.rollout=1 runner.max_staleness=1    # disaggregated by hand
+    python examples/reasoning/main_grpo.py --help                           # every key, default, comment
+
+Placement has one key per component (`cluster.component_placement.<component>=<devices>`); components
+whose device ranges overlap are collocated.
 
 Warm-starts the actor with SFT, then trains with GRPO; prints a table of held-out accuracy,
 writes TensorBoard scalars, a PNG of the curves, a checkpoint every `runner.save_every` steps
@@ -21,7 +26,7 @@ import sys
 import hydra
 from hydra.core.config_store import ConfigStore
 
-from rlinf_like.config import check_overrides, structure
+from rlinf_like.config import check_overrides, hydra_schema, print_help_if_asked, structure
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.reasoning import train
 from rlinf_like.utils.logging import setup_logging
@@ -29,7 +34,7 @@ from rlinf_like.utils.threads import limit_threads
 
 
 # The dataclass schema is the base of every preset: any of its keys can be overridden.
-ConfigStore.instance().store(name="reasoning_schema", node=ReasoningConfig)
+ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
 
 
 @hydra.main(config_path="config", config_name="grpo_collocated", version_base="1.3")
@@ -41,5 +46,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    print_help_if_asked(ReasoningConfig, sys.argv[1:], "examples/reasoning/main_grpo.py")
     check_overrides(ReasoningConfig, sys.argv[1:])  # a typo fails here, naming the allowed keys
     main()

@@ -1,6 +1,10 @@
 """Schema-first config: dataclasses are the source of truth; hydra composes YAML + CLI overrides;
-`structure` turns the result into the dataclass, naming any wrong key and the allowed ones."""
+`structure` turns the result into the dataclass, naming any wrong key, any value outside a `Literal`
+or a field's bounds, and the allowed ones. `help_text` / `python -m rlinf_like.config.show` print it."""
 
-from rlinf_like.config.validate import ConfigError, check_overrides, structure
+from rlinf_like.config.schema import describe, field_comments, help_text, hydra_schema
+from rlinf_like.config.show import print_help_if_asked
+from rlinf_like.config.validate import ConfigError, bounded, check_overrides, structure
 
-__all__ = ["ConfigError", "check_overrides", "structure"]
+__all__ = ["ConfigError", "bounded", "check_overrides", "describe", "field_comments", "help_text", "hydra_schema",
+           "print_help_if_asked", "structure"]

@@ -1,7 +1,8 @@
 """Turn a composed config (DictConfig or plain mapping) into a schema dataclass, strictly.
 
 A pure function: every unknown key is reported with its full path, the allowed keys and the
-closest match; every value is checked against the field's type.
+closest match; every value is checked against the field's type (a `Literal` names the allowed
+values) and against the bounds a field declares with `bounded(...)`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,33 @@ class ConfigError(ValueError):
     """A config key or value does not fit the schema; the message names the key."""
 
 
+_BOUNDS = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b),
+           "lt": ("<", lambda v, b: v < b), "le": ("<=", lambda v, b: v <= b)}
+
+
+def bounded(default: Any, **bounds: float) -> Any:
+    """A numeric field whose value `structure` checks against `gt`, `ge`, `lt`, `le`
+    (`lr: float = bounded(5e-4, gt=0)`); None (an optional field left off) is not checked."""
+    unknown = set(bounds) - set(_BOUNDS)
+    if unknown:
+        raise TypeError(f"bounded() takes {sorted(_BOUNDS)}, not {sorted(unknown)}")
+    return dataclasses.field(default=default, metadata={"bounds": bounds})
+
+
+def bounds_text(f: dataclasses.Field) -> str:
+    """"> 0 and <= 1" for a field made with `bounded(..., gt=0, le=1)`; "" without bounds."""
+    return " and ".join(f"{_BOUNDS[k][0]} {b}" for k, b in f.metadata.get("bounds", {}).items())
+
+
+def _check_bounds(f: dataclasses.Field, value: Any, path: str) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    for kind, bound in f.metadata.get("bounds", {}).items():
+        op, holds = _BOUNDS[kind]
+        if not holds(value, bound):
+            raise ConfigError(f"{path} must be {op} {bound}, got {value!r}")
+
+
 def structure(cls: type[T], data: Any, path: str = "") -> T:
     data = _to_container(data)
     if not isinstance(data, Mapping):
@@ -33,7 +61,8 @@ def structure(cls: type[T], data: Any, path: str = "") -> T:
                 f"unknown config key '{_join(path, key)}'; allowed keys of {cls.__name__}: {sorted(fields)}{hint}"
             )
     hints = typing.get_type_hints(cls)
-    values = {name: _check(hints[name], data[name], _join(path, name)) for name in fields if name in data}
+    values = {name: _check_field(fields[name], hints[name], data[name], _join(path, name))
+              for name in fields if name in data}
     missing = [
         n for n, f in fields.items()
         if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -41,6 +70,12 @@ def structure(cls: type[T], data: Any, path: str = "") -> T:
     if missing:
         raise ConfigError(f"missing required config key(s) {[_join(path, m) for m in missing]}")
     return cls(**values)
+
+
+def _check_field(f: dataclasses.Field, tp: Any, value: Any, path: str) -> Any:
+    value = _check(tp, value, path)
+    _check_bounds(f, value, path)
+    return value
 
 
 def _join(path: str, key: Any) -> str:
@@ -73,7 +108,7 @@ def _check(tp: Any, value: Any, path: str) -> Any:
         raise ConfigError(errors[0] if len(errors) == 1 else f"'{path}': {value!r} fits none of {args}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"'{path}' must be one of {list(args)}, got {value!r}")
+            raise ConfigError(f"{path}={value!r} is not one of {list(args)}")
         return value
     if dataclasses.is_dataclass(tp):
         return structure(tp, value, path)
@@ -97,27 +132,53 @@ def _check(tp: Any, value: Any, path: str) -> Any:
 def check_overrides(cls: type, overrides: list[str]) -> None:
     """Check hydra command-line overrides (`a.b=1`, `+a.c=2`, `~a.d`) against the schema before
     hydra composes anything, so a typo fails with the allowed keys and the closest match
-    (hydra's own error names only the key). Keys under dict-typed fields are free."""
+    (hydra's own error names only the key), and a value outside a `Literal` or a field's bounds
+    fails naming the key. Keys under dict-typed fields are free."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     for override in overrides:
         if "=" not in override and not override.startswith("~"):
             continue
         key = override.lstrip("+~").split("=", 1)[0]
         if key.startswith("hydra.") or key == "hydra" or key.startswith("--"):
             continue
-        tp: Any = cls
-        for depth, part in enumerate(key.split(".")):
-            tp = _dataclass_of(tp)
-            if tp is None:
-                break  # inside a dict or a plain value: no schema below here
-            names = [f.name for f in dataclasses.fields(tp)]
-            if part not in names:
-                path = ".".join(key.split(".")[:depth])
-                close = difflib.get_close_matches(part, names, n=1)
-                hint = f"; did you mean '{_join(path, close[0])}'?" if close else ""
-                raise ConfigError(
-                    f"unknown config key '{_join(path, part)}'; allowed keys of {tp.__name__}: {sorted(names)}{hint}"
-                )
-            tp = typing.get_type_hints(tp)[part]
+        leaf = _leaf_field(cls, key)
+        if leaf is not None and "=" in override and not override.startswith("~"):
+            parsed = OverridesParser.create().parse_override(override)
+            if not parsed.is_sweep_override():
+                _check_override_value(*leaf, parsed.value(), key)
+
+
+def _leaf_field(cls: type, key: str) -> tuple[dataclasses.Field, Any] | None:
+    """The field (and its type) `key` names, raising on an unknown key; None below a dict."""
+    tp: Any = cls
+    found = None
+    for depth, part in enumerate(key.split(".")):
+        tp = _dataclass_of(tp)
+        if tp is None:
+            return None  # inside a dict or a plain value: no schema below here
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        if part not in fields:
+            path = ".".join(key.split(".")[:depth])
+            close = difflib.get_close_matches(part, fields, n=1)
+            hint = f"; did you mean '{_join(path, close[0])}'?" if close else ""
+            raise ConfigError(
+                f"unknown config key '{_join(path, part)}'; allowed keys of {tp.__name__}: {sorted(fields)}{hint}"
+            )
+        found, tp = fields[part], typing.get_type_hints(tp)[part]
+    return found, tp
+
+
+def _check_override_value(f: dataclasses.Field, tp: Any, value: Any, key: str) -> None:
+    """Only choices and bounds: other values hydra converts (`output_dir=123` becomes "123")."""
+    if isinstance(value, str) and "${" in value:
+        return  # an interpolation: resolved, and checked, by `structure`
+    if _has_literal(tp) or f.metadata.get("bounds"):
+        _check_field(f, tp, value, key)
+
+
+def _has_literal(tp: Any) -> bool:
+    return typing.get_origin(tp) is typing.Literal or any(_has_literal(a) for a in typing.get_args(tp))
 
 
 def _dataclass_of(tp: Any) -> type | None:

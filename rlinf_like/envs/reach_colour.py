@@ -30,7 +30,7 @@ _TARGET = """<body name="t{i}" mocap="true" pos="0 0 0.001">
   <geom type="cylinder" size="{r} 0.001" rgba="{rgb} 1" contype="0" conaffinity="0"/></body>"""
 _XML = """<mujoco model="reach_colour">
   <option timestep="0.02"/>
-  <visual><quality shadowsize="0"/><global offwidth="{size}" offheight="{size}"/></visual>
+  <visual><quality shadowsize="0"/><global offwidth="{framebuffer}" offheight="{framebuffer}"/></visual>
   <worldbody>
     <light pos="0 0 2" dir="0 0 -1" directional="true" castshadow="false"/>
     <geom type="plane" size="0.45 0.45 0.01" rgba="0.8 0.8 0.8 1"/>
@@ -70,7 +70,9 @@ class ReachColourEnv(VectorEnv):
 
         super().__init__(num_envs, name)
         targets = "\n".join(_TARGET.format(i=i, r=RADIUS, rgb=" ".join(map(str, c))) for i, c in enumerate(COLOURS.values()))
-        self.model = mujoco.MjModel.from_xml_string(_XML.format(size=image_size, targets=targets))
+        # the offscreen framebuffer fits frame()'s GIF pictures (up to 4x the observation size)
+        self.model = mujoco.MjModel.from_xml_string(_XML.format(size=image_size, framebuffer=4 * image_size,
+                                                                targets=targets))
         self.data = [mujoco.MjData(self.model) for _ in range(num_envs)]
         self.mujoco, self.obs_mode, self.image_size = mujoco, obs_mode, image_size
         self.max_steps, self.frame_skip = max_episode_steps, frame_skip

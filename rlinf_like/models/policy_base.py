@@ -16,20 +16,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.envs.base import ActionSpec, FieldSpec
 
 PolicyOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PolicyConfig:
     kind: str = "mlp"  # a name in POLICY_REGISTRY (models/policies.py): mlp (state) | vla (image + instruction)
     hidden: list[int] = field(default_factory=lambda: [64, 64])  # mlp
     log_std_init: float = 0.0  # mlp, continuous actions
-    bins: int = 7  # vla: action tokens per dimension
-    chunk: int = 1  # vla: actions predicted per inference (an action chunk)
-    width: int = 32  # vla: conv channels and instruction embedding size
-    vocab_size: int = 16  # vla: instruction token ids below this
+    bins: int = bounded(7, gt=1)  # vla: action tokens per dimension
+    chunk: int = bounded(1, ge=1)  # vla: actions predicted per inference (an action chunk)
+    width: int = bounded(32, gt=0)  # vla: conv channels and instruction embedding size
+    vocab_size: int = bounded(16, gt=0)  # vla: instruction token ids below this
     init_weights: str | None = None  # a state dict file to start from (e.g. a behaviour-cloning warm start)
 
 

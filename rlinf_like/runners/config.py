@@ -1,115 +1,132 @@
 """The reasoning runner's config schema: dataclasses are the source of truth, YAML presets are
-small, and `structure(ReasoningConfig, cfg)` rejects an unknown key by name before any worker starts."""
+small, and `structure(ReasoningConfig, cfg)` rejects an unknown key, a value outside a `Literal`
+and a value outside a field's bounds by name before any worker starts. Every key carries a comment:
+`python examples/reasoning/main_grpo.py --help` prints them (rlinf_like/config/schema.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.scheduler.dynamic import SCHEDULES
+from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.reward.rules import RewardConfig
+from rlinf_like.workers.rollout.engine import LOGPROB_SOURCES
 
 COMPONENTS = ("actor", "rollout", "reward", "reference", "critic")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TaskConfig:
-    kind: str = "arithmetic"  # "arithmetic" (generated) or "jsonl" (train_path / test_path)
-    terms: int = 3  # with worked left-to-right steps in the SFT solutions
-    max_operand: int = 9
-    operators: str = "+-"
-    sft_problems: int = 600  # warm-start set; RL draws fresh problems outside the held-out set
-    test_problems: int = 200
-    seed: int = 0
-    train_path: str = ""
-    test_path: str = ""
+    kind: Literal["arithmetic", "jsonl"] = "arithmetic"  # "arithmetic" (generated) or "jsonl" (train_path / test_path)
+    terms: int = bounded(3, ge=1)  # with worked left-to-right steps in the SFT solutions
+    max_operand: int = bounded(9, ge=1)  # operands are drawn from 0..max_operand
+    operators: str = "+-"  # the operators problems draw from
+    sft_problems: int = bounded(600, ge=0)  # warm-start set; RL draws fresh problems outside the held-out set
+    test_problems: int = bounded(200, ge=1)  # the held-out set evaluated every runner.eval_every steps
+    seed: int = 0  # seeds problem generation
+    train_path: str = ""  # kind=jsonl: training problems, one {"prompt", "answer"} object per line
+    test_path: str = ""  # kind=jsonl: held-out problems, same format
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelConfig:
     path: str = ""  # an HF checkpoint directory; empty: build the tiny model below
-    arch: str = "qwen2"
-    hidden_size: int = 128
-    intermediate_size: int = 352
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    init_std: float = 0.02
-    seed: int = 0
+    arch: str = "qwen2"  # the tiny model's HF architecture
+    hidden_size: int = bounded(128, ge=1)  # tiny model: width
+    intermediate_size: int = bounded(352, ge=1)  # tiny model: MLP width
+    num_layers: int = bounded(2, ge=1)  # tiny model: decoder layers
+    num_heads: int = bounded(4, ge=1)  # tiny model: attention heads
+    num_kv_heads: int = bounded(2, ge=1)  # tiny model: key/value heads (grouped-query attention)
+    init_std: float = bounded(0.02, gt=0)  # tiny model: initial weights' standard deviation
+    seed: int = 0  # seeds the tiny model's initial weights
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AlgorithmConfig:
     advantage: str = "grpo"  # grpo | rloo (per response) | reinforce_pp (per token, batch-whitened) | gae (PPO, critic)
     scale_by_std: bool = True  # grpo only; false = Dr. GRPO
-    samples_per_prompt: int = 8
-    lr: float = 5e-4
-    epochs: int = 1
-    mini_batches: int = 1
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    aggregation: str = "token-mean"
-    kl_beta: float = 0.0  # > 0 launches the reference model
-    kl_estimator: str = "k3"
+    samples_per_prompt: int = bounded(8, gt=0)  # responses sampled per prompt (a GRPO group)
+    lr: float = bounded(5e-4, gt=0)  # the actor's learning rate (AdamW)
+    epochs: int = bounded(1, gt=0)  # passes over each step's batch
+    mini_batches: int = bounded(1, gt=0)  # optimizer steps per epoch
+    clip_low: float = bounded(0.2, ge=0)  # PPO ratio clip below 1 - clip_low
+    clip_high: float = bounded(0.2, ge=0)  # PPO ratio clip above 1 + clip_high (clip-higher when > clip_low)
+    dual_clip: float | None = bounded(None, gt=1)  # dual-clip bound c > 1 for negative advantages; null = off
+    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (algorithms/losses.py)
+    kl_beta: float = bounded(0.0, ge=0)  # > 0 launches the reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (algorithms/losses.py)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.0  # entropy bonus weight in the loss
     recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
-    is_correction_cap: float | None = None  # with recompute: truncated pi_trainer / pi_rollout weights
-    gamma: float = 1.0  # gae: discount over response tokens
-    lam: float = 1.0  # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
-    critic_lr: float = 1.0e-3  # gae: the value model's learning rate
-    value_clip: float | None = 0.2  # gae: PPO value clipping; null = off
-    critic_warmup_steps: int = 0  # gae: the first k steps train the value model only (actor unchanged)
+    is_correction_cap: float | None = bounded(None, gt=0)  # with recompute: truncated pi_trainer / pi_rollout weights
+    gamma: float = bounded(1.0, ge=0, le=1)  # gae: discount over response tokens
+    # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
+    lam: float = bounded(1.0, ge=0, le=1)
+    critic_lr: float = bounded(1.0e-3, gt=0)  # gae: the value model's learning rate
+    value_clip: float | None = bounded(0.2, gt=0)  # gae: PPO value clipping; null = off
+    critic_warmup_steps: int = bounded(0, ge=0)  # gae: the first k steps train the value model only (actor unchanged)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ActorSection:
-    backend: str = "fsdp"  # fsdp | megatron (the [megatron] extra; not with runner.schedule=dynamic)
-    tp_size: int = 1  # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
-    pp_size: int = 1  # megatron: pipeline stages per replica (not with runner.pack_sequences)
+    backend: Literal["fsdp", "megatron"] = "fsdp"  # megatron: the [megatron] extra; not with runner.schedule=dynamic
+    # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
+    tp_size: int = bounded(1, ge=1)
+    pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutSection:
     engine: str = "native"  # native | hf | sglang
-    tp_size: int = 1  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
-    max_batch_size: int = 128  # continuous-batching slots per engine
-    dtype: str = "float32"  # the rollout's weights; a weight sync converts to it once, at the sender
-    logprobs: str = "sampled"  # "rescored": one extra pass per sample, same floats whatever the batch (native)
+    tp_size: int = bounded(1, ge=1)  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
+    max_batch_size: int = bounded(128, ge=1)  # continuous-batching slots per engine
+    # the rollout's weights; a weight sync converts once, at the sender
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # "rescored": one extra pass per sample, same floats whatever the batch (native)
+    logprobs: Literal[LOGPROB_SOURCES] = "sampled"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunnerConfig:
-    max_steps: int = 60
-    prompts_per_step: int = 16
-    max_new_tokens: int = 28  # "3+5=8, 8-2=6. Answer: 6" and EOS
-    temperature: float = 1.0
-    max_staleness: int = 0  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined)
-    sft_steps: int = 300
-    sft_batch_size: int = 64
-    sft_lr: float = 2e-3
-    eval_every: int = 10
-    save_every: int = 20
-    resume: bool = False
-    output_dir: str = "runs/reasoning"
-    micro_batch_size: int | None = 64  # rows per forward (per rank); null: a whole mini-batch / shard in one pass
-    schedule: str = "static"  # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
-    migrate_at: float = 0.0  # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
+    max_steps: int = bounded(60, gt=0)  # GRPO steps after the SFT warm start
+    prompts_per_step: int = bounded(16, gt=0)  # prompts per step; each gets algorithm.samples_per_prompt responses
+    max_new_tokens: int = bounded(28, gt=0)  # "3+5=8, 8-2=6. Answer: 6" and EOS
+    temperature: float = bounded(1.0, gt=0)  # sampling temperature; trainer logprobs are taken under it too
+    max_staleness: int = bounded(0, ge=0)  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined)
+    sft_steps: int = bounded(300, ge=0)  # SFT warm-start steps before RL; 0: none
+    sft_batch_size: int = bounded(64, gt=0)  # SFT rows per step
+    sft_lr: float = bounded(2e-3, gt=0)  # SFT learning rate
+    eval_every: int = bounded(10, gt=0)  # steps between held-out evaluations
+    save_every: int = bounded(20, gt=0)  # steps between checkpoints
+    resume: bool = False  # continue from the checkpoint in output_dir
+    output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
+    # rows per forward (per rank); null: a whole mini-batch / shard in one pass
+    micro_batch_size: int | None = bounded(64, gt=0)
+    # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
+    schedule: Literal[SCHEDULES] = "static"
+    # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate
+    migrate_at: float = bounded(0.0, ge=0, lt=1)
     pack_sequences: bool = False  # actor/critic micro-batches run packed (no compute on padding)
-    max_batch_seqlen: int | None = None  # packed row length; null: each micro-batch's longest sequence
-    max_tokens_per_micro_batch: int | None = None  # token-budget micro-batches (per rank) instead of micro_batch_size
-    nonfinite: str = "skip"  # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
-    seed: int = 0
+    max_batch_seqlen: int | None = bounded(None, gt=0)  # packed row length; null: each micro-batch's longest sequence
+    # token-budget micro-batches (per rank) instead of micro_batch_size
+    max_tokens_per_micro_batch: int | None = bounded(None, gt=0)
+    # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
+    nonfinite: Literal["skip", "stop"] = "skip"
+    seed: int = 0  # seeds sampling and data order
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ReasoningConfig:
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    runner: RunnerConfig = field(default_factory=RunnerConfig)
-    actor: ActorSection = field(default_factory=ActorSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # where Ray runs and where each component's ranks go
+    task: TaskConfig = field(default_factory=TaskConfig)  # the problems: generated arithmetic or JSONL files
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy model (and the reference / critic's start)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, loss, KL, optimizer
+    runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
+    actor: ActorSection = field(default_factory=ActorSection)  # the trainer's backend and parallelism
+    rollout: RolloutSection = field(default_factory=RolloutSection)  # the generation engine
+    reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console

@@ -28,7 +28,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from rlinf_like.data.trajectory import Trajectory
@@ -40,6 +39,7 @@ from rlinf_like.models.policies import check_policy_fits, policy_class
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
+from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
@@ -201,7 +201,7 @@ class EmbodiedRunner:
                 self._sync_weights()
             per_update = r.steps_per_rollout * self.envs_total
             total = -(-r.total_env_steps // per_update)
-            writer = SummaryWriter(str(self.out / "tensorboard"))
+            trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
             bar = tqdm(range(self.iteration, total), desc="PPO", unit="update", initial=self.iteration, total=total)
             for _ in bar:
                 start = time.perf_counter()
@@ -209,15 +209,14 @@ class EmbodiedRunner:
                 self.iteration += 1
                 self.clock += time.perf_counter() - start
                 metrics.update(env_steps=self.env_steps, elapsed_s=self.clock)
-                for k, v in metrics.items():
-                    writer.add_scalar(f"ppo/{k}", v, self.env_steps)
+                trackers.log({f"ppo/{k}": v for k, v in metrics.items()}, self.env_steps)
                 self.history.append({"iteration": self.iteration, **metrics})
                 bar.set_postfix(ret=f"{metrics.get('episode_return', float('nan')):.2f}",
                                 sps=f"{metrics['env_steps_per_s']:.0f}",
                                 **({"success": f"{metrics['success_rate']:.2f}"} if "success_rate" in metrics else {}))
                 if self.iteration % r.save_every == 0 or self.iteration == total:
                     self._checkpoint()
-            writer.close()
+            trackers.close()
             if r.gif:
                 from rlinf_like.runners.embodied_media import write_gif
 

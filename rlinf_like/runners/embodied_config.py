@@ -1,46 +1,52 @@
-"""The embodied runner's config schema (hydra presets build on it; `structure` rejects unknown keys)."""
+"""The embodied runner's config schema (hydra presets build on it; `structure` rejects unknown keys,
+values outside a `Literal` and values outside a field's bounds). Every key carries a comment:
+`python examples/embodied/main_embodied.py --help` prints them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.envs import EnvConfig
 from rlinf_like.models.policies import PolicyConfig
 from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.ppo import PPOConfig
 
 COMPONENTS = ("actor", "rollout", "env")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EmbodiedAlgorithm(PPOConfig):
-    lr: float = 3e-4
-    adam_eps: float = 1e-5
-    max_grad_norm: float = 0.5
+    lr: float = bounded(3e-4, gt=0)  # Adam learning rate
+    adam_eps: float = bounded(1e-5, gt=0)  # Adam epsilon
+    max_grad_norm: float = bounded(0.5, gt=0)  # gradients are clipped to this global norm
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EmbodiedRunnerConfig:
-    total_env_steps: int = 100_000
-    steps_per_rollout: int = 128  # T: steps per env per PPO update
+    total_env_steps: int = bounded(100_000, gt=0)  # the run stops after this many env steps (all envs)
+    steps_per_rollout: int = bounded(128, gt=0)  # T: steps per env per PPO update
     pipeline: bool = False  # each env worker splits its envs into 2 stages that overlap with inference
     env_in_rollout: bool = False  # no env workers: each rollout rank steps env.num_envs envs in its own process
     # each rollout rank puts every `stream_chunk_steps` steps on the trajectory channel as soon as they are
     # whole; the actor computes their finished episodes' GAE while collection goes on (same batch, bit for bit)
     stream_trajectories: bool = False
-    stream_chunk_steps: int = 32
-    save_every: int = 10  # PPO updates between checkpoints
-    resume: bool = False
-    output_dir: str = "runs/embodied"
+    stream_chunk_steps: int = bounded(32, gt=0)  # stream_trajectories: steps per chunk
+    save_every: int = bounded(10, gt=0)  # PPO updates between checkpoints
+    resume: bool = False  # continue from the checkpoint in output_dir
+    output_dir: str = "runs/embodied"  # checkpoints, TensorBoard scalars, the return plot
     gif: bool = False  # a short GIF of the final policy
-    seed: int = 0
+    seed: int = 0  # seeds envs, sampling and initial weights
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EmbodiedConfig:
+    # where Ray runs and where each component's ranks go
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(
         num_cpus=2, component_placement={"actor": "0", "rollout": "0", "env": "1"}))
-    env: EnvConfig = field(default_factory=EnvConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    algorithm: EmbodiedAlgorithm = field(default_factory=EmbodiedAlgorithm)
-    runner: EmbodiedRunnerConfig = field(default_factory=EmbodiedRunnerConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # the simulator and its vectorisation
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # the actor-critic network
+    algorithm: EmbodiedAlgorithm = field(default_factory=EmbodiedAlgorithm)  # PPO and the optimizer
+    runner: EmbodiedRunnerConfig = field(default_factory=EmbodiedRunnerConfig)  # the loop: env steps, checkpoints
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console

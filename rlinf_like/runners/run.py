@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from rlinf_like.algorithms import build_estimator
@@ -26,6 +25,7 @@ from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
 from rlinf_like.runners.config import ReasoningConfig, TaskConfig
 from rlinf_like.runners.launch import launch_reference, launch_workers
 from rlinf_like.scheduler import Cluster, Placement, wait_all
+from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import gather_results
@@ -114,12 +114,12 @@ class ReasoningRun:
         except BaseException:
             self.cluster.__exit__(None, None, None)
             raise
-        self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        self.trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
         self._clock = self.history[-1].get("elapsed_s", 0.0)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.writer.close()
+        self.trackers.close()
         self.cluster.__exit__(*exc)
 
     def _warm_start(self) -> None:
@@ -174,8 +174,7 @@ class ReasoningRun:
         metrics["elapsed_s"] = self._clock
         if self.step % r.eval_every == 0 or self.step == r.max_steps:
             metrics["eval_accuracy"] = self.evaluate()
-        for k, v in metrics.items():
-            self.writer.add_scalar(f"grpo/{k}", v, self.step)
+        self.trackers.log({f"grpo/{k}": v for k, v in metrics.items()}, self.step)
         self.history.append({"step": self.step, **metrics})
         self._bar.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('eval_accuracy', float('nan')):.2f}")
         if self.step % r.save_every == 0 or self.step == r.max_steps:

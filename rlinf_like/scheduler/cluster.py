@@ -28,18 +28,19 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 NODE_ID_LABEL = "ray.io/node-id"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ClusterConfig:
     address: str | None = None  # None: $RAY_ADDRESS if set, else start a local Ray instance
     num_cpus: int | None = None  # only for a local instance; None: all of this machine's CPUs
     num_gpus: int | None = None  # only for a local instance
     object_store_memory_mb: int | None = 600  # only for a local instance
     num_nodes: int | None = None  # expected nodes of a joined cluster: wait up to reserve_timeout_s for them
-    namespace: str = "rlinf_like"
+    namespace: str = "rlinf_like"  # the Ray namespace this run's named actors live in
     collective_timeout_s: float = 300.0  # every torch.distributed group and collective
     reserve_timeout_s: float = 60.0  # waiting for Ray to grant a device
     env_vars: dict[str, str] = field(default_factory=dict)  # forwarded to every worker
-    # component name(s) -> device range; grammar in scheduler/placement.py
+    # component -> device range, one key per component (collocation follows from overlapping ranges);
+    # grammar in scheduler/placement.py. Override one: cluster.component_placement.actor=0-1
     component_placement: dict[str, str] = field(default_factory=dict)
 
 

@@ -1,10 +1,14 @@
 """Map each component's ranks to devices, from a small config grammar.
 
-    component_placement:
-      "actor,rollout": "0-3"      # collocated: both components on devices 0..3, one rank per device
-      "env": "cpu:0-1"            # env on CPU slots 0..1 (on a GPU cluster, where devices are GPUs)
-      "reward": "all"             # every device of the default kind
-      "env": "cpu:0-1*4"          # 4 ranks on each of CPU slots 0..1 (8 ranks: 0-3 on slot 0, 4-7 on slot 1)
+    component_placement:          # one key per component, so each is a command-line override:
+      actor: "0-3"                #   cluster.component_placement.actor=0-3
+      rollout: "0-3"              # the same devices as the actor: collocated, one rank per device
+      reward: "all"               # every device of the default kind
+      env: "cpu:0-1"              # env on CPU slots 0..1 (on a GPU cluster, where devices are GPUs)
+      env: "cpu:0-1*4"            # (or) 4 ranks on each of CPU slots 0..1 (8 ranks: 0-3 on slot 0, 4-7 on slot 1)
+
+A key may also name several components ("actor,rollout": "0-3", the same as one key each), but
+hydra's override grammar cannot address such a key, so presets use one key per component.
 
 Devices are numbered globally, node by node (head node first). On a cluster without GPUs
 the default kind is "cpu" and a device is one CPU slot. Each rank asks Ray for its share of

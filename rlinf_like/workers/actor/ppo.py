@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.algorithms import PolicyLossConfig, masked_whiten, policy_loss, value_loss
 from rlinf_like.data.batch import Batch
 from rlinf_like.data.trajectory import StreamedGAE, Trajectory, rows_batch, trajectory_gae
@@ -30,17 +31,17 @@ from rlinf_like.training.loop import LoopConfig, train_epochs
 FORWARD_KEY = "actor-rank-"  # channel key of the items rank 0 forwards to actor rank r (`_feed`)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PPOConfig:
-    gamma: float = 0.99
-    lam: float = 0.95
-    clip: float = 0.2
+    gamma: float = bounded(0.99, ge=0, le=1)  # discount per env step
+    lam: float = bounded(0.95, ge=0, le=1)  # GAE lambda
+    clip: float = bounded(0.2, ge=0)  # PPO ratio clip: 1 +- clip
     value_clip: float | None = None  # clipped value loss around the rollout's values; None: plain MSE
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    normalize_advantages: bool = True
-    epochs: int = 10
-    mini_batches: int = 4
+    vf_coef: float = 0.5  # value loss weight
+    ent_coef: float = 0.0  # entropy bonus weight
+    normalize_advantages: bool = True  # whiten advantages per mini-batch
+    epochs: int = bounded(10, gt=0)  # passes over each update's batch
+    mini_batches: int = bounded(4, gt=0)  # optimizer steps per epoch
 
 
 def ppo_loss(cfg: PPOConfig):

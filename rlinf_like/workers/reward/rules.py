@@ -63,22 +63,22 @@ def answers_match(predicted: str | None, reference: str) -> bool:
     return _normalise(predicted) == _normalise(reference)
 
 
-@dataclass  # not frozen: hydra makes a frozen schema read-only, refusing every reward.* override
+@dataclass(kw_only=True)  # not frozen: hydra makes a frozen schema read-only, refusing every reward.* override
 class RewardConfig:
-    correct: float = 1.0
+    correct: float = 1.0  # a correct answer's reward
     format: float = 0.1  # an answer could be extracted at all (well-formed but wrong)
     no_eos_penalty: float = 0.0  # subtracted when the response hit the length limit
     min_response_tokens: int = 0  # shorter responses get `short_penalty` subtracted
-    short_penalty: float = 0.0
+    short_penalty: float = 0.0  # subtracted from responses shorter than min_response_tokens
     # learned reward model (workers/reward/model.py); checked by `reward/combine.py`
     kind: str = "rule"  # rule | model | both: reward = rule_weight * rule + model_weight * model score
-    rule_weight: float = 1.0
-    model_weight: float = 1.0
+    rule_weight: float = 1.0  # kind=both: the rule reward's weight
+    model_weight: float = 1.0  # kind=both: the model score's weight
     model_path: str = ""  # a *ForSequenceClassification checkpoint (num_labels=1)
-    model_micro_batch_size: int | None = 32
+    model_micro_batch_size: int | None = 32  # responses per reward-model forward; null: all at once
     model_penalise_no_eos: bool = False  # a truncated response's model score becomes model_penalty
     model_min_response_tokens: int = 0  # shorter responses' model score becomes model_penalty
-    model_penalty: float = -3.0
+    model_penalty: float = -3.0  # the model score given to penalised responses
     whiten: bool = False  # whiten the final rewards over each scored batch
     whiten_shift_mean: bool = True  # false: scale only, the mean stays
 

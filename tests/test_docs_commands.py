@@ -1,0 +1,139 @@
+"""Every command line the docs show runs, cut down to one step.
+
+What counts as a command line (`doc_commands`): in README.md, each line of a fenced code block and
+each inline code span; in each example script's module docstring (examples/**/*.py), each line; of
+those, the ones that start with `python`, `.venv/bin/python`, `bash`, `sbatch`, `./ray_launch.sh`
+or `tensorboard`. A line ending in `\\` continues on the next; a trailing ` # comment` is dropped.
+
+Skipped, and only these (`test_only_setup_cluster_and_viewer_commands_are_skipped` asserts it):
+`bash scripts/setup.sh && ...` (the setup CI runs anyway), `sbatch ...` (SLURM), `./ray_launch.sh ...`
+and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray cluster), `tensorboard ...`
+(a viewer that never exits).
+
+Every other command runs from a scratch directory holding a link to examples/, with its Python
+replaced by this interpreter and the overrides of `CUT` appended (hydra and argparse take the last
+value of a key), so each trains for one step on tiny batches and writes under the scratch directory.
+The commands run in document order, so the behaviour-cloning warm start writes the file the PPO
+command after it starts from. Measured on the 2-core CPU VM: about 6 minutes for all of them.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh ", "tensorboard ")
+SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
+           "viewer": "tensorboard ", "multi-node driver": "cluster.address="}
+
+_REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
+              "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 task.sft_problems=8 task.test_problems=4 "
+              "runner.output_dir={out}")
+_EMBODIED = ("runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
+             "algorithm.epochs=1 algorithm.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
+# script -> what makes its run one step long and writes under the scratch directory
+CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/embodied/main_embodied.py": _EMBODIED,
+       "examples/embodied/bc_warmstart.py": "--steps 2 --epochs 1 --num-envs 2 --batch 4",
+       "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
+       "rlinf_like.config.show": ""}
+
+
+def doc_commands() -> list[tuple[str, str]]:
+    """(where, command) for every command line of the docs, in document order, each once."""
+    found: list[tuple[str, str]] = []
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", readme, re.S)
+    spans = re.findall(r"`([^`\n]+(?:\n[^`\n]+)?)`", re.sub(r"```.*?```", "", readme, flags=re.S))
+    found += [("README.md", line) for text in blocks for line in _lines(text)]
+    found += [("README.md", " ".join(span.split())) for span in spans]
+    for script in sorted((ROOT / "examples").rglob("*.py")):
+        doc = re.match(r'\s*(?:from __future__[^\n]*\n\s*)?"""(.*?)"""', script.read_text(), re.S)
+        found += [(str(script.relative_to(ROOT)), line) for line in _lines(doc.group(1) if doc else "")]
+    seen, out = set(), []
+    for where, command in found:
+        same = command.removeprefix(".venv/bin/")  # the README's python and a docstring's are one
+        if command.startswith(STARTS) and same not in seen:
+            seen.add(same)
+            out.append((where, command))
+    return out
+
+
+def _lines(text: str) -> list[str]:
+    """Lines with `\\` continuations joined and a trailing ` # comment` dropped."""
+    joined = re.sub(r"\\+\n\s*", " ", text)  # `\\` in a docstring's source is an escaped `\`
+    return [" ".join(re.split(r"\s#\s", line)[0].split()) for line in joined.splitlines()]
+
+
+def skip_reason(command: str) -> str | None:
+    return next((why for why, marker in SKIPPED.items() if marker in command), None)
+
+
+COMMANDS = doc_commands()
+RUN = [(where, command) for where, command in COMMANDS if skip_reason(command) is None]
+
+
+def test_only_setup_cluster_and_viewer_commands_are_skipped():
+    skipped = sorted((skip_reason(c), c) for _, c in COMMANDS if skip_reason(c))
+    assert [why for why, _ in skipped] == ["multi-node driver", *["ray cluster"] * 5, "setup", "setup", "slurm",
+                                           "viewer"], skipped
+    scripts = {_script(c) for _, c in RUN}
+    assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
+    assert len(RUN) >= 10
+
+
+def test_readme_placement_overrides_compose_to_the_placement_they_describe():
+    """The README's placement overrides for a GPU node, composed over the preset, planned on 8 GPUs."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config import check_overrides, hydra_schema, structure
+    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.scheduler.placement import Device, PlacementMode, plan_placement
+
+    readme = (ROOT / "README.md").read_text()
+    forms = [" ".join(s.split()).strip("'") for s in re.findall(r"`'?(cluster\.component_placement[^`]+)`", readme)]
+    assert len(forms) >= 2, forms
+    devices = {"gpu": [Device("gpu", i, 0, "n", "ip") for i in range(8)], "cpu": [Device("cpu", 0, 0, "n", "ip")]}
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
+    for form in forms:
+        overrides = [o.input_line for o in OverridesParser.create().parse_overrides(_split(form))]
+        check_overrides(ReasoningConfig, overrides)
+        with initialize_config_dir(str(ROOT / "examples/reasoning/config"), version_base="1.3"):
+            cfg = structure(ReasoningConfig, compose("grpo_collocated", overrides))
+        placement = plan_placement(cfg.cluster.component_placement, devices)
+        assert placement.relation("actor", "rollout") is PlacementMode.COLLOCATED, form
+        assert placement["actor"].world_size == 8 and placement["reward"].device_kind == "cpu", form
+
+
+def _split(form: str) -> list[str]:
+    """Overrides separated by spaces outside braces and quotes."""
+    return re.findall(r"""(?:[^\s{"']|\{[^}]*\}|"[^"]*"|'[^']*')+""", form)
+
+
+def _script(command: str) -> str:
+    """The script a command runs, or the module of `python -m module`."""
+    words = command.split()
+    return words[2] if words[1] == "-m" else words[1]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("docs")
+    (root / "examples").symlink_to(ROOT / "examples")
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where,command", RUN, ids=[c for _, c in RUN])
+def test_documented_command_runs(where, command, scratch):
+    out = scratch / f"out{RUN.index((where, command))}"
+    argv = [sys.executable, *command.split()[1:], *CUT[_script(command)].format(out=out).split()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    result = subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, f"{where}: {' '.join(argv)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
