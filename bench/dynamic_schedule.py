@@ -74,8 +74,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, schedule in enumerate(order):
             cfg = config(args, Path(tmp) / f"{schedule}{i}")
-            cfg.runner.schedule = "dynamic"  # the config as a dynamic run has it; `schedule` picks the hand-over
-            history = dynamic.train(cfg, schedule=schedule).history
+            cfg.runner.schedule = "dynamic"  # the config as a dynamic run has it; `handover` picks the hand-over
+            history = dynamic.train(cfg, handover=schedule).history
             times[schedule] += step_times(history)
             early = sum(h.get("sched_early_minibatches", 0) for h in history)
             moved = sum(h.get("sched_migrated", 0) for h in history)

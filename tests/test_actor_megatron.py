@@ -89,7 +89,7 @@ def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(clust
     optim = OptimConfig(lr=1e-2, eps=EPS)  # set_lr below switches it to LR, as the runner does after SFT
     loop = LoopConfig(micro_batch_size=4)  # two accumulated micro-batches per optimizer step
     loss = LossConfig(entropy_coef=0.01, temperature=0.9)
-    config = ActorConfig(path, loss=loss, loop=loop, backend="megatron",
+    config = ActorConfig(model_path=path, loss=loss, loop=loop, backend="megatron",
                          megatron=MegatronConfig(tensor_parallel=2, optim=optim))
     placement = cluster.place({"am_actor": "0-1", "am_rollout": "0", "am_reference": "0-1"})
     actor = ActorWorker.create_group(config).launch(cluster, placement, "am_actor")
@@ -154,7 +154,7 @@ def test_bad_actor_values_are_refused_by_name():
 
     cases = [({"actor__backend": "deepspeed"}, r"actor.backend='deepspeed' is not one of \['fsdp', 'megatron'\]"),
              ({"actor__tp_size": 2}, r"actor.tp_size=2 must be >= 1, and > 1 only with actor.backend=megatron"),
-             ({"actor__backend": "megatron", "actor__pp_size": 0}, r"actor.pp_size=0 must be >= 1"),
+             ({"actor__backend": "megatron", "actor__pp_size": 0}, r"actor.pp_size must be >= 1, got 0"),
              ({"actor__backend": "megatron", "runner__schedule": "dynamic"},
               r"runner.schedule=dynamic needs actor.backend=fsdp"),
              ({"actor__backend": "megatron", "actor__pp_size": 2, "runner__pack_sequences": True},

@@ -27,7 +27,7 @@ class SignOfReward(AdvantageEstimator):
 def toy_registered():
     ADVANTAGE_ESTIMATORS.register("toy_sign")(SignOfReward)
     yield
-    ADVANTAGE_ESTIMATORS._items.pop("toy_sign")
+    ADVANTAGE_ESTIMATORS.unregister("toy_sign")
 
 
 def tiny(tmp_path, advantage="toy_sign") -> ReasoningConfig:

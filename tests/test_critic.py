@@ -33,8 +33,8 @@ def toy_batch(rows=8, seed=0):
 @pytest.fixture()
 def critic(cluster, tmp_path):
     path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
-    config = CriticConfig(str(path), FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
-                          LoopConfig(mini_batches=1, micro_batch_size=2, epochs=4), value_clip=None)
+    config = CriticConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
+                          loop=LoopConfig(mini_batches=1, micro_batch_size=2, epochs=4), value_clip=None)
     group = CriticWorker.create_group(config).launch(cluster, cluster.place({"critic": "0-1"}), "critic")
     yield group, path
     group.shutdown()

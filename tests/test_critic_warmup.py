@@ -34,10 +34,10 @@ def runner_with_workers(cluster, tmp_path):
     path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
     loop = LoopConfig(mini_batches=1, micro_batch_size=None, epochs=2)  # None: the 4 rows in one pass
     placement = cluster.place({"actor": "0", "critic": "0"})
-    actor = ActorWorker.create_group(ActorConfig(str(path), FSDPConfig(optim=OptimConfig(lr=1e-2)), loop=loop)).launch(
+    actor = ActorWorker.create_group(ActorConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=1e-2)), loop=loop)).launch(
         cluster, placement, "actor")
-    critic = CriticWorker.create_group(CriticConfig(str(path), FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
-                                                    loop, value_clip=None)).launch(cluster, placement, "critic")
+    critic = CriticWorker.create_group(CriticConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
+                                                    loop=loop, value_clip=None)).launch(cluster, placement, "critic")
     cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", critic_warmup_steps=WARMUP),
                           runner=RunnerConfig(output_dir=str(tmp_path / "run")))
     check_config(cfg)

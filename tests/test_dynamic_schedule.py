@@ -67,7 +67,7 @@ def test_scheduler_protocol_static_waits_dynamic_hands_over_per_unit():
 
 def test_bad_schedule_values_are_refused_by_name(tmp_path):
     cfg = small_config(tmp_path, "elastic")
-    with pytest.raises(ValueError, match=r"runner.schedule='elastic' is not one of \['static', 'dynamic'\]"):
+    with pytest.raises(ValueError, match=r"runner.schedule='elastic' is not one of \['static', 'collocated', 'dynamic', 'pipelined'\]"):
         check_config(cfg)
     cfg = small_config(tmp_path, "static")
     with pytest.raises(ValueError, match=r"runner.migrate_at=0.5 must be in \[0, 1\), and > 0 only with "
@@ -91,7 +91,7 @@ def run_both_schedules(root: Path) -> dict:
     the test session's shared Ray would refuse. Returns what the test compares (runners don't pickle)."""
     out = {}
     for schedule in ("static", "dynamic"):
-        result = dynamic.train(small_config(root / schedule, "dynamic"), schedule=schedule)
+        result = dynamic.train(small_config(root / schedule, "dynamic"), handover=schedule)
         scheduler = result.extras["scheduler"]
         out[schedule] = {"history": result.history,
                          "dp_sizes": [scheduler.dp_sizes(step) for step in range(STEPS)],

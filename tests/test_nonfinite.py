@@ -17,7 +17,7 @@ def rl_batch(advantage: float):
 
 def test_nan_advantages_skip_the_step_and_leave_weights_unchanged(cluster, tmp_path):
     path = write_tiny_model(tmp_path / "model", TinyModelSpec())
-    config = ActorConfig(str(path), FSDPConfig(optim=OptimConfig(lr=1e-2)))
+    config = ActorConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=1e-2)))
     actor = ActorWorker.create_group(config).launch(cluster, cluster.place({"actor": "0-1"}), "actor")
     try:
         actor.export_hf(str(tmp_path / "before")).wait()

@@ -59,7 +59,7 @@ def test_values_inside_the_bounds_and_null_optionals_pass():
 @pytest.mark.parametrize("override,message", [
     ("algorithm.lr=-1", "algorithm.lr must be > 0, got -1.0"),
     ("rollout.dtype=fp8", "rollout.dtype='fp8' is not one of ['float32', 'bfloat16', 'float16']"),
-    ("runner.schedule=elastic", "runner.schedule='elastic' is not one of ['static', 'dynamic']"),
+    ("runner.nonfinite=ignore", "runner.nonfinite='ignore' is not one of ['skip', 'stop']"),
     ("algorithm.kl_beta=-0.1", "algorithm.kl_beta must be >= 0, got -0.1"),
     ("runner.migrate_at=1", "runner.migrate_at must be < 1, got 1.0"),
 ])

@@ -56,7 +56,7 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PolicyLossConfig:
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.2  # ratio ceiling 1 + clip_high (DAPO uses 0.28)

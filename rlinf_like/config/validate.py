@@ -48,6 +48,12 @@ def _check_bounds(f: dataclasses.Field, value: Any, path: str) -> None:
             raise ConfigError(f"{path} must be {op} {bound}, got {value!r}")
 
 
+def check_instance(instance: Any) -> None:
+    """A config built in Python gets the checks a composed one gets from `structure`: types, `Literal`
+    choices and bounds, naming the key."""
+    structure(type(instance), dataclasses.asdict(instance))
+
+
 def structure(cls: type[T], data: Any, path: str = "") -> T:
     data = _to_container(data)
     if not isinstance(data, Mapping):

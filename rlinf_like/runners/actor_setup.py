@@ -48,4 +48,5 @@ def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: 
     megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
                               # packed micro-batches run on the local layer spec (TE would need PackedSeqParams)
                               layer_spec="local" if cfg.runner.pack_sequences else "auto")
-    return ActorConfig(model_path, FSDPConfig(optim=optim), loss, loop, cfg.actor.backend, megatron)
+    return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim), loss=loss, loop=loop,
+                       backend=cfg.actor.backend, megatron=megatron)

@@ -8,14 +8,13 @@ from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 from rlinf_like.runners.actor_setup import check_actor_section
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
-from rlinf_like.scheduler.dynamic import SCHEDULES
+from rlinf_like.config import check_instance
+from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedule_choices
+from rlinf_like.scheduler.placement import share_devices
 from rlinf_like.training.loop import LoopConfig, check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, backends_with
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class, engines_with
-
-NONFINITE_POLICIES = ("skip", "stop")
-
 
 def estimators_where(**declared: bool) -> list[str]:
     """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
@@ -24,13 +23,11 @@ def estimators_where(**declared: bool) -> list[str]:
 
 
 def check_choices(cfg: ReasoningConfig) -> None:
+    """The keys whose choices are registries (fixed choices are `Literal`s, checked with the schema)."""
     choices = {"algorithm.advantage": (cfg.algorithm.advantage, ADVANTAGE_ESTIMATORS.names()),
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
-               "task.kind": (cfg.task.kind, ["arithmetic", "jsonl"]),
-               "rollout.dtype": (cfg.rollout.dtype, ["float32", "bfloat16", "float16"]),
-               "runner.nonfinite": (cfg.runner.nonfinite, list(NONFINITE_POLICIES)),
-               "runner.schedule": (cfg.runner.schedule, list(SCHEDULES)),
+               "runner.schedule": (cfg.runner.schedule, schedule_choices()),
                "actor.backend": (cfg.actor.backend, BACKEND_REGISTRY.names())}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -59,25 +56,17 @@ def check_estimator(a: AlgorithmConfig) -> None:
 
 
 def check_config(cfg: ReasoningConfig) -> None:
-    """Values a schema cannot check, failing before any worker starts and naming the key."""
+    """Every check of a reasoning config, failing before any worker starts and naming the key: the schema's
+    own (types, choices, bounds), then the registries' choices, then the checks across fields."""
+    check_instance(cfg)
     check_choices(cfg)
     r, a = cfg.runner, cfg.algorithm
-    positive = {"runner.max_steps": r.max_steps, "runner.prompts_per_step": r.prompts_per_step,
-                "algorithm.samples_per_prompt": a.samples_per_prompt, "runner.max_new_tokens": r.max_new_tokens}
-    for key, value in positive.items():
-        if value <= 0:
-            raise ValueError(f"{key} must be > 0, got {value}")
     check_estimator(a)
     if a.is_correction_cap is not None and not a.recompute_logprobs:
         raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
-    if r.max_staleness < 0:
-        raise ValueError(f"runner.max_staleness must be >= 0, got {r.max_staleness}")
     if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
         raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
-    if r.temperature <= 0:  # trainer logprobs are taken under the sampling temperature
-        raise ValueError(f"runner.temperature must be > 0 for training (greedy has no logprobs to train on), "
-                         f"got {r.temperature}")
-    if not 0.0 <= r.migrate_at < 1.0 or (r.migrate_at and r.schedule != "dynamic"):
+    if r.migrate_at and r.schedule != "dynamic":
         raise ValueError(f"runner.migrate_at={r.migrate_at} must be in [0, 1), and > 0 only with "
                          f"runner.schedule=dynamic (got {r.schedule!r})")
     check_reward_config(cfg.reward)
@@ -85,6 +74,18 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_actor_section(cfg)
     if r.schedule == "dynamic":
         check_dynamic(cfg)
+    check_schedule_placement(cfg)
+
+
+def check_schedule_placement(cfg: ReasoningConfig) -> None:
+    """A named schedule declares whether actor and rollout share devices; the placement must agree."""
+    if cfg.runner.schedule == STATIC:
+        return
+    wanted = SCHEDULES.get(cfg.runner.schedule).shares_devices
+    if share_devices(cfg.cluster.component_placement, "actor", "rollout") != wanted:
+        raise ValueError(f"runner.schedule={cfg.runner.schedule} needs actor and rollout on "
+                         f"{'the same' if wanted else 'different'} devices (cluster.component_placement.actor / "
+                         f".rollout); runner.schedule=static picks the loop from the placement")
 
 
 def check_dynamic(cfg: ReasoningConfig) -> None:

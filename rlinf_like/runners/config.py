@@ -10,10 +10,9 @@ from typing import Literal
 
 from rlinf_like.config.validate import bounded
 from rlinf_like.scheduler import ClusterConfig
-from rlinf_like.scheduler.dynamic import SCHEDULES
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.reward.rules import RewardConfig
-from rlinf_like.workers.rollout.engine import LOGPROB_SOURCES
+from rlinf_like.workers.rollout.base import RolloutConfig
 
 COMPONENTS = ("actor", "rollout", "reward", "reference", "critic")
 
@@ -72,21 +71,11 @@ class AlgorithmConfig:
 
 @dataclass(kw_only=True)
 class ActorSection:
-    backend: Literal["fsdp", "megatron"] = "fsdp"  # megatron: the [megatron] extra; not with runner.schedule=dynamic
+    # a name in BACKEND_REGISTRY (workers/actor/backends.py): fsdp | megatron (the [megatron] extra)
+    backend: str = "fsdp"
     # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
     tp_size: int = bounded(1, ge=1)
     pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
-
-
-@dataclass(kw_only=True)
-class RolloutSection:
-    engine: str = "native"  # native | hf | sglang
-    tp_size: int = bounded(1, ge=1)  # ranks per engine; the rollout group holds world / tp_size data-parallel replicas
-    max_batch_size: int = bounded(128, ge=1)  # continuous-batching slots per engine
-    # the rollout's weights; a weight sync converts once, at the sender
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # "rescored": one extra pass per sample, same floats whatever the batch (native)
-    logprobs: Literal[LOGPROB_SOURCES] = "sampled"
 
 
 @dataclass(kw_only=True)
@@ -105,8 +94,9 @@ class RunnerConfig:
     output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
     # rows per forward (per rank); null: a whole mini-batch / shard in one pass
     micro_batch_size: int | None = bounded(64, gt=0)
-    # collocated: "dynamic" hands finished rollout replicas' devices to the actor early
-    schedule: Literal[SCHEDULES] = "static"
+    # a loop in runners/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
+    # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step)
+    schedule: str = "static"
     # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate
     migrate_at: float = bounded(0.0, ge=0, lt=1)
@@ -127,6 +117,7 @@ class ReasoningConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, loss, KL, optimizer
     runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
     actor: ActorSection = field(default_factory=ActorSection)  # the trainer's backend and parallelism
-    rollout: RolloutSection = field(default_factory=RolloutSection)  # the generation engine
+    # the generation engine (the engine's own config; model_path empty: the run's model)
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(tp_size=1, max_batch_size=128))
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console

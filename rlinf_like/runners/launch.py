@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
@@ -22,7 +22,6 @@ from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
-from rlinf_like.workers.rollout import RolloutConfig
 from rlinf_like.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,10 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
 def loss_config(cfg: ReasoningConfig) -> LossConfig:
     a = cfg.algorithm
     loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
-    return LossConfig(PolicyLossConfig(a.clip_low, a.clip_high, a.dual_clip, a.aggregation), loss_kl,
-                      a.kl_estimator, a.entropy_coef, a.is_correction_cap, cfg.runner.temperature)
+    policy = PolicyLossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+                              aggregation=a.aggregation)
+    return LossConfig(policy=policy, kl_beta=loss_kl, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
+                      is_correction_cap=a.is_correction_cap, temperature=cfg.runner.temperature)
 
 
 def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, estimator: AdvantageEstimator,
@@ -95,11 +96,10 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         cluster, placement, "actor")
     critic = None
     if estimator.needs_critic:
-        critic_cfg = CriticConfig(model_path, FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop, a.value_clip)
+        critic_cfg = CriticConfig(model_path=model_path, fsdp=FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop=loop,
+                                  value_clip=a.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
-    r = cfg.rollout
-    rollout_cfg = RolloutConfig(engine=r.engine, model_path=model_path, max_batch_size=r.max_batch_size,
-                                tp_size=r.tp_size, dtype=r.dtype, logprobs=r.logprobs, seed=cfg.runner.seed)
+    rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path)
     rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
     reward = RewardWorker.create_group(model_path, cfg.reward).launch(cluster, placement, "reward",
                                                                       init_process_group=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from rlinf_like.runners.checks import check_batch_split, check_config, check_finite
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.run import RunResult, load_tasks
-from rlinf_like.runners.schedules import SCHEDULE_LOOPS
+from rlinf_like.runners.schedules import SCHEDULES, STATIC
 from rlinf_like.scheduler.placement import share_devices
 
 __all__ = ["check_batch_split", "check_config", "check_finite", "load_tasks", "schedule_of", "train"]
@@ -25,11 +25,11 @@ __all__ = ["check_batch_split", "check_config", "check_finite", "load_tasks", "s
 def schedule_of(cfg: ReasoningConfig) -> str:
     """The schedule loop `cfg` runs: `runner.schedule` when it names one, else collocated or pipelined by
     whether the placement puts actor and rollout on shared devices."""
-    if cfg.runner.schedule != "static":
+    if cfg.runner.schedule != STATIC:
         return cfg.runner.schedule
     return "collocated" if share_devices(cfg.cluster.component_placement, "actor", "rollout") else "pipelined"
 
 
 def train(cfg: ReasoningConfig) -> RunResult:
     check_config(cfg)
-    return SCHEDULE_LOOPS.get(schedule_of(cfg))(cfg)
+    return SCHEDULES.get(schedule_of(cfg)).train(cfg)

@@ -23,12 +23,12 @@ import math
 import time
 from dataclasses import dataclass, field
 
-SCHEDULES = ("static", "dynamic")
+HANDOVERS = ("static", "dynamic")  # devices to the trainer once the rollout is done, or unit by unit
 
 
-def check_schedule(value: str, key: str = "runner.schedule") -> str:
-    if value not in SCHEDULES:
-        raise ValueError(f"{key}={value!r} is not one of {list(SCHEDULES)}")
+def check_handover(value: str, key: str = "handover") -> str:
+    if value not in HANDOVERS:
+        raise ValueError(f"{key}={value!r} is not one of {list(HANDOVERS)}")
     return value
 
 
@@ -44,8 +44,8 @@ class DeviceScheduler:
     """`units[j]`: the trainer ranks that share devices with rollout unit j (a replica). Trainer
     rank i and rollout rank i sit on the same device."""
 
-    def __init__(self, units: list[list[int]], schedule: str):
-        self.schedule = check_schedule(schedule)
+    def __init__(self, units: list[list[int]], handover: str):
+        self.handover = check_handover(handover)
         ranks = sorted(r for unit in units for r in unit)
         if ranks != list(range(len(ranks))):
             raise ValueError(f"rollout units {units} must cover trainer ranks 0..n-1 exactly once")
@@ -90,7 +90,7 @@ class DeviceScheduler:
     def free_ranks(self) -> list[int]:
         """Trainer ranks whose devices the rollout has given back (dynamic), or all of them once the
         whole rollout has offloaded (static)."""
-        if self.schedule == "static" and not self.rollout_done:
+        if self.handover == "static" and not self.rollout_done:
             return []
         return sorted(r for u in self._offloaded for r in self.units[u])
 

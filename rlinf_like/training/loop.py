@@ -22,7 +22,7 @@ from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.training.micro_batching import sequence_lengths, token_budget_plan, trim_padding
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoopConfig:
     mini_batches: int = 1  # optimizer steps per batch and epoch
     micro_batch_size: int | None = 64  # rows per forward/backward (per rank); None: a mini-batch in one pass

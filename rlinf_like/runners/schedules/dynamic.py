@@ -11,7 +11,7 @@
 4. scale-sync: at every optimizer-step boundary the actor asks `DeviceScheduler` which ranks train next;
    ranks on freed devices onload and join, and the next mini-batch trains as soon as its groups are in.
 
-`schedule="static"` runs the same code with the hand-over at the end of the rollout. Mini-batches are
+`handover="static"` runs the same code with the hand-over at the end of the rollout. Mini-batches are
 whole prompt groups in a seeded order, advantages are per group, and `ElasticActorWorker` reduces
 gradients exactly in block order, so both produce bit-identical weights and metrics. A migrated
 sample draws the tokens it would have drawn, but its decode-time logprobs come from another batch;
@@ -30,20 +30,21 @@ from rlinf_like.runners.phases import advantages, make_requests, rl_batch, score
 from rlinf_like.runners.run import ReasoningRun, RunResult
 from rlinf_like.runners.schedules.elastic_rollout import ElasticRollout
 from rlinf_like.scheduler import Channel, Placement, PlacementMode
-from rlinf_like.scheduler.dynamic import DeviceScheduler, check_schedule
+from rlinf_like.scheduler.dynamic import DeviceScheduler, check_handover
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
 from rlinf_like.workers.rollout import RolloutResult
 
 
-def train(cfg: ReasoningConfig, schedule: str | None = None) -> RunResult:
-    """`schedule` overrides cfg.runner.schedule: "static" is the reference a dynamic run must equal."""
-    schedule = check_schedule(schedule or cfg.runner.schedule)
-    migrate_at = cfg.runner.migrate_at if schedule == "dynamic" else 0.0
+def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
+    """`handover="static"` gives the devices to the actor only once the whole rollout is done, and never
+    migrates: the reference a dynamic run must equal."""
+    handover = check_handover(handover)
+    migrate_at = cfg.runner.migrate_at if handover == "dynamic" else 0.0
     with ReasoningRun(cfg, actor_worker=ElasticActorWorker, check_placement=rank_by_rank) as run:
         w = run.workers
         tp = cfg.rollout.tp_size or w.placement["rollout"].world_size
         units = [list(range(j, j + tp)) for j in range(0, w.placement["rollout"].world_size, tp)]
-        scheduler = DeviceScheduler(units, schedule)
+        scheduler = DeviceScheduler(units, handover)
         channel = Channel.create(run.cluster.scoped_name("dynsched-results"), RolloutResult)
         rollout = ElasticRollout(w, units, scheduler, channel, migrate_at)
         for step in run.steps():

@@ -10,7 +10,7 @@ from rlinf_like.training.loop import LoopConfig
 from rlinf_like.workers.actor.loss import LossConfig
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ActorConfig:
     model_path: str = ""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

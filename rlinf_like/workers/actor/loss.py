@@ -17,7 +17,7 @@ from rlinf_like.algorithms.masked import masked_mean
 from rlinf_like.hybrid_engines.model_manager import token_stats
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LossConfig:
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     kl_beta: float = 0.0  # weight of KL(pi || ref) as a loss term; needs "ref_logprobs" in the batch

@@ -45,7 +45,7 @@ class PPOConfig:
 
 
 def ppo_loss(cfg: PPOConfig):
-    clip = PolicyLossConfig(cfg.clip, cfg.clip, None, "token-mean")
+    clip = PolicyLossConfig(clip_low=cfg.clip, clip_high=cfg.clip, dual_clip=None, aggregation="token-mean")
 
     def loss(model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         _, logprobs, entropy, values = model({k: batch[k] for k in model.obs_keys}, batch["actions"])
@@ -81,7 +81,8 @@ class EmbodiedActorWorker(TrainedWorker):
             trajectories = sorted(trajectories, key=lambda t: t.rank)  # rows in rank order, whatever came first
             items, chunks = [(t, *trajectory_gae(t, self.ppo.gamma, self.ppo.lam)) for t in trajectories], len(trajectories)
         batch = rows_batch(items)
-        loop = LoopConfig(self.ppo.mini_batches, None, self.ppo.epochs, self.seed)  # a mini-batch in one pass
+        loop = LoopConfig(mini_batches=self.ppo.mini_batches, micro_batch_size=None, epochs=self.ppo.epochs,
+                          seed=self.seed)  # a mini-batch in one pass
         out = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, loop)
         returns, values = batch["returns"], batch["old_values"]
         out["explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))

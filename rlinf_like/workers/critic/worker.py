@@ -21,7 +21,7 @@ from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.training.loop import LoopConfig, check_loop, micro_batches, train_epochs
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CriticConfig:
     model_path: str = ""  # a causal-LM checkpoint: its backbone is reused, the value head starts fresh
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

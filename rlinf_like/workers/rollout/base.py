@@ -13,26 +13,36 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 ResultCallback = Callable[[RolloutResult], None]
 
 
-@dataclass
+LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: engines declaring rescored_logprobs
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
-    engine: str = "native"
-    model_path: str = ""
-    max_batch_size: int = 64  # sequences decoded together (continuous-batching slots)
-    tp_size: int = 0  # ranks per engine; the group holds world / tp_size replicas (0: one engine over all)
-    max_context: int = 0  # prompt + response tokens; 0 = the model's max_position_embeddings
-    dtype: str = "float32"
-    seed: int = 0  # for requests without a seed
-    logprobs: str = "sampled"  # "sampled": from the decode step; "rescored": one pass over prompt + response
-    sglang_mem_fraction: float = 0.5  # sglang: share of GPU memory for weights + KV cache
+    """The rollout engine's config, and the reasoning schema's `rollout` section as it is."""
+
+    engine: str = "native"  # a name in ENGINE_REGISTRY (workers/rollout/engine.py): native | hf | sglang
+    model_path: str = ""  # the checkpoint served; empty in a runner's config: the run's model
+    max_batch_size: int = bounded(64, ge=1)  # continuous-batching slots per engine (sequences decoded together)
+    # ranks per engine; the rollout group holds world / tp_size data-parallel replicas (0: one engine over all)
+    tp_size: int = bounded(0, ge=0)
+    max_context: int = bounded(0, ge=0)  # prompt + response tokens; 0: the model's max_position_embeddings
+    # the rollout's weights; a weight sync converts to it once, at the sender
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)
+    # "sampled": from the decode step; "rescored": one pass over prompt + response, the same floats whatever the batch
+    logprobs: Literal[LOGPROB_SOURCES] = "sampled"
+    sglang_mem_fraction: float = bounded(0.5, gt=0, le=1)  # sglang: share of GPU memory for weights + KV cache
 
 
 class RolloutEngine(ABC):

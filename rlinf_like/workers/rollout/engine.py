@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from rlinf_like.utils.registry import Registry
-from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import LOGPROB_SOURCES, ResultCallback, RolloutConfig, RolloutEngine
 
 ENGINE_REGISTRY: Registry[type[RolloutEngine]] = Registry("rollout engine", key="rollout.engine")
 ENGINE_REGISTRY.register("native", "rlinf_like.workers.rollout.native.engine:NativeEngine")
@@ -24,7 +24,6 @@ ENGINE_REGISTRY.register("sglang", "rlinf_like.workers.rollout.sglang_engine:SGL
 # The built-ins, as before the registry (the runners' checks import these names); engines registered
 # later are in `engine_names()` only.
 ENGINES = ENGINE_REGISTRY.registered()
-LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: engines declaring rescored_logprobs
 
 __all__ = ["ENGINES", "ENGINE_REGISTRY", "LOGPROB_SOURCES", "ResultCallback", "RolloutConfig", "RolloutEngine",
            "check_rollout_config", "engine_class", "engine_names", "engines_with", "make_engine"]
