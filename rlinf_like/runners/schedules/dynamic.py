@@ -63,20 +63,19 @@ def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
                     rollout_s = time.perf_counter() - start
                 active = rollout.scale(active)
                 if plan and active and rollout.done([requests[i].request_id for i in plan[0]]):
-                    batch = minibatch(run, plan.pop(0), [rollout.results[q.request_id] for q in requests], answers,
-                                      groups)
+                    indices = plan.pop(0)
+                    done = {i: rollout.results[requests[i].request_id] for i in indices}
+                    batch = minibatch(run, done, answers, groups)
                     early += bool(rollout.serving)
                     outs.append(w.actor.on_ranks(*active).train_minibatch(batch, active).wait())
             rollout.scale(active)  # every rank ends the step with the same state
             ordered = [rollout.results[q.request_id] for q in requests]
-            metrics = {**optimizer_step_mean(outs), **sample_metrics(ordered, groups, run.version),
-                       "rollout_s": rollout_s, "sched_early_minibatches": float(early),
+            metrics = {**optimizer_step_mean(outs), **sample_metrics(ordered, groups, run.version, rollout_s),
+                       "sched_early_minibatches": float(early),
                        "sched_min_dp": float(min(scheduler.dp_sizes(step))),
                        "sched_migrated": float(sum(e.detail["requests"] for e in scheduler.events
                                                    if e.kind == "migrate" and e.step == step)),
                        "step_train_s": time.perf_counter() - start}
-            metrics["rollout_tokens_per_s"] = metrics["response_tokens"] * len(ordered) * cfg.algorithm.samples_per_prompt \
-                / max(rollout_s, 1e-9)
             w.rollout.onload().wait()
             run.sync_weights()
             run.end_step(step, metrics)
@@ -103,24 +102,25 @@ def minibatch_plan(cfg: ReasoningConfig, step: int, num_groups: int) -> list[lis
     return plan
 
 
-def minibatch(run: ReasoningRun, indices: list[int], results: list, answers: list[str], groups: dict) -> dict:
-    """The training batch of the groups `indices`, advantages included; `groups` caches each group's scores
-    (later epochs reuse them)."""
-    new = [i for i in indices if i not in groups]
+def minibatch(run: ReasoningRun, results: dict[int, RolloutResult], answers: list[str], groups: dict) -> dict:
+    """The training batch of the finished groups `results` (request index -> result), advantages included;
+    `groups` caches each group's scores (later epochs reuse them)."""
+    new = [i for i in results if i not in groups]
     if new:
         groups.update(zip(new, score_groups(run.workers, [results[i] for i in new], [answers[i] for i in new])))
-    batch = rl_batch([results[i] for i in indices], run.pad_id)
-    rewards = torch.tensor([[s.reward for s in groups[i]] for i in indices])
+    batch = rl_batch(list(results.values()), run.pad_id)
+    rewards = torch.tensor([[s.reward for s in groups[i]] for i in results])
     advantages(run.estimator, run.cfg, rewards, batch)
     return batch
 
 
-def sample_metrics(ordered: list[RolloutResult], groups: dict, version: int) -> dict[str, float]:
+def sample_metrics(ordered: list[RolloutResult], groups: dict, version: int, rollout_s: float) -> dict[str, float]:
     samples = [s for i in range(len(ordered)) for s in groups[i]]
     tokens = sum(len(t) for res in ordered for t in res.response_ids)
     return {"reward": sum(s.reward for s in samples) / len(samples),
             "train_accuracy": sum(s.correct for s in samples) / len(samples),
-            "staleness": float(version - min(r.version for r in ordered)), "response_tokens": tokens / len(samples)}
+            "staleness": float(version - min(r.version for r in ordered)), "response_tokens": tokens / len(samples),
+            "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9)}
 
 
 def optimizer_step_mean(outs: list[list[dict]]) -> dict[str, float]:
