@@ -1,6 +1,9 @@
 """Adding an advantage estimator is one class plus a registration: a toy estimator registered here runs
 through a 2-step run, and the runner's checks read its declarations instead of its name."""
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 import torch
 
@@ -60,13 +63,20 @@ def test_checks_read_the_declarations(toy_registered, tmp_path):
         check_config(cfg)
 
 
+def register_and_train(out):
+    """In a spawned process (a run owns its Ray; the test session's is taken): register the toy, run 2 steps."""
+    ADVANTAGE_ESTIMATORS.register("toy_sign")(SignOfReward)
+    result = train(tiny(out))
+    return result.history, CALLS
+
+
 @pytest.mark.timeout(300)
-def test_a_registered_toy_estimator_runs_two_steps(toy_registered, tmp_path):
-    CALLS.clear()
-    result = train(tiny(tmp_path))
-    steps = result.history[1:]
+def test_a_registered_toy_estimator_runs_two_steps(tmp_path):
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        history, calls = pool.submit(register_and_train, tmp_path).result()
+    steps = history[1:]
     assert [h["step"] for h in steps] == [1, 2]
-    assert len(CALLS) == 2 and all(c.shape == (4, 4) for c in CALLS)  # [prompts, samples] each step
+    assert len(calls) == 2 and all(c.shape == (4, 4) for c in calls)  # [prompts, samples] each step
     assert [h["toy_positive"] for h in steps] == [float((torch.sign(c - c.median(-1, keepdim=True).values) > 0).sum())
-                                                  for c in CALLS]
+                                                  for c in calls]
     assert (tmp_path / "final_model" / "config.json").exists()

@@ -13,14 +13,18 @@ and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray clus
 Every other command runs from a scratch directory holding a link to examples/, with its Python
 replaced by this interpreter and the overrides of `CUT` appended (hydra and argparse take the last
 value of a key), so each trains for one step on tiny batches and writes under the scratch directory.
-The commands run in document order, so the behaviour-cloning warm start writes the file the PPO
-command after it starts from. Measured on the 2-core CPU VM: about 6 minutes for all of them.
+Two commands whose overrides are the same once cut (`env=cartpole` and `env=cartpole
+runner.total_env_steps=30000`) run once. The two preset runs of main_grpo.py (`main_grpo.py` and
+`--config-name grpo_pipelined`) are what tests/test_golden_runs.py runs, cut to 6 steps, with every
+step's metrics checked: they run there, not twice. The rest run two at a time, the behaviour-cloning
+warm start first (the PPO command after it starts from its file).
 """
 
 import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,8 +77,39 @@ def skip_reason(command: str) -> str | None:
     return next((why for why, marker in SKIPPED.items() if marker in command), None)
 
 
+def _script(command: str) -> str:
+    """The script a command runs, or the module of `python -m module`."""
+    words = command.split()
+    return words[2] if words[1] == "-m" else words[1]
+
+
+def effective(command: str) -> tuple[str, ...]:
+    """What a command runs once cut: its script and its arguments, a key's last value winning."""
+    args = {}
+    for word in [*command.split()[1:], *CUT[_script(command)].split()]:
+        key = word.split("=", 1)[0] if "=" in word and not word.startswith("-") else word
+        args.pop(key, None)
+        args[key] = word
+    return tuple(sorted(args.values()))
+
+
+def golden_run(command: str) -> str | None:
+    """The golden run (tests/test_golden_runs.py) that runs this command's preset, if any."""
+    from golden.record import RUNS
+
+    words = command.split()
+    if _script(command) != "examples/reasoning/main_grpo.py":
+        return None
+    preset = ["--config-name", "grpo_collocated"] if len(words) == 2 else words[2:]
+    return next((name for name, args in RUNS.items() if args == preset), None)
+
+
 COMMANDS = doc_commands()
-RUN = [(where, command) for where, command in COMMANDS if skip_reason(command) is None]
+_unique: dict[tuple[str, ...], tuple[str, str]] = {}
+for _where, _command in COMMANDS:
+    if skip_reason(_command) is None and golden_run(_command) is None:
+        _unique.setdefault(effective(_command), (_where, _command))
+RUN = list(_unique.values())
 
 
 def test_only_setup_cluster_and_viewer_commands_are_skipped():
@@ -84,6 +119,8 @@ def test_only_setup_cluster_and_viewer_commands_are_skipped():
     scripts = {_script(c) for _, c in RUN}
     assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
     assert len(RUN) >= 10
+    # the preset runs left to the golden test are exactly its collocated and pipelined runs
+    assert sorted({golden_run(c) for _, c in COMMANDS} - {None}) == ["collocated", "pipelined"]
 
 
 def test_readme_placement_overrides_compose_to_the_placement_they_describe():
@@ -115,12 +152,6 @@ def _split(form: str) -> list[str]:
     return re.findall(r"""(?:[^\s{"']|\{[^}]*\}|"[^"]*"|'[^']*')+""", form)
 
 
-def _script(command: str) -> str:
-    """The script a command runs, or the module of `python -m module`."""
-    words = command.split()
-    return words[2] if words[1] == "-m" else words[1]
-
-
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
@@ -128,12 +159,29 @@ def scratch(tmp_path_factory):
     return root
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("where,command", RUN, ids=[c for _, c in RUN])
-def test_documented_command_runs(where, command, scratch):
-    out = scratch / f"out{RUN.index((where, command))}"
+def run_command(index: int, command: str, scratch: Path) -> subprocess.CompletedProcess:
+    out = scratch / f"out{index}"
     argv = [sys.executable, *command.split()[1:], *CUT[_script(command)].format(out=out).split()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
-    result = subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=280)
-    assert result.returncode == 0, f"{where}: {' '.join(argv)}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def results(scratch):
+    """Every command's result: producers of files (the warm start) first, then the rest two at a time
+    (each starts its own local Ray; two share the 2 cores without waiting on each other's start-up)."""
+    first = [i for i, (_, c) in enumerate(RUN) if "bc_warmstart.py" in c]
+    done = {i: run_command(i, RUN[i][1], scratch) for i in first}
+    with ThreadPoolExecutor(2) as pool:
+        rest = {i: pool.submit(run_command, i, c, scratch) for i, (_, c) in enumerate(RUN) if i not in done}
+        done.update({i: f.result() for i, f in rest.items()})
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test waits for all of them
+@pytest.mark.parametrize("where,command", RUN, ids=[c for _, c in RUN])
+def test_documented_command_runs(where, command, results):
+    result = results[RUN.index((where, command))]
+    assert result.returncode == 0, f"{where}: {command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"

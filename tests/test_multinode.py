@@ -57,8 +57,9 @@ def launcher_env(tmp_path, node_id):
 
 
 def check_pipelined_ppo(stdout: str, out: Path) -> None:
-    """A pipelined PPO run: one version stale, with KL and a checkpointed critic, through the BatchResizer."""
-    assert "rollout groups stream through a BatchResizer into global batches of 32 rows" in stdout
+    """A pipelined PPO run: one version stale, with KL and a checkpointed critic, groups streamed under a
+    token budget."""
+    assert "rollout groups stream over a channel; each step trains on the first 8 groups to arrive (32 rows)" in stdout
     steps = json.loads((out / "checkpoint" / "runner.json").read_text())["history"][1:]
     assert all({"value_loss", "value_mse", "value_mean", "critic_grad_norm"} <= set(h) for h in steps)
     assert (out / "checkpoint" / "step_3" / "critic").is_dir()  # the critic's state is checkpointed with the actor's

@@ -4,7 +4,8 @@ predict the expert's action tokens from pixels + instruction (cross-entropy = -l
 tokens)); the weights go to a file that PPO starts from (`policy.init_weights=...`).
 
     python examples/embodied/bc_warmstart.py --out runs/bc/vla.pt
-    python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla policy.init_weights=runs/bc/vla.pt
+    python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla policy.init_weights=runs/bc/vla.pt \\
+        algorithm.lr=3e-4
 
 To visit states the expert alone would not, a fraction `--noise` of the executed actions are
 random (the labels stay the expert's). The env and policy settings must match the PPO preset's.

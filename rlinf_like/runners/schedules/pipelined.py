@@ -9,6 +9,7 @@ plans each actor rank's token-budget micro-batches and sends it only those.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from rlinf_like.workers.actor.worker import loss_weigh
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
 from rlinf_like.workers.rollout.worker import gather_results
 
+log = logging.getLogger(__name__)
+
 
 def train(cfg: ReasoningConfig) -> RunResult:
     with ReasoningRun(cfg) as run:
@@ -31,6 +34,10 @@ def train(cfg: ReasoningConfig) -> RunResult:
         ahead = Generations(w, stream=run.cluster.scoped_name("rollout-results")
                             if r.max_tokens_per_micro_batch is not None else None)
         rank_plan = token_budget_plan(cfg, w) if ahead.channel is not None else None
+        if rank_plan is not None:
+            log.info(f"pipelined with a token budget: rollout groups stream over a channel; each step trains on "
+                     f"the first {r.prompts_per_step} groups to arrive ({r.prompts_per_step * cfg.algorithm.samples_per_prompt}"
+                     f" rows), {r.max_tokens_per_micro_batch} tokens per micro-batch and actor rank")
         for step in run.steps():
             while len(ahead) <= r.max_staleness and step + len(ahead) < r.max_steps:  # run ahead, bounded
                 ahead.start(*make_requests(cfg, run.tasks.pool, step + len(ahead), run.encode))
