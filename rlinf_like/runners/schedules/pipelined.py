@@ -31,13 +31,9 @@ log = logging.getLogger(__name__)
 def train(cfg: ReasoningConfig) -> RunResult:
     with ReasoningRun(cfg) as run:
         w, r = run.workers, cfg.runner
-        ahead = Generations(w, stream=run.cluster.scoped_name("rollout-results")
-                            if r.max_tokens_per_micro_batch is not None else None)
-        rank_plan = token_budget_plan(cfg, w) if ahead.channel is not None else None
-        if rank_plan is not None:
-            log.info(f"pipelined with a token budget: rollout groups stream over a channel; each step trains on "
-                     f"the first {r.prompts_per_step} groups to arrive ({r.prompts_per_step * cfg.algorithm.samples_per_prompt}"
-                     f" rows), {r.max_tokens_per_micro_batch} tokens per micro-batch and actor rank")
+        streaming = r.max_tokens_per_micro_batch is not None  # groups stream; the driver plans micro-batches
+        ahead = Generations(w, stream=run.cluster.scoped_name("rollout-results") if streaming else None)
+        rank_plan = token_budget_plan(cfg, w) if streaming else None
         for step in run.steps():
             while len(ahead) <= r.max_staleness and step + len(ahead) < r.max_steps:  # run ahead, bounded
                 ahead.start(*make_requests(cfg, run.tasks.pool, step + len(ahead), run.encode))
@@ -103,4 +99,8 @@ class Generations:
 def token_budget_plan(cfg: ReasoningConfig, w: Workers) -> RankPlan:
     """Each actor rank's (micro-batch, loss scale) pairs: the plan the rank would make itself in train_step."""
     loop, weigh, world = runner_loop(cfg), loss_weigh(loss_config(cfg)), w.actor_dp[0].size
+    r = cfg.runner
+    log.info(f"pipelined with a token budget: rollout groups stream over a channel; each step trains on the first "
+             f"{r.prompts_per_step} groups to arrive ({r.prompts_per_step * cfg.algorithm.samples_per_prompt} rows), "
+             f"{loop.max_tokens_per_micro_batch} tokens per micro-batch and actor rank")
     return lambda batch, rank, step: list(plan_steps(batch, rank, world, loop, step, weigh=weigh))
