@@ -86,23 +86,20 @@ def test_bad_schedule_values_are_refused_by_name(tmp_path):
         check_dynamic(cfg)
 
 
-def run_both_schedules(root: Path) -> dict:
-    """Both schedules, one after the other, in this (spawned) process: each runner owns its Ray, which
-    the test session's shared Ray would refuse. Returns what the test compares (runners don't pickle)."""
-    out = {}
-    for schedule in ("static", "dynamic"):
-        result = dynamic.train(small_config(root / schedule, "dynamic"), handover=schedule)
-        scheduler = result.extras["scheduler"]
-        out[schedule] = {"history": result.history,
-                         "dp_sizes": [scheduler.dp_sizes(step) for step in range(STEPS)],
-                         "events": [(e.step, e.kind, e.detail) for e in scheduler.events]}
-    return out
+def run_schedule(root: Path, handover: str) -> dict:
+    """One hand-over in a spawned process: each run owns its Ray, which the test session's shared Ray would
+    refuse. Returns what the test compares (the scheduler's record, not the scheduler)."""
+    result = dynamic.train(small_config(root / handover, "dynamic"), handover=handover)
+    scheduler = result.extras["scheduler"]
+    return {"history": result.history, "dp_sizes": [scheduler.dp_sizes(step) for step in range(STEPS)],
+            "events": [(e.step, e.kind, e.detail) for e in scheduler.events]}
 
 
-@pytest.mark.timeout(600)  # two runs, each with its own Ray, in a child process
+@pytest.mark.timeout(600)  # two runs side by side, each with its own Ray, in child processes
 def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        runs = pool.submit(run_both_schedules, tmp_path).result()
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {h: pool.submit(run_schedule, tmp_path, h) for h in ("static", "dynamic")}
+        runs = {h: f.result() for h, f in futures.items()}
     static, dynamic = runs["static"], runs["dynamic"]
 
     # the migration and hand-over happened: under dynamic, half-way through every step both replicas
