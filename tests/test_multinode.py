@@ -1,6 +1,6 @@
 """Multi-node on one machine: two Ray nodes on loopback started the way a SLURM job starts them
 (`ray_launch.sh start slurm` once per "node", with a simulated allocation), then a pipelined PPO
-run (KL, a critic, a token budget through the BatchResizer) placed across both through
+run (KL, a critic, a token budget with streamed groups) placed across both through
 `cluster.address` and `cluster.num_nodes`. That one run is also the pipelined PPO end-to-end test
 (it used to run again on one node in test_reasoning_runner.py: the same placement slots, one more
 Ray startup and run)."""
@@ -20,7 +20,7 @@ from rlinf_like.scheduler.slurm import expand_hostlist, read_slurm_env
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["runner.sft_steps=30", "runner.prompts_per_step=8", "algorithm.samples_per_prompt=4",
          "task.test_problems=40", "task.sft_problems=200"]
-# with a token budget, so the rollout's groups stream through the BatchResizer; 32 rows in 3 mini-batches
+# with a token budget, so the rollout's groups stream over a channel; 32 rows in 3 mini-batches
 # (no even split: the token-budget plan evens the ranks out)
 PIPELINED_PPO = ["--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
                  "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "algorithm.is_correction_cap=2.0",

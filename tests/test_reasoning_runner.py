@@ -1,5 +1,5 @@
 """The reasoning runner end to end, through the hydra example as a user runs it (subprocesses:
-each run starts its own local Ray). The pipelined PPO run (KL, critic, BatchResizer) is asserted on
+each run starts its own local Ray). The pipelined PPO run (KL, critic, token budget) is asserted on
 the two-node run in test_multinode.py."""
 
 import json

@@ -9,7 +9,8 @@ their loss scales (the same plan as `training/loop.py`, so every rank runs the s
     run_steps(manager, resizer, loss_fn)  # training/loop.py: the one training loop
 
 The reasoning runner's pipelined mode uses `global_batches()` in the driver and sends each actor rank
-its `rank_steps(...)` (runners/reasoning.py).
+its `rank_steps(...)`; the reasoning runner's pipelined schedule plans the same steps with `plan_steps` directly
+(runners/schedules/pipelined.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class ActorWorker(TrainedWorker):
         return self._train(batch, self._loss, epochs=self.config.loop.epochs, weigh=loss_weigh(self.config.loss))
 
     def train_micro_batches(self, steps: list[list[tuple[Batch, float]]]) -> dict[str, float]:
-        """RL update on micro-batches planned elsewhere (a `BatchResizer`'s `rank_steps` for this rank's
+        """RL update on micro-batches planned elsewhere (the pipelined schedule's `plan_steps` for this rank's
         data-parallel rank): per optimizer step, (micro-batch, loss scale) pairs, through the same loop
         as `train_step`."""
         return run_steps(self.manager, steps, self._loss)
