@@ -8,8 +8,8 @@ their loss scales (the same plan as `training/loop.py`, so every rank runs the s
                            loop=LoopConfig(max_tokens_per_micro_batch=4096, pack_sequences=True))
     run_steps(manager, resizer, loss_fn)  # training/loop.py: the one training loop
 
-The reasoning runner's pipelined mode uses `global_batches()` in the driver and sends each actor rank
-its `rank_steps(...)`; the reasoning runner's pipelined schedule plans the same steps with `plan_steps` directly
+A streaming trainer can iterate it directly; the reasoning runner's pipelined schedule takes whole groups off
+its channel and plans each actor rank's steps with `plan_steps`, the plan this class makes
 (runners/schedules/pipelined.py).
 """
 
