@@ -196,11 +196,12 @@ def test_reward_fn_is_imported_in_the_reward_worker(cluster, tmp_path):
     group = RewardWorker.create_group(path, cfg).launch(cluster, cluster.place({"reward": "0"}), "reward",
                                                       init_process_group=False)
     try:
-        [[a, b]] = group.score([result], ["3"]).wait(timeout=120)[0]
+        [[a, b]] = group.score([result], ["3"], [{"level": 2, "prompt": "a column named prompt"}]).wait(timeout=120)[0]
     finally:
         group.shutdown()
     assert (a.reward, b.reward, a.correct, b.correct) == (1.0, 0.0, True, False)
-    assert a.extras["num_tokens"] == len(right) and a.extras["pid"] != os.getpid()
+    assert a.extras["pid"] != os.getpid()  # imported and called in the worker's process
+    assert (a.extras["num_tokens"], b.extras["num_tokens"], a.extras["level"]) == (len(right), len(wrong), 2.0)
 
 
 def test_extras_become_step_metrics_averaged_over_the_samples_that_carry_them():
@@ -212,3 +213,26 @@ def test_extras_become_step_metrics_averaged_over_the_samples_that_carry_them():
                SampleScore(reward=0.5, correct=False, formatted=True, extras={"length": 8.0})]
     assert extra_metrics(samples) == {"reward/length": 6.0, "reward/steps": 1.0}
     assert extra_metrics(samples[1:2]) == {}
+
+
+def test_reward_fn_overrides_through_hydra_and_is_checked_before_launch(tmp_path):
+    """`reward.fn=module:function` on the command line (a colon parses), refused before launch when unknown."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config import hydra_schema, structure
+    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning import check_config
+
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
+    config_dir = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
+    with initialize_config_dir(str(config_dir), version_base="1.3"):
+        good, bad = (structure(ReasoningConfig, compose("grpo_collocated", [f"reward.fn={fn}", "reward.timeout_s=2.5",
+                                                                             f"runner.output_dir={tmp_path}"]))
+                     for fn in ("user_rewards:where_scored", "maths"))
+    assert (good.reward.fn, good.reward.timeout_s) == ("user_rewards:where_scored", 2.5)
+    check_config(good)
+    with pytest.raises(ValueError, match=r"reward.fn='maths' is not one of \['exact', 'math'\]"):
+        check_config(bad)

@@ -5,5 +5,7 @@ import os
 
 
 def where_scored(response: str, answer: str, **info) -> dict:
-    """1 when the answer appears in the response; reports the process that scored it."""
-    return {"reward": float(answer in response), "pid": os.getpid(), "num_tokens": info["num_tokens"]}
+    """1 when the answer appears in the response; reports the process that scored it, the response's
+    length and the data row's `level` column."""
+    return {"reward": float(answer in response), "pid": os.getpid(), "num_tokens": info["num_tokens"],
+            "level": info.get("level", -1)}

@@ -29,15 +29,19 @@ class RewardWorker(Worker):
 
             self.model = RewardModel(config.model_path, config.model_micro_batch_size, self.torch_device)
 
-    def score(self, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[SampleScore]]:
-        """Per request, per sample: its `SampleScore`."""
+    def score(self, results: Sequence[RolloutResult], answers: Sequence[str],
+              row_extras: Sequence[dict] | None = None) -> list[list[SampleScore]]:
+        """Per request, per sample: its `SampleScore`. `row_extras`: per request, the data row's other
+        columns, passed to the reward function as keyword arguments (no data source has any yet)."""
         samples, rows, finished, lengths = [], [], [], []
-        for result, answer in zip(results, answers):
+        for i, (result, answer) in enumerate(zip(results, answers)):
             prompt = self.tokenizer.decode(result.prompt_ids, skip_special_tokens=True)
+            # the documented keys win over same-named columns; `response` and `answer` are positional
+            extra = {k: v for k, v in (row_extras[i] if row_extras else {}).items() if k not in ("response", "answer")}
             for tokens, reason in zip(result.response_ids, result.finish_reasons):
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                samples.append(score_sample(self.reward_fn, self.config, result.request_id, text, answer,
-                                            prompt=prompt, finished=reason == "stop", num_tokens=len(tokens)))
+                info = {**extra, "prompt": prompt, "finished": reason == "stop", "num_tokens": len(tokens)}
+                samples.append(score_sample(self.reward_fn, self.config, result.request_id, text, answer, **info))
                 rows.append(list(result.prompt_ids) + list(tokens))
                 finished.append(reason == "stop")
                 lengths.append(len(tokens))
