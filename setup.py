@@ -19,6 +19,7 @@ setup(
         "transformers>=4.45",  # HF causal LMs in the model managers
         "safetensors",
         "matplotlib",  # the closing plot of a training run
+        "math-verify>=0.9,<0.10",  # reward.fn=math (the default): answer equivalence; 0.9.0 tested
     ],
     extras_require={
         # supported: megatron-core 0.16.x (0.16.1 tested; scripts/setup.sh installs it with --no-deps on CPU)

@@ -37,6 +37,7 @@ class Scored:
     correct: torch.Tensor  # [rows] 1.0 where the answer was right
     versions: torch.Tensor  # [rows] the policy version that generated the row
     seconds: float  # time spent scoring
+    extras: dict[str, float]  # the reward function's own numbers, as step metrics (`extra_metrics`)
 
 
 def make_requests(cfg: ReasoningConfig, pool: Sequence[Problem], step: int,
@@ -58,6 +59,16 @@ def score_groups(w: Workers, results: Sequence[RolloutResult], answers: Sequence
     return w.reward.score(list(results), list(answers)).wait()[0]
 
 
+def extra_metrics(samples: Sequence[SampleScore]) -> dict[str, float]:
+    """`reward/<name>`: each number a reward function returned beside the reward, averaged over the
+    samples that carry it."""
+    values: dict[str, list[float]] = {}
+    for s in samples:
+        for name, value in s.extras.items():
+            values.setdefault(name, []).append(value)
+    return {f"reward/{name}": sum(v) / len(v) for name, v in values.items()}
+
+
 def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
     """One right-padded row per sample (prompt + response, the rollout's logprobs)."""
     rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
@@ -71,7 +82,7 @@ def score(w: Workers, results: Sequence[RolloutResult], answers: Sequence[str], 
                   rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
                   correct=torch.tensor([float(s.correct) for s in samples]),
                   versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
-                  seconds=time.perf_counter() - start)
+                  seconds=time.perf_counter() - start, extras=extra_metrics(samples))
 
 
 def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: torch.Tensor,
@@ -135,4 +146,5 @@ def batch_metrics(scored: Scored, version: int, rollout_s: float) -> dict[str, f
     tokens = float(scored.batch["response_mask"].sum())
     return {"reward": float(scored.rewards.mean()), "train_accuracy": float(scored.correct.mean()),
             "staleness": float(version - scored.versions.min()), "response_tokens": tokens / len(scored.rewards),
-            "reward_s": scored.seconds, "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9)}
+            "reward_s": scored.seconds, "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+            **scored.extras}

@@ -26,7 +26,7 @@ import time
 import torch
 
 from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.phases import advantages, make_requests, rl_batch, score_groups
+from rlinf_like.runners.phases import advantages, extra_metrics, make_requests, rl_batch, score_groups
 from rlinf_like.runners.run import ReasoningRun, RunResult
 from rlinf_like.runners.schedules.elastic_rollout import ElasticRollout
 from rlinf_like.scheduler import Channel, Placement, PlacementMode
@@ -120,7 +120,7 @@ def sample_metrics(ordered: list[RolloutResult], groups: dict, version: int, rol
     return {"reward": sum(s.reward for s in samples) / len(samples),
             "train_accuracy": sum(s.correct for s in samples) / len(samples),
             "staleness": float(version - min(r.version for r in ordered)), "response_tokens": tokens / len(samples),
-            "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9)}
+            "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9), **extra_metrics(samples)}
 
 
 def optimizer_step_mean(outs: list[list[dict]]) -> dict[str, float]:

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from rlinf_like.workers.reward.fn import load_reward_fn
 from rlinf_like.workers.reward.penalties import apply_penalty, penalty_mask, whiten
 from rlinf_like.workers.reward.rules import RewardConfig
 
@@ -16,10 +17,14 @@ REWARD_KINDS = ("rule", "model", "both")
 
 
 def check_reward_config(config: RewardConfig) -> None:
-    """Raises naming the `reward.*` key and the allowed values."""
+    """Raises naming the `reward.*` key and the allowed values. Loads `reward.fn` (a user's module is
+    imported here too, so a typo fails before any worker starts)."""
     if config.kind not in REWARD_KINDS:
         raise ValueError(f"reward.kind={config.kind!r} is not one of {list(REWARD_KINDS)}")
-    for key in ("rule_weight", "model_weight", "model_penalty"):
+    load_reward_fn(config)
+    if not config.timeout_s > 0:
+        raise ValueError(f"reward.timeout_s must be > 0, got {config.timeout_s}")
+    for key in ("rule_weight", "model_weight", "model_penalty", "error_value"):
         if not math.isfinite(getattr(config, key)):
             raise ValueError(f"reward.{key} must be finite, got {getattr(config, key)}")
     if config.kind != "rule" and not config.model_path:

@@ -1,6 +1,8 @@
 """Rule-based verifiable rewards for reasoning tasks: pure functions of (response text, reference).
 
-The answer is the content of the last `\\boxed{...}` (nested braces allowed) or, failing that, what
+The original matcher, and the shaping (format credit, penalties) that the built-in reward functions
+share; `builtin.py`'s `math` reward adds GSM8K's `#### N` and math-verify equivalence on top of it.
+Here the answer is the content of the last `\\boxed{...}` (nested braces allowed) or, failing that, what
 follows the last `Answer:`. Answers compare numerically when both parse as numbers (integers,
 decimals, fractions like 3/4, thousands separators, a trailing period or unit-free $), else as
 normalised strings. Format reward and penalties follow common practice (torchtune's GRPO recipe
@@ -10,10 +12,11 @@ gives partial credit for the format; no-EOS and too-short responses are penalise
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-_ANSWER_LINE = re.compile(r"answer[ \t]*[:：][ \t]*(\S[^\n]*)", re.IGNORECASE)  # text on the same line
+ANSWER_LINE = re.compile(r"answer[ \t]*[:：][ \t]*(\S[^\n]*)", re.IGNORECASE)  # text on the same line
 
 
 def last_boxed(text: str) -> str | None:
@@ -36,7 +39,7 @@ def extract_answer(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    matches = _ANSWER_LINE.findall(text)
+    matches = ANSWER_LINE.findall(text)
     return matches[-1].strip() if matches else None
 
 
@@ -50,7 +53,7 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def _normalise(text: str) -> str:
+def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip().rstrip(".").lower())
 
 
@@ -60,7 +63,7 @@ def answers_match(predicted: str | None, reference: str) -> bool:
     a, b = parse_number(predicted), parse_number(reference)
     if a is not None and b is not None:
         return a == b
-    return _normalise(predicted) == _normalise(reference)
+    return normalise(predicted) == normalise(reference)
 
 
 @dataclass(kw_only=True)  # not frozen: hydra makes a frozen schema read-only, refusing every reward.* override
@@ -70,6 +73,9 @@ class RewardConfig:
     no_eos_penalty: float = 0.0  # subtracted when the response hit the length limit
     min_response_tokens: int = 0  # shorter responses get `short_penalty` subtracted
     short_penalty: float = 0.0  # subtracted from responses shorter than min_response_tokens
+    fn: str = "math"  # the reward function: a built-in name (math, exact) or a user's `module:function`
+    timeout_s: float = 10.0  # time limit of one reward call; past it the sample scores error_value
+    error_value: float = 0.0  # the reward of a sample whose reward call raised or timed out
     # learned reward model (workers/reward/model.py); checked by `reward/combine.py`
     kind: str = "rule"  # rule | model | both: reward = rule_weight * rule + model_weight * model score
     rule_weight: float = 1.0  # kind=both: the rule reward's weight
@@ -92,10 +98,12 @@ class RewardBreakdown:
 
 
 def score(response: str, reference: str, finished: bool, num_tokens: int,
-          config: RewardConfig = RewardConfig()) -> RewardBreakdown:
-    """Reward of one response: `correct` if right, else `format` if an answer was given, minus penalties."""
-    answer = extract_answer(response)
-    correct = answers_match(answer, reference)
+          config: RewardConfig = RewardConfig(), extract: Callable[[str], str | None] = extract_answer,
+          match: Callable[[str | None, str], bool] = answers_match) -> RewardBreakdown:
+    """Reward of one response: `correct` if right, else `format` if an answer was given, minus penalties.
+    `extract` and `match` default to the original matcher; the built-in rewards pass their own."""
+    answer = extract(response)
+    correct = match(answer, reference)
     total = config.correct if correct else (config.format if answer is not None else 0.0)
     if not finished:
         total -= config.no_eos_penalty

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -12,3 +12,4 @@ class SampleScore:
     formatted: bool  # an answer was found where the format asks for it
     rule_reward: float | None = None  # with a reward model: the rule reward before combining
     model_score: float | None = None  # with a reward model: its (penalised) score
+    extras: dict[str, float] = field(default_factory=dict)  # a reward dict's other numbers, logged as metrics

@@ -1,5 +1,5 @@
-"""RewardWorker: scores rollout results against reference answers with the rule-based rewards, a
-learned reward model, or both (`reward.kind`, see `combine.py`)."""
+"""RewardWorker: scores rollout results against reference answers with the reward function
+(`reward.fn`, see `fn.py`), a learned reward model, or both (`reward.kind`, see `combine.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from rlinf_like.models import load_tokenizer
 from rlinf_like.scheduler import Worker
 from rlinf_like.workers.reward.combine import check_reward_config, combine_rewards
-from rlinf_like.workers.reward.rules import RewardConfig, score
+from rlinf_like.workers.reward.fn import load_reward_fn, score_sample
+from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout.types import RolloutResult
 
@@ -21,24 +22,29 @@ class RewardWorker(Worker):
         check_reward_config(config)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.config = config
+        self.reward_fn = load_reward_fn(config)  # a user's `module:function` is imported here, in the worker
         self.model = None
         if config.kind != "rule":
             from rlinf_like.workers.reward.model import RewardModel
 
             self.model = RewardModel(config.model_path, config.model_micro_batch_size, self.torch_device)
 
-    def score(self, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[SampleScore]]:
-        """Per request, per sample: its `SampleScore`."""
-        rule_scores, rows, finished, lengths = [], [], [], []
-        for result, answer in zip(results, answers):
+    def score(self, results: Sequence[RolloutResult], answers: Sequence[str],
+              row_extras: Sequence[dict] | None = None) -> list[list[SampleScore]]:
+        """Per request, per sample: its `SampleScore`. `row_extras`: per request, the data row's other
+        columns, passed to the reward function as keyword arguments (no data source has any yet)."""
+        samples, rows, finished, lengths = [], [], [], []
+        for i, (result, answer) in enumerate(zip(results, answers)):
+            prompt = self.tokenizer.decode(result.prompt_ids, skip_special_tokens=True)
+            # the documented keys win over same-named columns; `response` and `answer` are positional
+            extra = {k: v for k, v in (row_extras[i] if row_extras else {}).items() if k not in ("response", "answer")}
             for tokens, reason in zip(result.response_ids, result.finish_reasons):
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                rule_scores.append(score(text, answer, finished=reason == "stop", num_tokens=len(tokens),
-                                         config=self.config))
+                info = {**extra, "prompt": prompt, "finished": reason == "stop", "num_tokens": len(tokens)}
+                samples.append(score_sample(self.reward_fn, self.config, result.request_id, text, answer, **info))
                 rows.append(list(result.prompt_ids) + list(tokens))
                 finished.append(reason == "stop")
                 lengths.append(len(tokens))
-        samples = [SampleScore(reward=b.total, correct=b.correct, formatted=b.formatted) for b in rule_scores]
         if self.config.kind != "rule" or self.config.whiten:
             rule = torch.tensor([s.reward for s in samples])
             model = self.model.score(rows) if self.model is not None else None

@@ -1,0 +1,80 @@
+"""The built-in reward functions (`reward.fn=math`, `reward.fn=exact`), with the documented signature
+`fn(response, answer, **info) -> dict` plus the `config` keyword that only built-ins receive.
+
+`math` extracts the last `\\boxed{}`, else the later of GSM8K's `#### N` and `Answer:`, and compares
+with math-verify (`\\dfrac{1}{2}` = 0.5, `x=3` = 3, `50\\%` = 0.5, sets in any order). Two plain numbers
+still compare exactly as the original matcher did (fast, and the arithmetic task's rewards stay
+bit-identical); whatever it accepted is still accepted. math-verify runs without its own timeouts: they
+use `signal.alarm`, which fails outside the main thread; `fn.call_with_timeout` limits the call instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rlinf_like.workers.reward.rules import (
+    ANSWER_LINE,
+    RewardConfig,
+    answers_match,
+    last_boxed,
+    normalise,
+    parse_number,
+    score,
+)
+
+_GSM8K = re.compile(r"####[ \t]*(\S[^\n]*)")  # GSM8K solutions end with "#### 42"
+_WORDS = re.compile(r"[^\W\d_]{2,}(\s+[^\W\d_]+)*\.?")  # "Paris": math-verify reads it as p*a*r*i*s
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The last `\\boxed{}`; else whichever of `#### N` and `Answer: ...` comes last; else None."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    found = [(m.start(), m.group(1).strip()) for pattern in (_GSM8K, ANSWER_LINE) for m in pattern.finditer(text)]
+    return max(found)[1] if found else None
+
+
+def _latex(text: str) -> str:
+    """An answer as math-verify parses it best: inside $...$, `\\%` as a plain percent sign."""
+    text = text.replace("\\%", "%")
+    return text if "$" in text else f"${text}$"
+
+
+def math_equal(predicted: str | None, reference: str) -> bool:
+    """Whether a predicted answer equals the reference, mathematically."""
+    if predicted is None:
+        return False
+    if parse_number(predicted) is not None and parse_number(reference) is not None:
+        return answers_match(predicted, reference)  # exact, as before
+    if answers_match(predicted, reference):
+        return True
+    if _WORDS.fullmatch(predicted.strip()) or _WORDS.fullmatch(reference.strip()):
+        return False  # words: the normalised string comparison above decides (math-verify: "cat" = "act")
+    from math_verify import parse, verify  # imports sympy (~1 s): only when an answer needs it
+
+    gold = parse(_latex(reference), parsing_timeout=None)
+    guess = parse(_latex(predicted), parsing_timeout=None)
+    return bool(gold and guess and verify(gold, guess, timeout_seconds=None))
+
+
+def exact_equal(predicted: str | None, reference: str) -> bool:
+    """Normalised string equality (case, surrounding space, a final period)."""
+    return predicted is not None and normalise(predicted) == normalise(reference)
+
+
+def _shaped(response: str, answer: str, config: RewardConfig, finished: bool, num_tokens: int, match) -> dict:
+    b = score(response, answer, finished, num_tokens, config, extract=extract_final_answer, match=match)
+    return {"reward": b.total, "correct": b.correct, "formatted": b.formatted}
+
+
+def math_reward(response: str, answer: str, *, config: RewardConfig = RewardConfig(), finished: bool = True,
+                num_tokens: int = 0, **info) -> dict:
+    """`reward.fn=math`: math-verify equivalence, with the format credit and penalties of `reward.*`."""
+    return _shaped(response, answer, config, finished, num_tokens, math_equal)
+
+
+def exact_reward(response: str, answer: str, *, config: RewardConfig = RewardConfig(), finished: bool = True,
+                 num_tokens: int = 0, **info) -> dict:
+    """`reward.fn=exact`: the extracted answer must equal the reference as a normalised string."""
+    return _shaped(response, answer, config, finished, num_tokens, exact_equal)
