@@ -24,6 +24,7 @@ from rlinf_like.runners.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
 from rlinf_like.runners.config import ReasoningConfig, TaskConfig
 from rlinf_like.runners.launch import launch_reference, launch_workers
+from rlinf_like.runners.phases import score_groups
 from rlinf_like.scheduler import Cluster, Placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
@@ -151,7 +152,7 @@ class ReasoningRun:
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
         reqs = [RolloutRequest(f"eval-{i}", self.encode(p.prompt), greedy) for i, p in enumerate(test)]
         results = gather_results(w.rollout.generate(reqs).wait(), reqs)
-        scores = w.reward.score(results, [p.answer for p in test]).wait()[0]
+        scores = score_groups(w, results, [p.answer for p in test])
         return sum(group[0].correct for group in scores) / len(scores)
 
     def steps(self) -> Iterator[int]:
