@@ -144,6 +144,11 @@ def split_ranks_per_device(text: str, component: str) -> tuple[str, int]:
     return body, int(count)
 
 
+def component_names(key: str) -> list[str]:
+    """The components a placement key names: "actor" or, collocated in YAML, "actor,rollout"."""
+    return [n.strip() for n in str(key).split(",")]
+
+
 def parse_device_range(text: str, num_devices: int, component: str) -> list[int]:
     """Parse "all | 0-3 | 0,2,5-6" (no kind prefix, no *N) into sorted device indices."""
     body = str(text).strip()
@@ -183,7 +188,7 @@ def plan_placement(
     default_kind = "gpu" if devices.get("gpu") else "cpu"
     assigned: dict[str, tuple[str, list[int], str]] = {}
     for key, value in spec.items():
-        names = [n.strip() for n in str(key).split(",")]
+        names = component_names(key)
         if any(not n for n in names):
             raise PlacementError(f"placement key {key!r} has an empty component name")
         for name in names:
@@ -228,7 +233,7 @@ def share_devices(spec: Mapping[str, str], a: str, b: str) -> bool:
     alone (before a cluster exists): what decides collocated (they take turns) vs disaggregated."""
     placed: dict[str, set[tuple[str | None, int | str]]] = {}
     for key, value in spec.items():
-        for name in (n.strip() for n in str(key).split(",")):
+        for name in component_names(key):
             if name in (a, b):
                 kind, body = split_device_kind(value, name)
                 body, _ = split_ranks_per_device(body, name)
