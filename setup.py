@@ -20,11 +20,13 @@ setup(
         "safetensors",
         "matplotlib",  # the closing plot of a training run
         "math-verify>=0.9,<0.10",  # reward.fn=math (the default): answer equivalence; 0.9.0 tested
+        "datasets>=3",  # data.source=files: parquet / JSONL / JSON / CSV / save_to_disk folders; 5.2.0 tested
     ],
     extras_require={
         # supported: megatron-core 0.16.x (0.16.1 tested; scripts/setup.sh installs it with --no-deps on CPU)
         "megatron": ["megatron-core>=0.16,<0.17", "numpy", "packaging"],
         "sglang": ["sglang"],  # GPU only
+        "reasoning_gym": ["reasoning-gym>=0.1.25"],  # data.source=reasoning_gym (scripts/setup.sh installs it)
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt

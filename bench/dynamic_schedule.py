@@ -38,7 +38,7 @@ def config(args, out: Path) -> ReasoningConfig:
                                 component_placement={"actor,rollout": args.placement, "reward": args.reward_placement})
     cfg.model.hidden_size, cfg.model.num_layers = args.hidden, args.layers
     cfg.model.intermediate_size = args.hidden * 11 // 4
-    cfg.task.sft_problems, cfg.task.test_problems = 64, 8
+    cfg.data.sft_problems, cfg.data.test_problems = 64, 8
     r = cfg.runner
     r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = args.steps, args.prompts, args.max_new_tokens, 8
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 2, 16, 10_000, 10_000

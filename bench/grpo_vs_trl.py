@@ -46,7 +46,7 @@ def warm_start(root: Path, steps: int) -> tuple[Path, list, list]:
 
     cfg = ReasoningConfig()
     cfg.runner.output_dir = str(root / "tasks")
-    tasks = load_tasks(cfg.task)
+    tasks = load_tasks(cfg.data)
     m: ModelConfig = cfg.model
     init = write_tiny_model(root / "init", TinyModelSpec(arch=m.arch, hidden_size=m.hidden_size,
                                                          intermediate_size=m.intermediate_size, num_layers=m.num_layers,

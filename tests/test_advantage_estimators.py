@@ -37,7 +37,7 @@ def tiny(tmp_path, advantage="toy_sign") -> ReasoningConfig:
     cfg = ReasoningConfig()
     cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
                                 component_placement={"actor,rollout": "0-1", "reward": "0"})
-    cfg.task.sft_problems, cfg.task.test_problems = 32, 4
+    cfg.data.sft_problems, cfg.data.test_problems = 32, 4
     r = cfg.runner
     r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = 2, 4, 8, 8, 0
     r.eval_every, r.save_every, r.output_dir = 100, 100, str(tmp_path)

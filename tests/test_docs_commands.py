@@ -36,7 +36,7 @@ SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": 
            "viewer": "tensorboard ", "multi-node driver": "cluster.address="}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
-              "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 task.sft_problems=8 task.test_problems=4 "
+              "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 data.sft_problems=8 data.test_problems=4 "
               "runner.output_dir={out}")
 _EMBODIED = ("runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
              "algorithm.epochs=1 algorithm.mini_batches=2 runner.save_every=1 runner.output_dir={out}")

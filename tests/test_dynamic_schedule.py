@@ -27,7 +27,7 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     cfg = ReasoningConfig()
     cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
                                 component_placement={"actor,rollout": "0-1", "reward": "0"})
-    cfg.task.sft_problems, cfg.task.test_problems = 64, 8
+    cfg.data.sft_problems, cfg.data.test_problems = 64, 8
     r = cfg.runner
     r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = STEPS, 8, 12, 4
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 4, 16, 100, 100

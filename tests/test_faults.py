@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GRPO = ROOT / "examples" / "reasoning" / "main_grpo.py"
 # the smallest run that still trains: 3 processes (actor | rollout + reward), on-policy so that a resumed
 # run can equal an uninterrupted one, no SFT; the entropy bonus gives a gradient while every reward is 0
-SMALL = ["task.test_problems=4", "task.sft_problems=20", "model.hidden_size=32", "model.intermediate_size=64",
+SMALL = ["data.test_problems=4", "data.sft_problems=20", "model.hidden_size=32", "model.intermediate_size=64",
          "model.num_heads=2", "model.num_kv_heads=1"]
 TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runner.sft_steps=0", *SMALL,
              "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_new_tokens=8",

@@ -19,7 +19,7 @@ from rlinf_like.scheduler.slurm import expand_hostlist, read_slurm_env
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["runner.sft_steps=30", "runner.prompts_per_step=8", "algorithm.samples_per_prompt=4",
-         "task.test_problems=40", "task.sft_problems=200"]
+         "data.test_problems=40", "data.sft_problems=200"]
 # with a token budget, so the rollout's groups stream over a channel; 32 rows in 3 mini-batches
 # (no even split: the token-budget plan evens the ranks out)
 PIPELINED_PPO = ["--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",

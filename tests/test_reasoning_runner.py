@@ -80,10 +80,10 @@ def test_bad_values_are_named_before_launch(tmp_path):
 
 def test_data_order_depends_only_on_the_step(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
-    a, b = load_tasks(cfg.task), load_tasks(cfg.task)
+    a, b = load_tasks(cfg.data), load_tasks(cfg.data)
 
     def requests(tasks, step):
-        return make_requests(cfg, tasks.pool, step, lambda text: [ord(c) for c in text])
+        return make_requests(cfg, tasks, step, lambda p: [ord(c) for c in p.prompt])
 
     assert requests(a, 5) == requests(b, 5)  # what a resumed run draws at step 5
     assert requests(a, 5)[0] != requests(a, 6)[0]

@@ -1,10 +1,10 @@
-"""Task generation and JSONL loading."""
+"""Task generation, and reading JSONL rows."""
 
 import json
 
 import pytest
 
-from rlinf_like.data.tasks import ArithmeticSpec, arithmetic_problems, load_jsonl, split_train_test
+from rlinf_like.data.tasks import ArithmeticSpec, arithmetic_problems, split_train_test
 from rlinf_like.workers.reward import score
 
 
@@ -33,13 +33,22 @@ def test_held_out_is_disjoint_from_train():
 
 
 def test_jsonl_formats(tmp_path):
+    """The row shapes a JSONL file may hold: GSM8K's question / "#### N" answer, a plain prompt / answer, and
+    chat messages whose last assistant turn is the answer (no answer column)."""
+    from rlinf_like.data.config import DataConfig
+    from rlinf_like.data.sources.files import read_problems
+
     path = tmp_path / "data.jsonl"
-    rows = [{"question": "2 apples and 3 more?", "answer": "2+3=5\n#### 5"},
-            {"prompt": "7*6=", "answer": "42"},
-            {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]}]
+    rows = [{"question": "2 apples and 3 more?", "answer": "2+3=5\n#### 5"}, {"question": "7*6=", "answer": "42"}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    problems = load_jsonl(path)
-    assert [(p.prompt, p.answer) for p in problems] == [("2 apples and 3 more?", "5"), ("7*6=", "42"), ("1+1?", "2")]
+    problems = read_problems(str(path), DataConfig(prompt_key="question"), "train")
+    assert [(p.prompt, p.answer, p.solution) for p in problems] == [
+        ("2 apples and 3 more?", "5", "2+3=5\n#### 5"), ("7*6=", "42", "42")]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1?"},
+                                             {"role": "assistant", "content": "2"}]}))
+    [p] = read_problems(str(chat), DataConfig(prompt_key="messages"), "train")
+    assert (p.prompt, p.answer, p.messages) == ("1+1?", "2", ({"role": "user", "content": "1+1?"},))
     path.write_text(json.dumps({"text": "x"}))
-    with pytest.raises(ValueError, match=r"data.jsonl:1: needs 'prompt' or 'question'"):
-        load_jsonl(path)
+    with pytest.raises(ValueError, match=r"data.jsonl: data.prompt_key='prompt' is not a column \(columns: \['text'\]\)"):
+        read_problems(str(path), DataConfig(), "train")

@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -58,6 +58,9 @@ def structure(cls: type[T], data: Any, path: str = "") -> T:
     data = _to_container(data)
     if not isinstance(data, Mapping):
         raise ConfigError(f"'{path or '<root>'}' must be a mapping for {cls.__name__}, got {type(data).__name__}")
+    if not path:
+        for key in _dotted_keys(data):
+            _refuse_moved(cls, key)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
@@ -148,11 +151,32 @@ def check_overrides(cls: type, overrides: list[str]) -> None:
         key = override.lstrip("+~").split("=", 1)[0]
         if key.startswith("hydra.") or key == "hydra" or key.startswith("--"):
             continue
+        _refuse_moved(cls, key)
         leaf = _leaf_field(cls, key)
         if leaf is not None and "=" in override and not override.startswith("~"):
             parsed = OverridesParser.create().parse_override(override)
             if not parsed.is_sweep_override():
                 _check_override_value(*leaf, parsed.value(), key)
+
+
+def _refuse_moved(cls: type, key: str) -> None:
+    """A key the schema's `MOVED_KEYS` (old dotted name -> new name) lists, or one under a moved section,
+    fails with its new name."""
+    moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})
+    parts = key.split(".")
+    for depth in range(len(parts), 0, -1):
+        old = ".".join(parts[:depth])
+        if old in moved:
+            new = moved[old] if depth == len(parts) else f"{moved[old]}.{'.'.join(parts[depth:])}"
+            raise ConfigError(f"config key '{key}' has moved: use {new}")
+
+
+def _dotted_keys(data: Mapping, prefix: str = "") -> Iterator[str]:
+    for k, v in data.items():
+        key = _join(prefix, k)
+        if isinstance(v, Mapping):
+            yield from _dotted_keys(v, key)  # the leaves first: their message is the most precise
+        yield key
 
 
 def _leaf_field(cls: type, key: str) -> tuple[dataclasses.Field, Any] | None:

@@ -1,19 +1,16 @@
-"""Verifiable reasoning tasks: procedurally generated arithmetic, and user datasets in JSONL.
+"""Verifiable reasoning problems, and the built-in generator of arithmetic ones.
 
-A `Problem` is a prompt and a reference answer. `arithmetic_problems` is deterministic in its
-seed, so train and held-out sets are reproducible and disjoint by construction (different seeds,
-and held-out items that also occur in train are dropped). `load_jsonl` reads the common
-prompt/answer formats: {"prompt", "answer"}, {"question", "answer"} with GSM8K's "#### 42"
-final-answer convention, or a chat-style {"messages": [...]} whose last assistant turn is the answer.
+A `Problem` is a prompt and a reference answer (plus a worked solution for SFT, and the data row's
+columns). `arithmetic_problems` is deterministic in its seed, so train and held-out sets are
+reproducible and disjoint by construction (different seeds, and held-out items that also occur in
+train are dropped). User data is read by the sources in `data/sources/`.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import re
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,6 +18,9 @@ class Problem:
     prompt: str
     answer: str
     solution: str = ""  # a worked solution, for SFT warm-start; empty when the dataset has none
+    messages: tuple[dict, ...] = ()  # chat-style data: the conversation before the answer (prompt is its last user turn)
+    # the data row's other columns: `data.prompt_template` placeholders, and `**info` for the reward function
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,28 +66,3 @@ def split_train_test(n_train: int, n_test: int, seed: int, spec: ArithmeticSpec 
     if len(test) < n_test:
         raise ValueError(f"only {len(test)} held-out problems are not in train; widen the task or shrink the sets")
     return train, test
-
-
-_GSM8K_FINAL = re.compile(r"####\s*(.+)$", re.MULTILINE)
-
-
-def load_jsonl(path: str | Path) -> list[Problem]:
-    problems = []
-    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if "messages" in row:
-            turns = row["messages"]
-            prompt = "\n".join(m["content"] for m in turns if m["role"] != "assistant")
-            answer_text = next((m["content"] for m in reversed(turns) if m["role"] == "assistant"), None)
-        else:
-            prompt = row.get("prompt", row.get("question"))
-            answer_text = row.get("answer")
-        if prompt is None or answer_text is None:
-            raise ValueError(f"{path}:{line_no}: needs 'prompt' or 'question' and 'answer' (or 'messages'); "
-                             f"has {sorted(row)}")
-        final = _GSM8K_FINAL.search(str(answer_text))
-        answer = final.group(1).strip() if final else str(answer_text).strip()
-        problems.append(Problem(prompt=str(prompt), answer=answer, solution=str(answer_text)))
-    return problems

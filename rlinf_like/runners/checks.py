@@ -3,23 +3,32 @@ key. Choices are read from the registries and capabilities from what each compon
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 from rlinf_like.runners.actor_setup import check_actor_section
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
+from rlinf_like.data.sources import check_data_config, default_reward
 from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.scheduler.placement import share_devices
 from rlinf_like.training.loop import LoopConfig, check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, backends_with
 from rlinf_like.workers.reward.combine import check_reward_config
+from rlinf_like.workers.reward.fn import AUTO
+from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class, engines_with
 
 def estimators_where(**declared: bool) -> list[str]:
     """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
     return [name for name in ADVANTAGE_ESTIMATORS.names()
             if all(getattr(ADVANTAGE_ESTIMATORS.get(name), k) == v for k, v in declared.items())]
+
+
+def reward_config(cfg: ReasoningConfig) -> RewardConfig:
+    """The `reward` section with reward.fn=auto replaced by the data source's reward function."""
+    return replace(cfg.reward, fn=default_reward(cfg.data)) if cfg.reward.fn == AUTO else cfg.reward
 
 
 def check_choices(cfg: ReasoningConfig) -> None:
@@ -64,12 +73,11 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_estimator(a)
     if a.is_correction_cap is not None and not a.recompute_logprobs:
         raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
-    if cfg.task.kind == "jsonl" and not (cfg.task.train_path and cfg.task.test_path):
-        raise ValueError("task.kind=jsonl needs task.train_path and task.test_path")
+    check_data_config(cfg.data)
     if r.migrate_at and r.schedule != "dynamic":
         raise ValueError(f"runner.migrate_at={r.migrate_at} must be in [0, 1), and > 0 only with "
                          f"runner.schedule=dynamic (got {r.schedule!r})")
-    check_reward_config(cfg.reward)
+    check_reward_config(reward_config(cfg))
     check_loop(runner_loop(cfg), "runner")
     check_actor_section(cfg)
     if r.schedule == "dynamic":

@@ -6,28 +6,16 @@ and a value outside a field's bounds by name before any worker starts. Every key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from rlinf_like.config.validate import bounded
+from rlinf_like.data.config import DataConfig
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.rollout.base import RolloutConfig
 
 COMPONENTS = ("actor", "rollout", "reward", "reference", "critic")
-
-
-@dataclass(kw_only=True)
-class TaskConfig:
-    kind: Literal["arithmetic", "jsonl"] = "arithmetic"  # "arithmetic" (generated) or "jsonl" (train_path / test_path)
-    terms: int = bounded(3, ge=1)  # with worked left-to-right steps in the SFT solutions
-    max_operand: int = bounded(9, ge=1)  # operands are drawn from 0..max_operand
-    operators: str = "+-"  # the operators problems draw from
-    sft_problems: int = bounded(600, ge=0)  # warm-start set; RL draws fresh problems outside the held-out set
-    test_problems: int = bounded(200, ge=1)  # the held-out set evaluated every runner.eval_every steps
-    seed: int = 0  # seeds problem generation
-    train_path: str = ""  # kind=jsonl: training problems, one {"prompt", "answer"} object per line
-    test_path: str = ""  # kind=jsonl: held-out problems, same format
 
 
 @dataclass(kw_only=True)
@@ -112,7 +100,7 @@ class RunnerConfig:
 @dataclass(kw_only=True)
 class ReasoningConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # where Ray runs and where each component's ranks go
-    task: TaskConfig = field(default_factory=TaskConfig)  # the problems: generated arithmetic or JSONL files
+    data: DataConfig = field(default_factory=DataConfig)  # the problems (generated, files, reasoning_gym) and prompt format
     model: ModelConfig = field(default_factory=ModelConfig)  # the policy model (and the reference / critic's start)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, loss, KL, optimizer
     runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
@@ -121,3 +109,12 @@ class ReasoningConfig:
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(tp_size=1, max_batch_size=128))
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console
+
+    # keys that moved: an old name is refused with its new one (config/validate.py)
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "task.kind": "data.source (arithmetic | files | reasoning_gym)",
+        "task.train_path": "data.train_files (a list)", "task.test_path": "data.test_files (a list)",
+        **{f"task.{k}": f"data.{k}" for k in ("terms", "max_operand", "operators", "sft_problems", "test_problems",
+                                               "seed")},
+        "task": "data",
+    }

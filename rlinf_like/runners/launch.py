@@ -13,7 +13,7 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.runners.actor_setup import actor_config, actor_replicas
-from rlinf_like.runners.checks import check_batch_split, runner_loop
+from rlinf_like.runners.checks import check_batch_split, reward_config, runner_loop
 from rlinf_like.runners.common import write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, Placement, PlacementMode, WorkerGroup, connect_groups, wait_all
@@ -101,7 +101,7 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path)
     rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
-    reward = RewardWorker.create_group(model_path, cfg.reward).launch(cluster, placement, "reward",
+    reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
                                                                       init_process_group=False)
     connect_groups(actor, rollout, "weights")
     [src] = actor.on_ranks(0).weight_layouts().wait()

@@ -19,6 +19,7 @@ import torch
 from rlinf_like.algorithms import KL_ESTIMATORS, AdvantageInputs
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.data.batch import Batch, build_rl_batch
+from rlinf_like.data.sources import Tasks
 from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import Workers
@@ -40,23 +41,24 @@ class Scored:
     extras: dict[str, float]  # the reward function's own numbers, as step metrics (`extra_metrics`)
 
 
-def make_requests(cfg: ReasoningConfig, pool: Sequence[Problem], step: int,
-                  encode: Callable[[str], list[int]]) -> tuple[list[RolloutRequest], list[str]]:
-    """Step `step`'s prompts and their reference answers. The draw depends on the step only, so a resumed
-    run asks what the uninterrupted one would have."""
+def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
+                  prompt_ids: Callable[[Problem], list[int]]) -> tuple[list[RolloutRequest], list[Problem]]:
+    """Step `step`'s prompts and their problems. The draw depends on the step only, so a resumed run asks
+    what the uninterrupted one would have."""
     r = cfg.runner
     rng = random.Random(r.seed * 1_000_003 + step)
-    problems = [rng.choice(pool) for _ in range(r.prompts_per_step)]
+    problems = tasks.draw(step, r.prompts_per_step, rng, cfg.data.seed)
     params = [SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=rng.getrandbits(31))
               for _ in problems]
-    requests = [RolloutRequest(f"s{step}-{i}", encode(p.prompt), sp, cfg.algorithm.samples_per_prompt)
+    requests = [RolloutRequest(f"s{step}-{i}", prompt_ids(p), sp, cfg.algorithm.samples_per_prompt)
                 for i, (p, sp) in enumerate(zip(problems, params))]
-    return requests, [p.answer for p in problems]
+    return requests, problems
 
 
-def score_groups(w: Workers, results: Sequence[RolloutResult], answers: Sequence[str]) -> list[list[SampleScore]]:
-    """Per request, per sample: the reward worker's score."""
-    return w.reward.score(list(results), list(answers)).wait()[0]
+def score_groups(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem]) -> list[list[SampleScore]]:
+    """Per request, per sample: the reward worker's score against the problem's answer (the reward function
+    also gets the problem's row as keyword arguments)."""
+    return w.reward.score(list(results), [p.answer for p in problems], [p.fields for p in problems]).wait()[0]
 
 
 def extra_metrics(samples: Sequence[SampleScore]) -> dict[str, float]:
@@ -75,9 +77,9 @@ def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
     return build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=pad_id)
 
 
-def score(w: Workers, results: Sequence[RolloutResult], answers: Sequence[str], pad_id: int) -> Scored:
+def score(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem], pad_id: int) -> Scored:
     start = time.perf_counter()
-    samples = [s for group in score_groups(w, results, answers) for s in group]
+    samples = [s for group in score_groups(w, results, problems) for s in group]
     return Scored(batch=rl_batch(results, pad_id),
                   rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
                   correct=torch.tensor([float(s.correct) for s in samples]),

@@ -17,12 +17,13 @@ from tqdm import tqdm
 
 from rlinf_like.algorithms import build_estimator
 from rlinf_like.data.batch import build_sft_batch
-from rlinf_like.data.tasks import ArithmeticSpec, Problem, arithmetic_problems, load_jsonl, split_train_test
+from rlinf_like.data.prompts import PromptFormat
+from rlinf_like.data.sources import Tasks, load_tasks
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
-from rlinf_like.runners.config import ReasoningConfig, TaskConfig
+from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import launch_reference, launch_workers
 from rlinf_like.runners.phases import score_groups
 from rlinf_like.scheduler import Cluster, Placement, wait_all
@@ -34,24 +35,6 @@ from rlinf_like.workers.rollout.worker import gather_results
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 REFERENCE_MODEL = "reference_model"  # the warm-started policy, exported once: what the KL term pulls toward
-
-
-@dataclass(kw_only=True)
-class Tasks:
-    sft: list[Problem]  # SFT warm-start set
-    test: list[Problem]  # held out, greedy evaluation
-    pool: list[Problem]  # what RL steps draw from
-
-
-def load_tasks(t: TaskConfig) -> Tasks:
-    if t.kind == "jsonl":
-        train = load_jsonl(t.train_path)
-        return Tasks(sft=train, test=load_jsonl(t.test_path), pool=train)
-    spec = ArithmeticSpec(t.terms, t.max_operand, t.operators)
-    sft, test = split_train_test(t.sft_problems, t.test_problems, t.seed, spec)
-    held_out = {p.prompt for p in test}
-    pool = [p for p in arithmetic_problems(20 * t.sft_problems, t.seed + 17, spec) if p.prompt not in held_out]
-    return Tasks(sft=sft, test=test, pool=pool)
 
 
 def model_path(cfg: ReasoningConfig, out: Path) -> str:
@@ -85,19 +68,21 @@ class ReasoningRun:
         self.out = Path(cfg.runner.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.checkpoints = Checkpoints(self.out / CHECKPOINT)
-        self.tasks = load_tasks(cfg.task)
+        self.tasks: Tasks = load_tasks(cfg.data)
         self.model_path = model_path(cfg, self.out)
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
+        self.prompts = PromptFormat(self.tokenizer, cfg.data)
+        first = self.tasks.test[0]  # where users debug their templates: the first prompt as the model sees it
+        log.info(f"first prompt ({len(self.prompts.prompt_ids(first))} tokens, data.chat_template="
+                 f"{cfg.data.chat_template}{'' if self.prompts.template else ', no template: raw text'}):\n"
+                 f"{self.prompts.text(first)}")
         self.estimator = build_estimator(cfg.algorithm.advantage, cfg.algorithm)
         self.actor_worker, self.check_placement = actor_worker, check_placement
         self.history: list[dict] = []
         self.step = 0  # optimizer steps done
         self.version = 0  # the weights' version the rollout holds
         self._clock = 0.0  # RL seconds so far, without evaluations and checkpoints
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text).input_ids
 
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
@@ -129,11 +114,9 @@ class ReasoningRun:
             return
         rng = random.Random(r.seed)
         w.actor.set_lr(r.sft_lr).wait()
-        eos = self.tokenizer.eos_token_id
         for _ in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
             items = [rng.choice(self.tasks.sft) for _ in range(r.sft_batch_size)]
-            batch = build_sft_batch([self.encode(p.prompt) for p in items],
-                                    [self.encode(p.solution) + [eos] for p in items])
+            batch = build_sft_batch(*zip(*(self.prompts.sft_ids(p) for p in items)))
             w.actor.sft_step(batch).wait()
         w.actor.set_lr(self.cfg.algorithm.lr).wait()
         self.sync_weights()
@@ -150,9 +133,9 @@ class ReasoningRun:
         """Greedy accuracy on the held-out set."""
         w, test = self.workers, self.tasks.test
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
-        reqs = [RolloutRequest(f"eval-{i}", self.encode(p.prompt), greedy) for i, p in enumerate(test)]
+        reqs = [RolloutRequest(f"eval-{i}", self.prompts.prompt_ids(p), greedy) for i, p in enumerate(test)]
         results = gather_results(w.rollout.generate(reqs).wait(), reqs)
-        scores = score_groups(w, results, [p.answer for p in test])
+        scores = score_groups(w, results, test)
         return sum(group[0].correct for group in scores) / len(scores)
 
     def steps(self) -> Iterator[int]:

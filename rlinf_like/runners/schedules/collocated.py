@@ -20,7 +20,7 @@ def train(cfg: ReasoningConfig) -> RunResult:
     with ReasoningRun(cfg) as run:
         w = run.workers
         for step in run.steps():
-            requests, answers = make_requests(cfg, run.tasks.pool, step, run.encode)
+            requests, problems = make_requests(cfg, run.tasks, step, run.prompts.prompt_ids)
 
             wait_all([trainer.offload() for trainer in w.trainers])  # the devices go to the rollout
             w.rollout.onload().wait()
@@ -29,7 +29,7 @@ def train(cfg: ReasoningConfig) -> RunResult:
             rollout_s = time.perf_counter() - start
             w.rollout.offload().wait()
 
-            scored = score(w, results, answers, run.pad_id)
+            scored = score(w, results, problems, run.pad_id)
 
             start = time.perf_counter()
             wait_all([trainer.onload() for trainer in w.trainers])  # and back to the trainers

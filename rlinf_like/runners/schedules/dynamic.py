@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import advantages, extra_metrics, make_requests, rl_batch, score_groups
 from rlinf_like.runners.run import ReasoningRun, RunResult
@@ -48,7 +49,7 @@ def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
         channel = Channel.create(run.cluster.scoped_name("dynsched-results"), RolloutResult)
         rollout = ElasticRollout(w, units, scheduler, channel, migrate_at)
         for step in run.steps():
-            requests, answers = make_requests(cfg, run.tasks.pool, step, run.encode)
+            requests, problems = make_requests(cfg, run.tasks, step, run.prompts.prompt_ids)
             start = time.perf_counter()
             w.actor.offload().wait()
             w.rollout.onload().wait()
@@ -65,7 +66,7 @@ def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
                 if plan and active and rollout.done([requests[i].request_id for i in plan[0]]):
                     indices = plan.pop(0)
                     done = {i: rollout.results[requests[i].request_id] for i in indices}
-                    batch = minibatch(run, done, answers, groups)
+                    batch = minibatch(run, done, problems, groups)
                     early += bool(rollout.serving)
                     outs.append(w.actor.on_ranks(*active).train_minibatch(batch, active).wait())
             rollout.scale(active)  # every rank ends the step with the same state
@@ -102,12 +103,12 @@ def minibatch_plan(cfg: ReasoningConfig, step: int, num_groups: int) -> list[lis
     return plan
 
 
-def minibatch(run: ReasoningRun, results: dict[int, RolloutResult], answers: list[str], groups: dict) -> dict:
+def minibatch(run: ReasoningRun, results: dict[int, RolloutResult], problems: list[Problem], groups: dict) -> dict:
     """The training batch of the finished groups `results` (request index -> result), advantages included;
     `groups` caches each group's scores (later epochs reuse them)."""
     new = [i for i in results if i not in groups]
     if new:
-        groups.update(zip(new, score_groups(run.workers, [results[i] for i in new], [answers[i] for i in new])))
+        groups.update(zip(new, score_groups(run.workers, [results[i] for i in new], [problems[i] for i in new])))
     batch = rl_batch(list(results.values()), run.pad_id)
     rewards = torch.tensor([[s.reward for s in groups[i]] for i in results])
     advantages(run.estimator, run.cfg, rewards, batch)

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.checks import runner_loop
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import Workers, loss_config
@@ -36,10 +37,10 @@ def train(cfg: ReasoningConfig) -> RunResult:
         rank_plan = token_budget_plan(cfg, w) if streaming else None
         for step in run.steps():
             while len(ahead) <= r.max_staleness and step + len(ahead) < r.max_steps:  # run ahead, bounded
-                ahead.start(*make_requests(cfg, run.tasks.pool, step + len(ahead), run.encode))
-            results, answers, rollout_s = ahead.take(r.prompts_per_step)
+                ahead.start(*make_requests(cfg, run.tasks, step + len(ahead), run.prompts.prompt_ids))
+            results, problems, rollout_s = ahead.take(r.prompts_per_step)
 
-            scored = score(w, results, answers, run.pad_id)
+            scored = score(w, results, problems, run.pad_id)
             start = time.perf_counter()
             batch, prepared = prepare(w, run.estimator, cfg, scored)
             updated = update(w, cfg, batch, step, rank_plan)
@@ -56,7 +57,7 @@ def train(cfg: ReasoningConfig) -> RunResult:
 class Pending:
     call: GroupResult
     requests: list[RolloutRequest]
-    answers: list[str]
+    problems: list[Problem]
     start: float
 
 
@@ -68,28 +69,28 @@ class Generations:
         self.rollout = w.rollout
         self.pending: deque[Pending] = deque()
         self.channel = Channel.create(stream, RolloutResult) if stream else None
-        self.answers: dict[str, str] = {}  # streaming: request id -> reference answer
+        self.problems: dict[str, Problem] = {}  # streaming: request id -> its problem
 
     def __len__(self) -> int:
         return len(self.pending)
 
-    def start(self, requests: list[RolloutRequest], answers: list[str]) -> None:
+    def start(self, requests: list[RolloutRequest], problems: list[Problem]) -> None:
         if self.channel is None:
             call = self.rollout.generate(requests)
         else:
-            self.answers.update((q.request_id, a) for q, a in zip(requests, answers))
+            self.problems.update((q.request_id, p) for q, p in zip(requests, problems))
             call = self.rollout.generate_to(self.channel.name, requests)
-        self.pending.append(Pending(call, requests, answers, time.perf_counter()))
+        self.pending.append(Pending(call, requests, problems, time.perf_counter()))
 
-    def take(self, groups: int) -> tuple[list[RolloutResult], list[str], float]:
-        """The oldest call's results (streaming: the first `groups` groups on the channel), their answers,
+    def take(self, groups: int) -> tuple[list[RolloutResult], list[Problem], float]:
+        """The oldest call's results (streaming: the first `groups` groups on the channel), their problems,
         and the seconds since that call started."""
         p = self.pending.popleft()
         outputs = p.call.wait()
         if self.channel is None:
-            return gather_results(outputs, p.requests), p.answers, time.perf_counter() - p.start
+            return gather_results(outputs, p.requests), p.problems, time.perf_counter() - p.start
         results = [self.channel.get() for _ in range(groups)]
-        return results, [self.answers.pop(res.request_id) for res in results], time.perf_counter() - p.start
+        return results, [self.problems.pop(res.request_id) for res in results], time.perf_counter() - p.start
 
     def close(self) -> None:
         if self.channel is not None:

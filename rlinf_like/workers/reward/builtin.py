@@ -1,4 +1,4 @@
-"""The built-in reward functions (`reward.fn=math`, `reward.fn=exact`), with the documented signature
+"""The built-in reward functions (`reward.fn=math`, `exact`, `reasoning_gym`), with the documented signature
 `fn(response, answer, **info) -> dict` plus the `config` keyword that only built-ins receive.
 
 `math` extracts the last `\\boxed{}`, else the later of GSM8K's `#### N` and `Answer:`, and compares
@@ -63,8 +63,9 @@ def exact_equal(predicted: str | None, reference: str) -> bool:
     return predicted is not None and normalise(predicted) == normalise(reference)
 
 
-def _shaped(response: str, answer: str, config: RewardConfig, finished: bool, num_tokens: int, match) -> dict:
-    b = score(response, answer, finished, num_tokens, config, extract=extract_final_answer, match=match)
+def _shaped(response: str, answer: str, config: RewardConfig, finished: bool, num_tokens: int, match,
+            extract=extract_final_answer) -> dict:
+    b = score(response, answer, finished, num_tokens, config, extract=extract, match=match)
     return {"reward": b.total, "correct": b.correct, "formatted": b.formatted}
 
 
@@ -78,3 +79,34 @@ def exact_reward(response: str, answer: str, *, config: RewardConfig = RewardCon
                  num_tokens: int = 0, **info) -> dict:
     """`reward.fn=exact`: the extracted answer must equal the reference as a normalised string."""
     return _shaped(response, answer, config, finished, num_tokens, exact_equal)
+
+
+def reasoning_gym_reward(response: str, answer: str, *, config: RewardConfig = RewardConfig(), finished: bool = True,
+                         num_tokens: int = 0, metadata: dict | None = None, prompt: str = "", **info) -> dict:
+    """`reward.fn=reasoning_gym`: the reasoning-gym package's own scorer for the row's generator (from the
+    row's `metadata`, which `data.source=reasoning_gym` keeps). The answer is the last `<answer>...</answer>`
+    (the package's convention), else what `math` would extract; a score of 1 is correct, and the package's
+    score is logged as `reasoning_gym_score`."""
+    if not metadata or "source_dataset" not in metadata:
+        raise ValueError("reward.fn=reasoning_gym needs data.source=reasoning_gym (the row has no "
+                         "metadata.source_dataset)")
+    from reasoning_gym import get_score_answer_fn
+
+    scorer = get_score_answer_fn(metadata["source_dataset"])
+    entry = {"question": prompt, "answer": answer, "metadata": metadata}
+    scores: list[float] = []
+
+    def match(predicted: str | None, _reference: str) -> bool:
+        scores.append(0.0 if predicted is None else float(scorer(predicted, entry)))
+        return scores[-1] >= 1.0
+
+    out = _shaped(response, answer, config, finished, num_tokens, match, extract=_tagged_answer)
+    return {**out, "reasoning_gym_score": scores[-1]}
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def _tagged_answer(text: str) -> str | None:
+    tagged = _ANSWER_TAG.findall(text)
+    return tagged[-1].strip() if tagged else extract_final_answer(text)

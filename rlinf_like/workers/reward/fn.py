@@ -12,8 +12,8 @@ or a dict holding `"reward"` whose other numeric entries are kept per sample (`S
 and logged as metrics; `"correct"` and `"formatted"` in the dict fill those fields (else a reward of at
 least `reward.correct` counts as correct).
 
-`reward.fn` is a registered name (`math`, the default, or `exact`; built-ins also receive the `reward`
-config as `config=`) or `module:function`, imported where the rewards are computed (the reward
+`reward.fn` is a registered name (`math`, `exact` or `reasoning_gym`; built-ins also receive the `reward`
+config as `config=`; `auto`, the default, is the data source's own: math, or reasoning_gym for that source) or `module:function`, imported where the rewards are computed (the reward
 worker), so a module on PYTHONPATH works. Each call runs under `reward.timeout_s`; a call that raises,
 times out or returns something unusable is logged with its request id and scores
 `reward.error_value`: one bad sample never stops the step.
@@ -40,13 +40,15 @@ RewardFn = Callable[..., Any]  # fn(response, answer, **info) -> float | dict
 REWARD_FNS: Registry[RewardFn] = Registry("reward function", key="reward.fn")
 REWARD_FNS.register("math", "rlinf_like.workers.reward.builtin:math_reward")
 REWARD_FNS.register("exact", "rlinf_like.workers.reward.builtin:exact_reward")
+REWARD_FNS.register("reasoning_gym", "rlinf_like.workers.reward.builtin:reasoning_gym_reward")
+AUTO = "auto"  # the runner replaces it with the data source's reward (data/sources/); elsewhere it means math
 _FIELDS = ("reward", "correct", "formatted")  # dict entries that are SampleScore fields, not extras
 
 
 def load_reward_fn(config: RewardConfig) -> RewardFn:
     """The function `reward.fn` names: a built-in bound to `config`, or the user's imported function."""
     if ":" not in config.fn:
-        return functools.partial(REWARD_FNS.get(config.fn), config=config)
+        return functools.partial(REWARD_FNS.get("math" if config.fn == AUTO else config.fn), config=config)
     module, _, attr = config.fn.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)

@@ -73,7 +73,9 @@ class RewardConfig:
     no_eos_penalty: float = 0.0  # subtracted when the response hit the length limit
     min_response_tokens: int = 0  # shorter responses get `short_penalty` subtracted
     short_penalty: float = 0.0  # subtracted from responses shorter than min_response_tokens
-    fn: str = "math"  # the reward function: a built-in name (math, exact) or a user's `module:function`
+    # the reward function: auto (the data source's: math, or reasoning_gym for that source), a built-in
+    # (math, exact, reasoning_gym) or a user's `module:function`
+    fn: str = "auto"
     timeout_s: float = 10.0  # time limit of one reward call; past it the sample scores error_value
     error_value: float = 0.0  # the reward of a sample whose reward call raised or timed out
     # learned reward model (workers/reward/model.py); checked by `reward/combine.py`
