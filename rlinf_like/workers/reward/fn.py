@@ -42,13 +42,14 @@ REWARD_FNS.register("math", "rlinf_like.workers.reward.builtin:math_reward")
 REWARD_FNS.register("exact", "rlinf_like.workers.reward.builtin:exact_reward")
 REWARD_FNS.register("reasoning_gym", "rlinf_like.workers.reward.builtin:reasoning_gym_reward")
 AUTO = "auto"  # the runner replaces it with the data source's reward (data/sources/); elsewhere it means math
+REWARD_FNS.register(AUTO, "rlinf_like.workers.reward.builtin:math_reward")
 _FIELDS = ("reward", "correct", "formatted")  # dict entries that are SampleScore fields, not extras
 
 
 def load_reward_fn(config: RewardConfig) -> RewardFn:
     """The function `reward.fn` names: a built-in bound to `config`, or the user's imported function."""
     if ":" not in config.fn:
-        return functools.partial(REWARD_FNS.get("math" if config.fn == AUTO else config.fn), config=config)
+        return functools.partial(REWARD_FNS.get(config.fn), config=config)
     module, _, attr = config.fn.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)
