@@ -33,7 +33,7 @@ class DataConfig:
     # auto: the tokenizer's own chat template when it has one (raw text otherwise) | none: raw text |
     # a path to a Jinja chat-template file
     chat_template: str = "auto"
-    system_prompt: str = ""  # a system message before each prompt (chat templates only)
+    system_prompt: str = ""  # a system message before each prompt (without a template: its own line before it)
     # how a problem becomes the user's message: {prompt} and any of the row's columns by name, e.g.
     # "{question}\nPut the final answer in \\boxed{{}}."
     prompt_template: str = "{prompt}"

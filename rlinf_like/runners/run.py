@@ -74,9 +74,7 @@ class ReasoningRun:
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.prompts = PromptFormat(self.tokenizer, cfg.data)
         first = self.tasks.test[0]  # where users debug their templates: the first prompt as the model sees it
-        log.info(f"first prompt ({len(self.prompts.prompt_ids(first))} tokens, data.chat_template="
-                 f"{cfg.data.chat_template}{'' if self.prompts.template else ', no template: raw text'}):\n"
-                 f"{self.prompts.text(first)}")
+        log.info(f"first prompt {self.prompts.describe(first)}")
         self.estimator = build_estimator(cfg.algorithm.advantage, cfg.algorithm)
         self.actor_worker, self.check_placement = actor_worker, check_placement
         self.history: list[dict] = []
