@@ -69,6 +69,9 @@ class ReasoningRun:
         self.out.mkdir(parents=True, exist_ok=True)
         self.checkpoints = Checkpoints(self.out / CHECKPOINT)
         self.tasks: Tasks = load_tasks(cfg.data)
+        if cfg.runner.sft_steps > 0 and not self.tasks.sft:
+            raise ValueError(f"runner.sft_steps={cfg.runner.sft_steps} needs SFT problems; data.source="
+                             f"{cfg.data.source} gives none (data.sft_problems=0?): set runner.sft_steps=0")
         self.model_path = model_path(cfg, self.out)
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0

@@ -44,7 +44,12 @@ def default_reward(cfg) -> str:
 
 def load_tasks(cfg) -> Tasks:
     """The problems `cfg` (the `data` section) names: train, held-out and the RL pool."""
-    return DATA_SOURCES.get(cfg.source).load(cfg)
+    tasks = DATA_SOURCES.get(cfg.source).load(cfg)
+    for what, problems in (("RL steps", tasks.pool), ("the held-out evaluation", tasks.test)):
+        if not problems:  # else the run would fail only after its workers started
+            sizes = ", ".join(f"data.{k}={getattr(cfg, k)!r}" for k in DATA_SOURCES.get(cfg.source).keys)
+            raise ValueError(f"data.source={cfg.source} gives {what} no problems to draw from ({sizes})")
+    return tasks
 
 
 __all__ = ["DATA_SOURCES", "DataSource", "Tasks", "check_data_config", "default_reward", "load_tasks"]

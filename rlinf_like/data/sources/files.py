@@ -12,6 +12,7 @@ worker starts: a missing key names the file, the row and the key.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 from pathlib import Path
@@ -23,7 +24,7 @@ from rlinf_like.data.tasks import Problem
 log = logging.getLogger(__name__)
 
 BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}  # suffix -> datasets builder
-_GSM8K_FINAL = re.compile(r"####\s*(\S[^\n]*)\s*$")  # GSM8K answers end with "#### 42"
+_GSM8K_FINAL = re.compile(r"####\s*([^\n]*?)\s*$")  # GSM8K answers end with "#### 42" (a bare "####": empty)
 
 
 class FileSource(DataSource):
@@ -72,7 +73,11 @@ def open_dataset(path: str, split: str):
     if not p.exists():
         raise ValueError(f"data file {path!r} does not exist")
     if p.is_dir():
-        ds = datasets.load_from_disk(str(p))
+        try:
+            ds = datasets.load_from_disk(str(p))
+        except FileNotFoundError as e:
+            raise ValueError(f"{path}: a folder that is not a save_to_disk dataset ({e}); data.source=files reads "
+                             f"{sorted(BUILDERS)} files and save_to_disk folders") from e
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
                 raise ValueError(f"{path}: a DatasetDict without a {split!r} split (it has {sorted(ds)})")
@@ -82,7 +87,12 @@ def open_dataset(path: str, split: str):
     if builder is None:
         raise ValueError(f"{path}: unknown file type {p.suffix!r}; data.source=files reads {sorted(BUILDERS)} "
                          f"files and save_to_disk folders")
-    return datasets.load_dataset(builder, data_files=str(p), split="train")
+    if p.stat().st_size == 0:
+        raise ValueError(f"{path}: the file is empty")
+    try:
+        return datasets.load_dataset(builder, data_files=str(p), split="train")
+    except Exception as e:  # datasets' own errors name neither the file nor the row
+        raise ValueError(f"{path}: cannot be read as {builder} data ({type(e).__name__}: {e})") from e
 
 
 def read_problems(path: str, cfg, split: str) -> list[Problem]:
@@ -103,7 +113,7 @@ def read_problems(path: str, cfg, split: str) -> list[Problem]:
 
 def to_problem(row: dict[str, Any], where: str, prompt_key: str, answer_key: str, solution_key: str) -> Problem:
     """One row as a Problem; `where` ("train.jsonl row 3") names it in errors."""
-    raw = row[prompt_key]
+    raw = _present(row[prompt_key])
     messages: tuple[dict, ...] = ()
     last_assistant = None
     if isinstance(raw, list):
@@ -118,16 +128,30 @@ def to_problem(row: dict[str, Any], where: str, prompt_key: str, answer_key: str
         prompt = raw
     if prompt is None or str(prompt).strip() == "":
         raise ValueError(f"{where}: data.prompt_key={prompt_key!r} is missing (empty or null)")
-    full = row[answer_key] if answer_key else last_assistant
+    full = _present(row[answer_key]) if answer_key else last_assistant
     if full is None or str(full).strip() == "":
         what = f"data.answer_key={answer_key!r}" if answer_key else "the answer (no answer column, no assistant turn)"
         raise ValueError(f"{where}: {what} is missing (empty or null)")
     answer, solution = final_answer(str(full)), str(full)
+    if not answer:
+        what = f"data.answer_key={answer_key!r}" if answer_key else "the last assistant turn"
+        raise ValueError(f"{where}: {what} has an empty final answer ({solution[-60:]!r})")
     if solution_key:
         if row[solution_key] is None:
             raise ValueError(f"{where}: data.solution_key={solution_key!r} is missing (null)")
         solution = str(row[solution_key])
     return Problem(prompt=str(prompt), answer=answer, solution=solution, messages=messages, fields=dict(row))
+
+
+def _present(value: Any) -> Any:
+    """A cell's value: None for a missing one (a NaN in a float column too); a whole float as an int (a JSON
+    or CSV column mixing 42 and 2.5 is read as floats, and the answer "42" must not become "42.0")."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer():
+            return int(value)
+    return value
 
 
 def final_answer(text: str) -> str:

@@ -44,6 +44,9 @@ class ReasoningGymSource(DataSource):
         seen = {p.prompt for p in sft}
         test = [p for p in problems(cfg.name, 4 * cfg.test_problems, cfg.seed + 1_000_003)
                 if p.prompt not in seen][: cfg.test_problems]
+        if len(test) < cfg.test_problems:
+            raise ValueError(f"data.name={cfg.name} gives only {len(test)} held-out problems that are not in the "
+                             f"{cfg.sft_problems} SFT ones (data.test_problems={cfg.test_problems}); shrink the sets")
         held_out = {p.prompt for p in test}
         pool = [p for p in problems(cfg.name, 20 * max(cfg.sft_problems, cfg.test_problems), cfg.seed + 17)
                 if p.prompt not in held_out]
