@@ -38,8 +38,9 @@ GSM8K_ANSWERS = ["20", "120", "40", "900", "260", "10", "7,500", "133", "5", "16
                  "26", "325", "30", "41", "100", "18,000", "107", "108", "192", "135", "32", "495", "25", "5", "16,500",
                  "17", "8.75"]
 MATH_ANSWERS = ["4", r"\frac{3}{4}", r"\dfrac{1}{2}", r"25\%", r"\{2, 3\}", r"\text{(B)}", r"5\sqrt{2}", r"9\pi", "12",
-                "60", "49", "3", "720", "15", "(1, 5)", r"[2, \infty)", "2", "x + 3", "5050", "18", r"\frac{1}{3}", "36",
-                "5", "13", "5", "(7, 3)", r"\frac{1}{4}", r"\textbf{(D)}", "6", "42", r"\dfrac{\sqrt{3}}{2}", "-3"]
+                "60", "49", "3", "720", "15", "(1, 5)", r"[2, \infty)", "2", "x + 3", "5050", "18", r"\frac{1}{3}",
+                "36", "5", "13", "5", "(7, 3)", r"\frac{1}{4}", r"\textbf{(D)}", "6", "42", r"\dfrac{\sqrt{3}}{2}",
+                "-3"]
 
 
 def gsm8k(**overrides) -> DataConfig:
@@ -111,7 +112,8 @@ def test_math_reward_accepts_other_forms_of_the_sample_answers(row):
 
 
 @pytest.mark.parametrize("text,answer", [
-    ("so 6*7=42\n#### 42", "42"), ("#### 1,234\n", "1,234"), ("#### 8.75  \n\n", "8.75"), ("x = \\boxed{\\{1, 2\\}}.", "\\{1, 2\\}"),
+    ("so 6*7=42\n#### 42", "42"), ("#### 1,234\n", "1,234"), ("#### 8.75  \n\n", "8.75"),
+    ("x = \\boxed{\\{1, 2\\}}.", "\\{1, 2\\}"),
     ("\\boxed{1} then \\boxed{\\dfrac{3}{4}}", "\\dfrac{3}{4}"), (" 17 ", "17"), ("#### Steps\nthen \\boxed{5}", "5"),
     ("no answer here", "no answer here"), ("so ####", ""), ("\\boxed{}", ""),
 ])
@@ -119,7 +121,7 @@ def test_final_answer(text, answer):
     assert final_answer(text) == answer
 
 
-# --- data.source=files in each format ---------------------------------------------------------------------------------
+# --- data.source=files in each format -------------------------------------------------------------------------------
 
 def test_jsonl_with_test_fraction_is_a_seeded_disjoint_split():
     a, b = load_tasks(gsm8k()), load_tasks(gsm8k())
@@ -157,7 +159,8 @@ def test_parquet_with_custom_columns_and_a_solution_column(tmp_path):
                      solution_key="worked")
     check_data_config(cfg)
     tasks = load_tasks(cfg)
-    assert [(p.prompt, p.answer) for p in tasks.pool] == [("2+3?", "5"), ("10/4?", "\\frac{5}{2}"), ("Half of 9?", "4.5")]
+    assert [(p.prompt, p.answer) for p in tasks.pool] == [("2+3?", "5"), ("10/4?", "\\frac{5}{2}"),
+                                                          ("Half of 9?", "4.5")]
     assert [p.solution for p in tasks.sft] == train["worked"]  # the SFT text is the solution column
     assert [p.fields["difficulty"] for p in tasks.pool] == [1, 2, 3]
     assert [p.prompt for p in tasks.test] == ["Half of 9?"]
@@ -209,13 +212,14 @@ def test_chat_messages_in_parquet(tmp_path):
 
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6*7?"},
                     {"role": "assistant", "content": "6*7 = \\boxed{42}"}]
-    datasets.Dataset.from_list([{"messages": conversation, "source": "hand"}]).to_parquet(str(tmp_path / "chat.parquet"))
+    chat = datasets.Dataset.from_list([{"messages": conversation, "source": "hand"}])
+    chat.to_parquet(str(tmp_path / "chat.parquet"))
     [p] = read_problems(str(tmp_path / "chat.parquet"), DataConfig(prompt_key="messages"), "train")
     assert (p.prompt, p.answer, p.solution, p.messages) == ("What is 6*7?", "42", "6*7 = \\boxed{42}",
                                                             tuple(conversation[:2]))
 
 
-# --- data.source=reasoning_gym -----------------------------------------------------------------------------------------
+# --- data.source=reasoning_gym --------------------------------------------------------------------------------------
 
 def test_reasoning_gym_source():
     cfg = DataConfig(source="reasoning_gym", name="chain_sum", sft_problems=8, test_problems=5)
@@ -232,6 +236,19 @@ def test_reasoning_gym_source():
     assert reward_config(ReasoningConfig(data=cfg)).fn == "reasoning_gym"  # what reward.fn=auto means here
     assert reward_config(ReasoningConfig(data=gsm8k())).fn == "math"
     assert reward_config(ReasoningConfig()).fn == "math"
+
+
+def test_reasoning_gym_held_out_problems_are_kept_out_of_the_other_sets(monkeypatch):
+    """A generator whose every seed gives the same stream (0, 1, 2, ...): held-out problems are the first ones not
+    in the SFT set, and the RL pool leaves them out."""
+    from rlinf_like.data.sources import reasoning_gym
+
+    monkeypatch.setattr(reasoning_gym, "problems", lambda name, size, seed: [
+        Problem(prompt=str(i), answer=str(i), fields={"metadata": {"source_dataset": name}}) for i in range(size)])
+    tasks = load_tasks(DataConfig(source="reasoning_gym", name="chain_sum", sft_problems=8, test_problems=3))
+    assert [p.prompt for p in tasks.sft] == [str(i) for i in range(8)]
+    assert [p.prompt for p in tasks.test] == ["8", "9", "10"]
+    assert [p.prompt for p in tasks.pool] == [str(i) for i in range(160) if i not in (8, 9, 10)]
 
 
 def test_reasoning_gym_too_few_held_out_problems_is_named(monkeypatch):
@@ -276,14 +293,16 @@ GOOD = {"question": "1+1?", "answer": "#### 2", "hint": "add"}
     ({"question": None, "answer": "4"}, "bad.jsonl row 2: data.prompt_key='question' is missing (empty or null)"),
     ({"question": "", "answer": "4"}, "bad.jsonl row 2: data.prompt_key='question' is missing (empty or null)"),
     ({"question": "2+2?", "answer": "so ####"}, "bad.jsonl row 2: data.answer_key='answer' has an empty final answer"),
-    ({"question": "2+2?", "answer": "\\boxed{ }"}, "bad.jsonl row 2: data.answer_key='answer' has an empty final answer"),
+    ({"question": "2+2?", "answer": "\\boxed{ }"},
+     "bad.jsonl row 2: data.answer_key='answer' has an empty final answer"),
 ])
 def test_a_missing_value_names_the_file_row_and_key(tmp_path, bad, message):
     assert bad_rows(tmp_path, [GOOD, GOOD, bad, GOOD], prompt_key="question").startswith(message)
 
 
 @pytest.mark.parametrize("keys,message", [
-    ({"prompt_key": "query"}, "bad.jsonl: data.prompt_key='query' is not a column (columns: ['question', 'answer', 'hint'])"),
+    ({"prompt_key": "query"},
+     "bad.jsonl: data.prompt_key='query' is not a column (columns: ['question', 'answer', 'hint'])"),
     ({"prompt_key": "question", "answer_key": "solution"},
      "bad.jsonl: data.answer_key='solution' is not a column (columns: ['question', 'answer', 'hint'])"),
     ({"prompt_key": "question", "solution_key": "steps"},
@@ -383,7 +402,7 @@ def test_data_errors_stop_the_run_before_any_worker_starts(tmp_path, monkeypatch
     assert not (tmp_path / "out" / "init_model").exists()
 
 
-# --- the old task.* keys -----------------------------------------------------------------------------------------------
+# --- the old task.* keys --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("old,new", [
     ("task.sft_problems", "data.sft_problems"), ("task.seed", "data.seed"), ("task.operators", "data.operators"),
@@ -412,7 +431,9 @@ def test_the_old_task_section_is_refused_and_data_keys_are_checked():
 
 
 def test_main_grpo_refuses_an_old_key_fast():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # this checkout's code, not whatever an editable install points at
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     start = time.monotonic()
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "reasoning" / "main_grpo.py"),
                              "task.sft_problems=8"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
@@ -423,7 +444,7 @@ def test_main_grpo_refuses_an_old_key_fast():
     assert elapsed < 20, f"took {elapsed:.1f} s"
 
 
-# --- the RL steps' data order ------------------------------------------------------------------------------------------
+# --- the RL steps' data order ---------------------------------------------------------------------------------------
 
 def numbered(n: int, epochs: bool) -> Tasks:
     pool = [Problem(prompt=str(i), answer=str(i)) for i in range(n)]
@@ -489,7 +510,7 @@ def test_generated_data_keeps_its_draws_with_replacement():
     assert len(set(drawn(small, 0, 10))) <= 3  # 10 draws from 3: repeats (with replacement)
 
 
-# --- 2-step runs on the samples ------------------------------------------------------------------------------------
+# --- 2-step runs on the samples -------------------------------------------------------------------------------------
 
 def tiny_run(out: Path, data: DataConfig, reward_fn: str = "auto") -> ReasoningConfig:
     cfg = ReasoningConfig(data=data)

@@ -137,9 +137,9 @@ def to_problem(row: dict[str, Any], where: str, prompt_key: str, answer_key: str
         what = f"data.answer_key={answer_key!r}" if answer_key else "the last assistant turn"
         raise ValueError(f"{where}: {what} has an empty final answer ({solution[-60:]!r})")
     if solution_key:
-        if row[solution_key] is None:
+        if _present(row[solution_key]) is None:
             raise ValueError(f"{where}: data.solution_key={solution_key!r} is missing (null)")
-        solution = str(row[solution_key])
+        solution = str(_present(row[solution_key]))
     return Problem(prompt=str(prompt), answer=answer, solution=solution, messages=messages, fields=dict(row))
 
 
