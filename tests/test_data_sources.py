@@ -590,6 +590,6 @@ def test_two_steps_on_the_math_sample_with_the_math_reward(histories):
     tokenizer = load_tokenizer(str(tmp / "math" / "init_model"))
     prompts, p = PromptFormat(tokenizer, cfg.data), load_tasks(cfg.data).test[0]
     assert prompts.text(p) == f"user: {p.prompt} ({p.fields['type']})\nassistant: "
-    _, target = prompts.sft_ids(p)
-    assert target == tokenizer(p.solution + "\n", add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    _, target = prompts.sft_ids(p)  # EOS in place of the template's end of turn (a newline)
+    assert target == tokenizer(p.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     assert (tmp / "math" / "final_model" / "config.json").exists()
