@@ -10,7 +10,8 @@ Skipped, and only these (`test_only_setup_cluster_and_viewer_commands_are_skippe
 and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray cluster), `tensorboard ...`
 (a viewer that never exits).
 
-Every other command runs from a scratch directory holding a link to examples/, with its Python
+Every other command runs, as a shell would split it, from a scratch directory holding links to examples/
+and tests/, with its Python
 replaced by this interpreter and the overrides of `CUT` appended (hydra and argparse take the last
 value of a key), so each trains for one step on tiny batches and writes under the scratch directory.
 Two commands whose overrides are the same once cut (`env=cartpole` and `env=cartpole
@@ -22,6 +23,7 @@ warm start first (the PPO command after it starts from its file).
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +38,8 @@ SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": 
            "viewer": "tensorboard ", "multi-node driver": "cluster.address="}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
-              "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 data.sft_problems=8 data.test_problems=4 "
-              "runner.output_dir={out}")
+              "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
+_GENERATED = "data.sft_problems=8 data.test_problems=4"  # the generated data's sizes; files keep theirs
 _EMBODIED = ("runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
              "algorithm.epochs=1 algorithm.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
 # script -> what makes its run one step long and writes under the scratch directory
@@ -83,10 +85,16 @@ def _script(command: str) -> str:
     return words[2] if words[1] == "-m" else words[1]
 
 
+def cut(command: str) -> str:
+    """The overrides that cut `command` down (`CUT`, plus the generated data's sizes unless it reads files)."""
+    extra = _GENERATED if _script(command).endswith("main_grpo.py") and "data.source=files" not in command else ""
+    return f"{CUT[_script(command)]} {extra}"
+
+
 def effective(command: str) -> tuple[str, ...]:
     """What a command runs once cut: its script and its arguments, a key's last value winning."""
     args = {}
-    for word in [*command.split()[1:], *CUT[_script(command)].split()]:
+    for word in [*shlex.split(command)[1:], *cut(command).split()]:
         key = word.split("=", 1)[0] if "=" in word and not word.startswith("-") else word
         args.pop(key, None)
         args[key] = word
@@ -156,12 +164,13 @@ def _split(form: str) -> list[str]:
 def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     (root / "examples").symlink_to(ROOT / "examples")
+    (root / "tests").symlink_to(ROOT / "tests")  # the README's sample data
     return root
 
 
 def run_command(index: int, command: str, scratch: Path) -> subprocess.CompletedProcess:
     out = scratch / f"out{index}"
-    argv = [sys.executable, *command.split()[1:], *CUT[_script(command)].format(out=out).split()]
+    argv = [sys.executable, *shlex.split(command)[1:], *cut(command).format(out=out).split()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=400)

@@ -236,3 +236,13 @@ def test_reward_fn_overrides_through_hydra_and_is_checked_before_launch(tmp_path
     check_config(good)
     with pytest.raises(ValueError, match=r"reward.fn='maths' is not one of \['auto', 'exact', 'math', 'reasoning_gym'\]"):
         check_config(bad)
+
+
+def test_row_columns_reach_the_reward_except_reserved_names():
+    """A column named `config` would replace the built-ins' RewardConfig (every sample would score
+    error_value); `response` / `answer` would clash with the positional arguments; `prompt` is the rendered one."""
+    from rlinf_like.workers.reward.worker import reward_info
+
+    info = reward_info({"level": 3, "config": "x", "answer": "7", "response": "r", "prompt": "raw"}, "rendered", True, 5)
+    assert info == {"level": 3, "prompt": "rendered", "finished": True, "num_tokens": 5}
+    assert math_reward("\\boxed{7}", "7", **info)["correct"]

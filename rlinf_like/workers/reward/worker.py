@@ -17,6 +17,17 @@ from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout.types import RolloutResult
 
 
+# row columns that cannot be keyword arguments: the positional parameters, and built-ins' `config`
+RESERVED = ("response", "answer", "config")
+
+
+def reward_info(row: dict, prompt: str, finished: bool, num_tokens: int) -> dict:
+    """The keyword arguments of one reward call: the row's columns, then the documented keys, which win
+    over same-named columns; columns named as in `RESERVED` are left out."""
+    return {**{k: v for k, v in row.items() if k not in RESERVED}, "prompt": prompt, "finished": finished,
+            "num_tokens": num_tokens}
+
+
 class RewardWorker(Worker):
     def __init__(self, tokenizer_path: str, config: RewardConfig = RewardConfig()):
         check_reward_config(config)
@@ -32,15 +43,14 @@ class RewardWorker(Worker):
     def score(self, results: Sequence[RolloutResult], answers: Sequence[str],
               row_extras: Sequence[dict] | None = None) -> list[list[SampleScore]]:
         """Per request, per sample: its `SampleScore`. `row_extras`: per request, the data row's other
-        columns, passed to the reward function as keyword arguments (no data source has any yet)."""
+        columns, passed to the reward function as keyword arguments."""
         samples, rows, finished, lengths = [], [], [], []
         for i, (result, answer) in enumerate(zip(results, answers)):
             prompt = self.tokenizer.decode(result.prompt_ids, skip_special_tokens=True)
-            # the documented keys win over same-named columns; `response` and `answer` are positional
-            extra = {k: v for k, v in (row_extras[i] if row_extras else {}).items() if k not in ("response", "answer")}
+            row = row_extras[i] if row_extras else {}
             for tokens, reason in zip(result.response_ids, result.finish_reasons):
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                info = {**extra, "prompt": prompt, "finished": reason == "stop", "num_tokens": len(tokens)}
+                info = reward_info(row, prompt, reason == "stop", len(tokens))
                 samples.append(score_sample(self.reward_fn, self.config, result.request_id, text, answer, **info))
                 rows.append(list(result.prompt_ids) + list(tokens))
                 finished.append(reason == "stop")
