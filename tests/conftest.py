@@ -2,19 +2,42 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported anywhere
 
+from pathlib import Path
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
 
+# The real pretrained model the `real_model` tests load (made by scripts/setup.sh)
+REAL_MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
+REAL_MODEL_COMMAND = "python -m rlinf_like.models.get smollm2-135m-instruct models/"
+
 
 def pytest_collection_modifyitems(config, items):
+    from rlinf_like.models.get import is_complete
+
+    if not is_complete(REAL_MODEL):
+        skip_real = pytest.mark.skip(reason=f"needs {REAL_MODEL}: run `{REAL_MODEL_COMMAND}` in the repository root")
+        for item in items:
+            if "real_model" in item.keywords:
+                item.add_marker(skip_real)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> str:
+    """The SmolLM2-135M-Instruct HF folder (tests using it carry @pytest.mark.real_model)."""
+    from rlinf_like.models.get import is_complete
+
+    if not is_complete(REAL_MODEL):
+        pytest.skip(f"needs {REAL_MODEL}: run `{REAL_MODEL_COMMAND}` in the repository root")
+    return str(REAL_MODEL)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,10 @@ from rlinf_like.utils.extras import MissingExtraError
 SPECS = {"qwen2": TinyModelSpec(arch="qwen2", hidden_size=48, intermediate_size=72, num_layers=4, num_heads=6,
                                 num_kv_heads=2),
          "llama-tied": TinyModelSpec(arch="llama", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                                     num_kv_heads=2, tie_word_embeddings=True)}
+                                     num_kv_heads=2, tie_word_embeddings=True),
+         # q/k norms (replicated over TP) and head_dim 12 != hidden / heads
+         "qwen3": TinyModelSpec(arch="qwen3", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                                num_kv_heads=2, head_dim=12)}
 
 
 def hf_model(arch):
@@ -131,5 +134,6 @@ def test_unsplittable_parallel_sizes_and_unsupported_models_are_refused_by_name(
         check_parallel(cfg, 3, 1)
     with pytest.raises(ValueError, match=r"pipeline_parallel=3 must divide the 4 layers"):
         check_parallel(cfg, 1, 3)
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported; supported: \['llama', 'qwen2'\]"):
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported; "
+                                         r"supported: \['llama', 'qwen2', 'qwen3'\]"):
         model_config({"model_type": "gpt2"})

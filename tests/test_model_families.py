@@ -1,7 +1,11 @@
 """One model-family description read by every backend: the native rollout engine's layouts, the
 Megatron conversion rules and the Megatron shard layouts split each weight the way its family says."""
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -9,16 +13,20 @@ import torch
 
 from rlinf_like.hybrid_engines.megatron import convert, layouts
 from rlinf_like.hybrid_engines.megatron.model import model_config as megatron_config
+from rlinf_like.models import load_tokenizer
 from rlinf_like.models.families import MODEL_FAMILIES, FamilyRegistry, ModelConfig, base
 from rlinf_like.models.families.llama import LLAMA
-from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model
+from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model, write_tiny_model
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
 from rlinf_like.workers.rollout.native import model as native
 
 TINY = dict(hidden_size=48, intermediate_size=72, num_layers=2, num_heads=6, num_kv_heads=2)
+# Llama-3.x's scaling with a short original context, so that it moves most of a 16-wide head's frequencies
+LLAMA3_ROPE = (4.0, 1.0, 4.0, 16)
 
 
 def hf_config(arch: str, **overrides) -> dict:
-    model, _ = build_tiny_model(TinyModelSpec(arch=arch, **TINY))
+    model, _ = build_tiny_model(TinyModelSpec(arch=arch, **TINY, head_dim=12 if arch == "qwen3" else None))
     return {**model.config.to_dict(), **overrides}
 
 
@@ -81,12 +89,13 @@ def test_unknown_model_types_and_families_are_refused_naming_the_supported_ones(
     gpt2 = {"model_type": "gpt2"}
     (tmp_path / "config.json").write_text(json.dumps(gpt2))
     with pytest.raises(ValueError, match=r"native engine: model_type 'gpt2' is not supported; supported: "
-                                         r"\['llama', 'qwen2'\] \(use rollout.engine=hf or sglang\)"):
+                                         r"\['llama', 'qwen2', 'qwen3'\] \(use rollout.engine=hf or sglang\)"):
         native.model_config(tmp_path)
     with pytest.raises(ValueError, match=r"megatron manager: model_type 'gpt2' is not supported; "
-                                         r"supported: \['llama', 'qwen2'\]"):
+                                         r"supported: \['llama', 'qwen2', 'qwen3'\]"):
         megatron_config(gpt2)
-    with pytest.raises(KeyError, match=r"model family 'gpt2' is not registered; supported: \['llama', 'qwen2'\]"):
+    with pytest.raises(KeyError, match=r"model family 'gpt2' is not registered; "
+                                       r"supported: \['llama', 'qwen2', 'qwen3'\]"):
         MODEL_FAMILIES.get("gpt2")
     with pytest.raises(ValueError, match=r"rope type 'linear'"):
         ModelConfig.from_hf(hf_config("llama", rope_parameters={"rope_type": "linear", "factor": 2.0}))
@@ -104,3 +113,95 @@ def test_a_new_family_is_one_registration_every_backend_then_serves(monkeypatch)
     assert cfg.family.name == "mistral"
     assert split_dims(native.weight_layouts(cfg, 2, torch.float32))["model.layers.0.mlp.down_proj.weight"] == 1
     assert {r.megatron for r in convert.rules_for(cfg.family)} == {r.megatron for r in convert.rules_for(LLAMA)}
+
+
+# Each family as transformers runs it, tied and untied: a tiny random model (hidden 64, 2 layers, GQA)
+VARIANTS = {
+    "llama": TinyModelSpec(arch="llama"),
+    "llama-tied": TinyModelSpec(arch="llama", tie_word_embeddings=True),
+    "llama-llama3-rope": TinyModelSpec(arch="llama", llama3_rope=LLAMA3_ROPE),
+    "qwen2": TinyModelSpec(arch="qwen2"),
+    "qwen2-tied": TinyModelSpec(arch="qwen2", tie_word_embeddings=True),
+    "qwen3": TinyModelSpec(arch="qwen3", head_dim=24),  # head_dim != hidden / heads (16)
+    "qwen3-tied": TinyModelSpec(arch="qwen3", head_dim=24, tie_word_embeddings=True),
+}
+FAMILY_PROMPTS = ["12+34=", "The quick brown fox", "x"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_native_engine_greedy_tokens_and_logprobs_equal_transformers_for_each_family(variant, tmp_path):
+    spec = VARIANTS[variant]
+    path = str(write_tiny_model(tmp_path, spec))
+    cfg = native.model_config(path)
+    assert cfg.family.name == spec.arch and cfg.tie_word_embeddings == spec.tie_word_embeddings
+    assert (cfg.rope_scaling is not None) == (spec.llama3_rope is not None)
+    assert cfg.head_dim == (spec.head_dim or spec.hidden_size // spec.num_heads)
+    tok = load_tokenizer(path)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    reqs = [RolloutRequest(f"r{i}", tok(p).input_ids, params, 1) for i, p in enumerate(FAMILY_PROMPTS)]
+    ours = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=4)).generate(reqs)
+    reference = make_engine(RolloutConfig(engine="hf", model_path=path)).generate(reqs)
+    for a, b in zip(ours, reference):
+        assert len(b.response_ids[0]) == 12
+        assert a.response_ids == b.response_ids, (variant, a.request_id)
+        assert max(abs(p - q) for p, q in zip(a.logprobs[0], b.logprobs[0])) < 1e-4, (variant, a.request_id)
+
+
+def test_llama3_rope_and_qk_norm_are_read_from_config_json():
+    scaled = ModelConfig.from_hf(hf_config("llama", rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
+    assert scaled.rope_theta == 500000.0 and scaled.rope_scaling.factor == 32.0
+    assert native.rope_inv_freq(scaled)[-1] < native.rope_inv_freq(replace(scaled, rope_scaling=None))[-1] / 31
+    with pytest.raises(ValueError, match=r"rope type 'llama3' needs 'factor'"):
+        ModelConfig.from_hf(hf_config("llama", rope_parameters={"rope_type": "llama3", "rope_theta": 1e4}))
+    qwen3 = ModelConfig.from_hf(hf_config("qwen3"))
+    assert qwen3.qk_norm and qwen3.head_dim == 12 and not qwen3.attention_bias
+    assert dict(qwen3.named_weights())["model.layers.1.self_attn.k_norm.weight"].parallel == "replicated"
+    assert qwen3.shape(qwen3.family.weight("model.layers.{i}.self_attn.q_norm.weight")) == (12,)
+    with pytest.raises(ValueError, match=r"sliding-window attention"):
+        ModelConfig.from_hf(hf_config("qwen3", use_sliding_window=True))
+
+
+# One process, world size 1 over gloo: megatron's GPTModel from each family's HF weights, logprobs vs HF
+MEGATRON_VS_HF = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+from rlinf_like.hybrid_engines.megatron import MegatronConfig, MegatronModelManager
+from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model
+specs = {"qwen3": TinyModelSpec(arch="qwen3", head_dim=24, init_std=0.05),
+         "qwen3-tied": TinyModelSpec(arch="qwen3", tie_word_embeddings=True, init_std=0.05),
+         # megatron fixes low 1 / high 4 / original 8192: long rows reach the low frequencies it scales
+         "llama-llama3-rope": TinyModelSpec(arch="llama", llama3_rope=(8.0, 1.0, 4.0, 8192), init_std=0.05,
+                                            max_position_embeddings=16384)}
+ids = torch.randint(4, 90, (2, 120), generator=torch.Generator().manual_seed(0))
+for name, spec in specs.items():
+    model, _ = build_tiny_model(spec)
+    manager = MegatronModelManager(model, MegatronConfig())
+    ours = manager.compute_logprobs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    with torch.no_grad():
+        ref = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    print(name, float((ours - ref).abs().max()))
+    manager.close()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
+def test_megatron_model_of_each_new_family_gives_transformers_logprobs():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", MEGATRON_VS_HF], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    errors = dict(line.split() for line in out.stdout.splitlines())
+    assert errors.keys() == {"qwen3", "qwen3-tied", "llama-llama3-rope"}
+    assert all(float(e) < 1e-4 for e in errors.values()), errors
+
+
+def test_megatron_refuses_llama3_rope_parameters_it_cannot_express():
+    from rlinf_like.hybrid_engines.megatron.model import rope_kwargs
+
+    ok = ModelConfig.from_hf(hf_config("llama", rope_parameters={
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}))
+    assert rope_kwargs(ok) == {"rope_scaling": True, "rope_scaling_factor": 32.0}
+    with pytest.raises(ValueError, match=r"megatron manager: llama3 rope scaling .* use actor.backend=fsdp"):
+        rope_kwargs(replace(ok, rope_scaling=replace(ok.rope_scaling, original_max_position_embeddings=16)))

@@ -78,6 +78,79 @@ def test_bad_values_are_named_before_launch(tmp_path):
         check_config(cfg)
 
 
+def model_folder(path, **hf) -> str:
+    """A checkpoint folder holding only a config.json (what the pre-launch checks read)."""
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+        "intermediate_size": 1536, "num_hidden_layers": 30, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192, **hf}))
+    return str(path)
+
+
+def test_tp_sizes_that_do_not_divide_the_heads_are_refused_before_launch_naming_what_works(tmp_path):
+    from rlinf_like.runners.checks import check_model
+
+    cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
+    cfg.model.path = model_folder(tmp_path / "smollm2_like")  # 9 heads, 3 key/value heads
+    cfg.rollout.tp_size = 2
+    with pytest.raises(ValueError, match=r"rollout.tp_size=2 must divide the model's 9 attention heads and 3 "
+                                         r"key/value heads \(model.path='.*smollm2_like'\); TP sizes that would "
+                                         r"work: \[1, 3\]"):
+        check_config(cfg)
+    cfg.rollout.tp_size = 3
+    check_model(cfg)  # TP=3 divides both
+    cfg.actor.backend, cfg.actor.tp_size = "megatron", 2
+    with pytest.raises(ValueError, match=r"actor.tp_size=2 must divide .* TP sizes that would work: \[1, 3\]"):
+        check_model(cfg)
+    # the tiny model: its sizes are in the model section
+    tiny = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
+    tiny.model.num_heads, tiny.model.num_kv_heads, tiny.rollout.tp_size = 6, 2, 4
+    with pytest.raises(ValueError, match=r"rollout.tp_size=4 must divide the model's 6 attention heads and 2 "
+                                         r"key/value heads \(model.num_heads / model.num_kv_heads\); TP sizes "
+                                         r"that would work: \[1, 2\]"):
+        check_config(tiny)
+
+
+def test_a_model_path_that_is_neither_a_folder_nor_a_hub_id_and_unknown_families_are_refused(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
+    cfg.model.path = str(tmp_path / "no" / "such" / "folder")
+    with pytest.raises(FileNotFoundError, match=r"model.path='.*folder' is neither a local folder nor a Hugging "
+                                                r"Face hub id"):
+        check_config(cfg)
+
+    def offline(repo_id, filename, **_):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    cfg.model.path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(FileNotFoundError, match=r"model.path='HuggingFaceTB/SmolLM2-135M-Instruct' is not a local "
+                                                r"folder, and as a Hugging Face hub id it could not be read "
+                                                r"\(OSError: Name or service not known\)"):
+        check_config(cfg)
+    cfg.model.path = model_folder(tmp_path / "gpt2", model_type="gpt2")
+    with pytest.raises(ValueError, match=r"rollout.engine=native: model_type 'gpt2' is not supported; supported: "
+                                         r"\['llama', 'qwen2', 'qwen3'\] \(use rollout.engine=hf or sglang\)"):
+        check_config(cfg)
+    cfg.rollout.engine = "hf"  # transformers runs any causal LM
+    check_config(cfg)
+
+
+@pytest.mark.real_model
+def test_smollm2_refuses_rollout_tp_2_and_accepts_3(real_model_path, tmp_path):
+    from rlinf_like.runners.checks import check_model
+
+    cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
+    cfg.model.path, cfg.rollout.tp_size = real_model_path, 2
+    with pytest.raises(ValueError, match=r"rollout.tp_size=2 must divide the model's 9 attention heads and 3 "
+                                         r"key/value heads .* TP sizes that would work: \[1, 3\]"):
+        check_model(cfg)
+    cfg.rollout.tp_size = 3
+    check_model(cfg)
+
+
 def test_data_order_depends_only_on_the_step(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
     a, b = load_tasks(cfg.data), load_tasks(cfg.data)

@@ -14,3 +14,26 @@ def load_tokenizer(path: str | Path):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def read_hf_config(path: str | Path, key: str = "model.path") -> dict:
+    """The config.json of a local checkpoint folder, or of a hub id (through the Hugging Face cache or the
+    Hub); a path that is neither is refused naming `key`."""
+    import json
+    import re
+
+    folder = Path(path)
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{key}={str(path)!r}: the folder has no config.json (not an HF checkpoint)")
+        return json.loads((folder / "config.json").read_text())
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(path)) or str(path).startswith((".", "-")):
+        raise FileNotFoundError(f"{key}={str(path)!r} is neither a local folder nor a Hugging Face hub id "
+                                f"(org/name)")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return json.loads(Path(hf_hub_download(str(path), "config.json")).read_text())
+    except Exception as err:  # offline, unknown repository, gated model: all mean the same to the user
+        raise FileNotFoundError(f"{key}={str(path)!r} is not a local folder, and as a Hugging Face hub id it "
+                                f"could not be read ({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None

@@ -22,7 +22,7 @@ CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    arch: str = "qwen2"  # "qwen2" (q/k/v biases) or "llama"
+    arch: str = "qwen2"  # "qwen2" (q/k/v biases), "llama" or "qwen3" (q/k norms)
     hidden_size: int = 64
     intermediate_size: int = 176
     num_layers: int = 2
@@ -32,6 +32,9 @@ class TinyModelSpec:
     tie_word_embeddings: bool = False
     init_std: float = 0.5
     seed: int = 0
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    # Llama-3 RoPE scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    llama3_rope: tuple[float, float, float, int] | None = None
 
 
 def char_tokenizer():
@@ -48,21 +51,30 @@ def char_tokenizer():
     )
 
 
-def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
-    from transformers import LlamaConfig, Qwen2Config
+TINY_ARCHS = ("qwen2", "llama", "qwen3")
 
+
+def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    if spec.arch not in TINY_ARCHS:
+        raise ValueError(f"tiny model arch {spec.arch!r}: choose one of {list(TINY_ARCHS)}")
+    extra = {} if spec.head_dim is None else {"head_dim": spec.head_dim}
+    if spec.llama3_rope is None:
+        extra["rope_theta"] = 10000.0
+    else:
+        factor, low, high, original = spec.llama3_rope
+        extra["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": factor,
+                                    "low_freq_factor": low, "high_freq_factor": high,
+                                    "original_max_position_embeddings": original}
     common = dict(
         vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings, initializer_range=spec.init_std, rms_norm_eps=1e-6,
-        rope_theta=10000.0, **special,
+        **extra, **special,
     )
-    if spec.arch == "qwen2":
-        return Qwen2Config(**common)
-    if spec.arch == "llama":
-        return LlamaConfig(**common)
-    raise ValueError(f"tiny model arch {spec.arch!r}: choose 'qwen2' or 'llama'")
+    return {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config}[spec.arch](**common)
 
 
 def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
@@ -79,6 +91,8 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0.0, spec.init_std)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):  # HF makes them 1: a dropped norm would pass
+                param.uniform_(0.5, 1.5)
     return model.eval(), tokenizer
 
 
@@ -86,7 +100,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     """Save a tiny model + tokenizer as an HF checkpoint directory (idempotent for the same spec)."""
     path = Path(path)
     marker = path / "tiny_spec.json"
-    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+    if marker.exists() and json.loads(marker.read_text()) == json.loads(json.dumps(asdict(spec))):
         return path
     model, tokenizer = build_tiny_model(spec)
     model.save_pretrained(path, safe_serialization=True)

@@ -11,6 +11,8 @@ from rlinf_like.runners.actor_setup import check_actor_section
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config, default_reward
+from rlinf_like.models import read_hf_config
+from rlinf_like.models.families import ModelConfig
 from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.scheduler.placement import share_devices
 from rlinf_like.training.loop import LoopConfig, check_loop
@@ -80,9 +82,40 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_reward_config(reward_config(cfg))
     check_loop(runner_loop(cfg), "runner")
     check_actor_section(cfg)
+    check_model(cfg)
     if r.schedule == "dynamic":
         check_dynamic(cfg)
     check_schedule_placement(cfg)
+
+
+def tp_sizes_that_divide(heads: int, kv_heads: int) -> list[int]:
+    return [tp for tp in range(1, kv_heads + 1) if heads % tp == 0 and kv_heads % tp == 0]
+
+
+def check_model(cfg: ReasoningConfig) -> None:
+    """The model the run would load: `model.path` a local folder or a hub id (its config.json read here), or
+    the tiny model's sizes in the model section; the native engine's family known; every TP size dividing
+    the attention heads and key/value heads, else refused naming the key and the sizes that would work."""
+    m = cfg.model
+    models = {"actor": (m.path, "model.path")}
+    models["rollout"] = (cfg.rollout.model_path, "rollout.model_path") if cfg.rollout.model_path else models["actor"]
+    for component, tp_key, tp in (("rollout", "rollout.tp_size", cfg.rollout.tp_size),
+                                  ("actor", "actor.tp_size", cfg.actor.tp_size)):
+        path, key = models[component]
+        if path:
+            hf = read_hf_config(path, key)
+            if component == "rollout" and cfg.rollout.engine == "native":
+                ModelConfig.from_hf(hf, f"{key}={path!r}: rollout.engine=native",
+                                    hint="use rollout.engine=hf or sglang")
+            heads = hf["num_attention_heads"]
+            kv_heads = hf.get("num_key_value_heads") or heads
+            where = f"{key}={path!r}"
+        else:
+            heads, kv_heads, where = m.num_heads, m.num_kv_heads, "model.num_heads / model.num_kv_heads"
+        if tp > 1 and (heads % tp or kv_heads % tp):  # tp 0 (rollout: the whole group) is resolved at launch
+            raise ValueError(f"{tp_key}={tp} must divide the model's {heads} attention heads and {kv_heads} "
+                             f"key/value heads ({where}); TP sizes that would work: "
+                             f"{tp_sizes_that_divide(heads, kv_heads)}")
 
 
 def check_schedule_placement(cfg: ReasoningConfig) -> None:

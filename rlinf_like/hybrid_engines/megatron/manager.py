@@ -1,7 +1,7 @@
 """MegatronModelManager: megatron-core GPTModel with TP / PP / DP behind the ModelManager interface.
 
 Runs inside a worker whose default process group is initialized (gloo on CPU, NCCL on GPU). The
-model is built from an HF Llama / Qwen2 model or checkpoint directory and loaded with its weights
+model is built from an HF Llama / Qwen2 / Qwen3 model or checkpoint directory and loaded with its weights
 through the conversion table; megatron's DDP wrapper (gradients in `param.main_grad`, fp32
 reduction) and its optimizer (optionally the distributed optimizer) train it. One
 `forward_backward` call runs megatron's schedule over `micro_batches` slices of its batch (the

@@ -1,8 +1,10 @@
-"""A megatron-core GPTModel built from an HF Llama / Qwen2-style config, and its forward for our losses.
+"""A megatron-core GPTModel built from an HF Llama / Qwen2 / Qwen3-style config, and its forward for our losses.
 
 `transformer_config` maps the HF config (RMSNorm, SwiGLU, RoPE, grouped-query attention, optional q/k/v
-biases) onto megatron's TransformerConfig; `build_stage` builds this pipeline stage's part of the model
-with TransformerEngine's layer spec when TE imports and megatron's local spec otherwise.
+biases, Qwen3's per-head q/k norms) onto megatron's TransformerConfig; `rope_kwargs` Llama-3 RoPE
+scaling onto GPTModel's (megatron fixes its low/high frequency factors and original context);
+`build_stage` builds this pipeline stage's part of the model (q/k norms in the layer spec) with
+TransformerEngine's layer spec when TE imports and megatron's local spec otherwise.
 `LogitsModule` turns the model into what every loss in the project calls: `model(input_ids=...,
 attention_mask=...) -> logits` (full vocabulary, gathered over TP), with an explicit causal + padding
 mask (megatron's default mask is made on "cuda").
@@ -39,16 +41,35 @@ def check_parallel(cfg: ModelConfig, tp: int, pp: int) -> None:
         raise ValueError(f"megatron manager: pipeline_parallel={pp} must divide the {cfg.num_layers} layers")
 
 
+# megatron's Llama-3 RoPE scaling takes only the factor; the rest is fixed (RotaryEmbedding._apply_scaling)
+MEGATRON_LLAMA3_ROPE = dict(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+
+
+def rope_kwargs(c: ModelConfig) -> dict:
+    """GPTModel's RoPE scaling arguments; Llama-3 parameters megatron cannot express are refused."""
+    r = c.rope_scaling
+    if r is None:
+        return {}
+    got = dict(low_freq_factor=r.low_freq_factor, high_freq_factor=r.high_freq_factor,
+               original_max_position_embeddings=r.original_max_position_embeddings)
+    if got != MEGATRON_LLAMA3_ROPE:
+        raise ValueError(f"megatron manager: llama3 rope scaling with {got} is not supported (megatron-core fixes "
+                         f"{MEGATRON_LLAMA3_ROPE}); use actor.backend=fsdp")
+    return dict(rope_scaling=True, rope_scaling_factor=r.factor)
+
+
 def transformer_config(hf: dict, tp: int, pp: int, dtype: torch.dtype, **overrides):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     c = model_config(hf)
     check_parallel(c, tp, pp)
+    rope_kwargs(c)  # refused here, before any model is built
     kwargs = dict(
         num_layers=c.num_layers, hidden_size=c.hidden_size, ffn_hidden_size=c.intermediate_size,
         num_attention_heads=c.num_heads, num_query_groups=c.num_kv_heads, kv_channels=c.head_dim,
         normalization="RMSNorm", layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, add_qkv_bias=c.attention_bias, hidden_dropout=0.0, attention_dropout=0.0,
+        add_bias_linear=False, add_qkv_bias=c.attention_bias, qk_layernorm=c.qk_norm,
+        hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, params_dtype=dtype,
         pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=not torch.cuda.is_available(),
         # the fused kernels are GPU-only; on GPU they are a speed choice left to `overrides`
@@ -68,11 +89,12 @@ def build_stage(config, hf: dict, te_spec: bool, pre_process: bool, post_process
     )
 
     c = model_config(hf)
-    spec = get_gpt_layer_with_transformer_engine_spec() if te_spec else get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = (get_gpt_layer_with_transformer_engine_spec(qk_layernorm=c.qk_norm) if te_spec
+            else get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=c.qk_norm))
     return GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=c.vocab_size, max_sequence_length=c.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, share_embeddings_and_output_weights=c.tie_word_embeddings,
-        position_embedding_type="rope", rotary_base=int(c.rope_theta), parallel_output=True,
+        position_embedding_type="rope", rotary_base=int(c.rope_theta), parallel_output=True, **rope_kwargs(c),
     )
 
 

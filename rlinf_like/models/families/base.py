@@ -57,6 +57,8 @@ class ModelFamily:
     qkv_bias: Literal["always", "configured"] = "configured"
     # (output head, input embedding): one tensor when config.json says tie_word_embeddings
     tied: tuple[str, str] = ("lm_head.weight", "model.embed_tokens.weight")
+    # per-head RMSNorm of q and k (over head_dim) before RoPE, with its q_norm / k_norm weights (Qwen3)
+    qk_norm: bool = False
 
     def __post_init__(self):
         names = [w.hf for w in self.weights]

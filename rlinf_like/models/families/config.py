@@ -10,6 +10,32 @@ from rlinf_like.models.families.base import ModelFamily, Weight, family_of
 
 
 @dataclass(frozen=True)
+class Llama3Rope:
+    """Llama-3.x RoPE scaling (rope_type "llama3"): low frequencies divided by `factor`, high ones kept,
+    the band between interpolated (transformers' `_compute_llama3_parameters`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+def _rope_scaling(rope: dict, user: str) -> Llama3Rope | None:
+    """The RoPE variant of config.json's rope_parameters (transformers 5) or rope_scaling (older): None for
+    the default RoPE, Llama3Rope for "llama3"; any other type is refused naming `user`."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type != "llama3":
+        raise ValueError(f"{user}: rope type {rope_type!r} ({rope}) is not supported (supported: 'default', 'llama3')")
+    try:
+        return Llama3Rope(float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+                          int(rope["original_max_position_embeddings"]))
+    except KeyError as err:
+        raise ValueError(f"{user}: rope type 'llama3' needs {err.args[0]!r} in {rope}") from None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     family: ModelFamily
     vocab_size: int
@@ -25,15 +51,16 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v biases, by the family's rule
     eos_token_ids: tuple[int, ...]
+    rope_scaling: Llama3Rope | None = None  # None: the default RoPE
 
     @classmethod
     def from_hf(cls, hf: dict, user: str = "model", hint: str = "") -> ModelConfig:
-        """Refuses, naming `user`, a model_type no family serves and RoPE scaling (only the default RoPE)."""
+        """Refuses, naming `user`, a model_type no family serves, RoPE scaling other than Llama-3's, and
+        sliding-window attention."""
         family = family_of(hf, user, hint)
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"{user}: rope type {rope_type!r} ({rope}) is not supported (only the default RoPE)")
+        if hf.get("use_sliding_window"):
+            raise ValueError(f"{user}: sliding-window attention (use_sliding_window=true) is not supported")
         eos = hf.get("eos_token_id")
         heads = hf["num_attention_heads"]
         return cls(
@@ -46,6 +73,7 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=family.qkv_bias == "always" or bool(hf.get("attention_bias", False)),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            rope_scaling=_rope_scaling(rope, user),
         )
 
     @classmethod
@@ -60,6 +88,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm of queries and keys before RoPE (Qwen3)."""
+        return self.family.qk_norm
 
     @property
     def separate_lm_head(self) -> bool:

@@ -1,4 +1,4 @@
-"""A Llama / Qwen2-style decoder for inference, tensor-parallel, over a preallocated KV cache.
+"""A Llama / Qwen2 / Qwen3-style decoder for inference, tensor-parallel, over a preallocated KV cache.
 
 Weights keep their HF checkpoint names, so the weight sync needs no name map. Under tensor
 parallelism (tp > 1, over the worker group's process group) each rank holds a slice of the heads
@@ -11,6 +11,7 @@ greedy decoding reproduces HF tokens.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -88,6 +89,26 @@ def fuse_projections(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     return fused
 
 
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], as transformers computes them: the default RoPE, or
+    Llama-3's scaling (long wavelengths divided by the factor, short ones kept, the band between
+    interpolated)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    r = cfg.rope_scaling
+    if r is None:
+        return inv_freq
+    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
+    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq)
+    smooth = ((r.original_max_position_embeddings / wavelen - r.low_freq_factor)
+              / (r.high_freq_factor - r.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -119,7 +140,7 @@ class Decoder:
         self.cfg, self.w, self.tp_group = cfg, weights, tp_group
         tp = dist.get_world_size(tp_group) if tp_group is not None else 1
         self.heads, self.kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
-        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
+        self.inv_freq = rope_inv_freq(cfg)
         # keys are stored transposed, [layers, slots, kv_heads, head_dim, max_len], so decode's q.K^T
         # reads them as the matmul wants them; values as [layers, slots, kv_heads, max_len, head_dim].
         self.k_cache: torch.Tensor | None = None
@@ -152,8 +173,11 @@ class Decoder:
         p = f"model.layers.{layer}.self_attn."
         hd = self.cfg.head_dim
         q, k, v = self._linear(x, p + "qkv").split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], -1)
-        q = q.view(b, s, self.heads, hd).transpose(1, 2)
-        k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)
+        q, k = q.view(b, s, self.heads, hd), k.view(b, s, self.kv_heads, hd)
+        if self.cfg.qk_norm:  # per head, over head_dim, before RoPE (Qwen3)
+            q = _rms_norm(q, self.w[p + "q_norm.weight"], self.cfg.rms_norm_eps)
+            k = _rms_norm(k, self.w[p + "k_norm.weight"], self.cfg.rms_norm_eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
         cos, sin = rope
         q = q * cos + _rotate_half(q) * sin
