@@ -238,12 +238,23 @@ def test_reasoning_gym_source():
     assert reward_config(ReasoningConfig()).fn == "math"
 
 
+def test_reasoning_gym_options_reach_the_generator():
+    """data.options is the generator's own config: two one-digit terms give sums of two digits 0-9."""
+    cfg = DataConfig(source="reasoning_gym", name="chain_sum", sft_problems=8, test_problems=4,
+                     options={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    tasks = load_tasks(cfg)
+    for p in tasks.sft + tasks.test:
+        assert p.fields["metadata"]["num_terms"] == 2 and re.fullmatch(r".*: \d [+-] \d =", p.prompt), p.prompt
+    with pytest.raises(ValueError, match=r"data.options=\{'max_termz': 2\} do not fit data.name=chain_sum"):
+        load_tasks(replace(cfg, options={"max_termz": 2}))
+
+
 def test_reasoning_gym_held_out_problems_are_kept_out_of_the_other_sets(monkeypatch):
     """A generator whose every seed gives the same stream (0, 1, 2, ...): held-out problems are the first ones not
     in the SFT set, and the RL pool leaves them out."""
     from rlinf_like.data.sources import reasoning_gym
 
-    monkeypatch.setattr(reasoning_gym, "problems", lambda name, size, seed: [
+    monkeypatch.setattr(reasoning_gym, "problems", lambda name, size, seed, options=None: [
         Problem(prompt=str(i), answer=str(i), fields={"metadata": {"source_dataset": name}}) for i in range(size)])
     tasks = load_tasks(DataConfig(source="reasoning_gym", name="chain_sum", sft_problems=8, test_problems=3))
     assert [p.prompt for p in tasks.sft] == [str(i) for i in range(8)]
@@ -255,7 +266,7 @@ def test_reasoning_gym_too_few_held_out_problems_is_named(monkeypatch):
     from rlinf_like.data.sources import reasoning_gym
 
     same = reasoning_gym.problems("chain_sum", 8, 0)
-    monkeypatch.setattr(reasoning_gym, "problems", lambda name, size, seed: same[:size])  # every seed: the same
+    monkeypatch.setattr(reasoning_gym, "problems", lambda name, size, seed, options=None: same[:size])  # every seed: the same
     with pytest.raises(ValueError, match=r"data.name=chain_sum gives only 0 held-out problems"):
         load_tasks(DataConfig(source="reasoning_gym", name="chain_sum", sft_problems=8, test_problems=2))
 

@@ -5,6 +5,7 @@ Each source reads its own keys; the checks refuse another source's key set to a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlinf_like.config.validate import bounded
 
@@ -22,6 +23,8 @@ class DataConfig:
     max_operand: int = bounded(9, ge=1)  # arithmetic: operands are drawn from 0..max_operand
     operators: str = "+-"  # arithmetic: the operators problems draw from
     name: str = ""  # reasoning_gym: the generator, e.g. chain_sum, basic_arithmetic, countdown
+    # reasoning_gym: the generator's own settings, e.g. {min_terms: 2, max_terms: 2, max_digits: 1}
+    options: dict[str, Any] = field(default_factory=dict)
     train_files: list[str] = field(default_factory=list)  # files: training data, e.g. [train.parquet]
     test_files: list[str] = field(default_factory=list)  # files: held-out data; empty: use test_fraction
     test_fraction: float = bounded(0.0, ge=0, lt=1)  # files without test_files: this share of train, held out

@@ -1,5 +1,5 @@
 """`data.source=reasoning_gym`: procedural tasks from the `reasoning-gym` package (offline), e.g.
-`data.name=chain_sum`. Each problem keeps its entry's `metadata`, which `reward.fn=reasoning_gym` (the
+`data.name=chain_sum`, with the generator's own settings in `data.options`. Each problem keeps its entry's `metadata`, which `reward.fn=reasoning_gym` (the
 default with this source) hands to the package's own scorer. SFT texts are the answer in the package's
 `<answer>...</answer>` convention."""
 
@@ -23,16 +23,19 @@ def generators() -> list[str]:
     return sorted(DATASETS)
 
 
-def problems(name: str, size: int, seed: int) -> list[Problem]:
+def problems(name: str, size: int, seed: int, options: dict | None = None) -> list[Problem]:
     if size <= 0:
         return []
-    entries = _package().create_dataset(name, size=size, seed=seed)
+    try:
+        entries = _package().create_dataset(name, size=size, seed=seed, **(options or {}))
+    except (TypeError, ValueError, AssertionError) as e:  # the generator's config class checks its settings
+        raise ValueError(f"data.options={options} do not fit data.name={name} ({type(e).__name__}: {e})") from e
     return [Problem(prompt=e["question"], answer=str(e["answer"]), solution=f"<answer>{e['answer']}</answer>",
                     fields={"metadata": e["metadata"]}) for e in entries]
 
 
 class ReasoningGymSource(DataSource):
-    keys = ("name", "sft_problems", "test_problems")
+    keys = ("name", "options", "sft_problems", "test_problems")
     default_reward = "reasoning_gym"
 
     @classmethod
@@ -40,14 +43,15 @@ class ReasoningGymSource(DataSource):
         _package()
         if cfg.name not in generators():
             raise ValueError(f"data.name={cfg.name!r} is not a reasoning_gym generator; choose one of {generators()}")
-        sft = problems(cfg.name, cfg.sft_problems, cfg.seed)
+        sft = problems(cfg.name, cfg.sft_problems, cfg.seed, cfg.options)
         seen = {p.prompt for p in sft}
-        test = [p for p in problems(cfg.name, 4 * cfg.test_problems, cfg.seed + 1_000_003)
+        test = [p for p in problems(cfg.name, 4 * cfg.test_problems, cfg.seed + 1_000_003, cfg.options)
                 if p.prompt not in seen][: cfg.test_problems]
         if len(test) < cfg.test_problems:
             raise ValueError(f"data.name={cfg.name} gives only {len(test)} held-out problems that are not in the "
                              f"{cfg.sft_problems} SFT ones (data.test_problems={cfg.test_problems}); shrink the sets")
         held_out = {p.prompt for p in test}
-        pool = [p for p in problems(cfg.name, 20 * max(cfg.sft_problems, cfg.test_problems), cfg.seed + 17)
+        pool = [p for p in problems(cfg.name, 20 * max(cfg.sft_problems, cfg.test_problems), cfg.seed + 17,
+                                      cfg.options)
                 if p.prompt not in held_out]
         return Tasks(sft=sft, test=test, pool=pool, epochs=False)
