@@ -23,7 +23,7 @@ class DataConfig:
     max_operand: int = bounded(9, ge=1)  # arithmetic: operands are drawn from 0..max_operand
     operators: str = "+-"  # arithmetic: the operators problems draw from
     name: str = ""  # reasoning_gym: the generator, e.g. chain_sum, basic_arithmetic, countdown
-    # reasoning_gym: the generator's own settings, e.g. {min_terms: 2, max_terms: 2, max_digits: 1}
+    # reasoning_gym: the generator's own settings, e.g. {min_terms: 2, max_digits: 1}; command line: +data.options.x=1
     options: dict[str, Any] = field(default_factory=dict)
     train_files: list[str] = field(default_factory=list)  # files: training data, e.g. [train.parquet]
     test_files: list[str] = field(default_factory=list)  # files: held-out data; empty: use test_fraction

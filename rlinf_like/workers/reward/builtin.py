@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import re
 
+# imports sympy (~1 s), here rather than inside the first call, which runs under reward.timeout_s: on a loaded
+# machine the import alone could time that call out and change its reward
+from math_verify import parse, verify
+
 from rlinf_like.workers.reward.rules import (
     ANSWER_LINE,
     RewardConfig,
@@ -51,8 +55,6 @@ def math_equal(predicted: str | None, reference: str) -> bool:
         return True
     if _WORDS.fullmatch(predicted.strip()) or _WORDS.fullmatch(reference.strip()):
         return False  # words: the normalised string comparison above decides (math-verify: "cat" = "act")
-    from math_verify import parse, verify  # imports sympy (~1 s): only when an answer needs it
-
     gold = parse(_latex(reference), parsing_timeout=None)
     guess = parse(_latex(predicted), parsing_timeout=None)
     return bool(gold and guess and verify(gold, guess, timeout_seconds=None))
