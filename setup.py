@@ -21,6 +21,7 @@ setup(
         "matplotlib",  # the closing plot of a training run
         "math-verify>=0.9,<0.10",  # reward.fn=math (the default): answer equivalence; 0.9.0 tested
         "datasets>=3",  # data.source=files: parquet / JSONL / JSON / CSV / save_to_disk folders; 5.2.0 tested
+        "peft>=0.13",  # actor.lora.* (LoRA adapters in the FSDP actor); 0.21.2 tested
     ],
     extras_require={
         # supported: megatron-core 0.16.x (0.16.1 tested; scripts/setup.sh installs it with --no-deps on CPU)

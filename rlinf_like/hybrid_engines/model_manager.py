@@ -169,6 +169,12 @@ class ModelManager(ABC):
     @abstractmethod
     def named_shards(self) -> dict[str, torch.Tensor]: ...
 
+    def changing_tensors(self) -> list[str] | None:
+        """Names (as in `shard_layouts`) of the tensors a training step can change, when that is fewer than
+        all of them (LoRA: the adapted weights); None: every tensor. A weight sync after the first sends only
+        these."""
+        return None
+
     @abstractmethod
     def get_config(self) -> dict[str, Any]: ...
 

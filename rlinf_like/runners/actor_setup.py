@@ -12,7 +12,7 @@ from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.backends import backend_class, backends_with
-from rlinf_like.workers.actor.worker import ActorConfig
+from rlinf_like.workers.actor.worker import ActorConfig, check_lora_support
 from rlinf_like.training.loop import LoopConfig
 
 
@@ -28,8 +28,19 @@ def check_actor_section(cfg: ReasoningConfig) -> None:
     if cfg.runner.pack_sequences and act.pp_size > 1:
         raise ValueError(f"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend={act.backend} "
                          f"(pipeline stages exchange fixed shapes), got actor.pp_size={act.pp_size}")
+    check_lora_support(act.backend, act.lora)
+    if act.lora.enabled and cfg.algorithm.kl_beta > 0 and cfg.runner.sft_steps > 0:
+        raise ValueError(f"actor.lora.rank={act.lora.rank} with algorithm.kl_beta > 0 takes the KL reference from the "
+                         f"base model (adapters disabled), which an SFT warm-start would leave behind: set "
+                         f"runner.sft_steps=0 (folding SFT adapters into the base is not supported yet)")
     if backend.requires and importlib.util.find_spec(backend.requires.split(".")[0]) is None:  # a look-up only
         require(backend.requires)  # raises naming the extra, before any worker starts
+
+
+def reference_in_actor(cfg: ReasoningConfig) -> bool:
+    """The KL reference comes from the actor itself (LoRA: the base with adapters disabled), not from a
+    reference worker."""
+    return cfg.algorithm.kl_beta > 0 and cfg.actor.lora.enabled
 
 
 def actor_replicas(cfg: ReasoningConfig, ranks: int, component: str = "actor") -> int:
@@ -48,5 +59,5 @@ def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: 
     megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
                               # packed micro-batches run on the local layer spec (TE would need PackedSeqParams)
                               layer_spec="local" if cfg.runner.pack_sequences else "auto")
-    return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim), loss=loss, loop=loop,
+    return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora), loss=loss, loop=loop,
                        backend=cfg.actor.backend, megatron=megatron)

@@ -143,6 +143,9 @@ def check_dynamic(cfg: ReasoningConfig) -> None:
     if cfg.runner.migrate_at and not engine_class(cfg.rollout.engine).continues_migrated:
         raise ValueError(f"runner.migrate_at > 0 needs a rollout engine that continues migrated requests "
                          f"(rollout.engine in {engines_with('continues_migrated')}); got {cfg.rollout.engine!r}")
+    if cfg.actor.lora.enabled:
+        raise ValueError(f"runner.schedule=dynamic with actor.lora.rank={cfg.actor.lora.rank}: LoRA in the elastic "
+                         f"actor is not supported yet (use runner.schedule=static, or actor.lora.rank=0)")
     if not backend_class(cfg.actor.backend).elastic:
         raise ValueError(f"runner.schedule=dynamic needs actor.backend={' or '.join(backends_with('elastic'))} "
                          f"(its elastic actor trains data parallel over a changing set of ranks); "

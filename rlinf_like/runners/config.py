@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
+from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.reward.rules import RewardConfig
@@ -64,6 +65,8 @@ class ActorSection:
     # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
     tp_size: int = bounded(1, ge=1)
     pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
+    # LoRA adapters (peft; fsdp only): rank 0 = off; with algorithm.kl_beta > 0 the reference is the base in the actor
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass(kw_only=True)

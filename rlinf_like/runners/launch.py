@@ -12,7 +12,8 @@ from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
-from rlinf_like.runners.actor_setup import actor_config, actor_replicas
+from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
+from rlinf_like.runners.actor_setup import actor_config, actor_replicas, reference_in_actor
 from rlinf_like.runners.checks import check_batch_split, reward_config, runner_loop
 from rlinf_like.runners.common import write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
@@ -36,6 +37,7 @@ class Workers:
     reward: WorkerGroup
     critic: WorkerGroup | None = None  # with an estimator that needs_critic
     reference: WorkerGroup | None = None  # with algorithm.kl_beta > 0, launched by `launch_reference`
+    reference_in_actor: bool = False  # LoRA with algorithm.kl_beta > 0: the actor's base is the reference
     collocated: bool  # actor and rollout share devices: they take turns
 
     @property
@@ -54,7 +56,7 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
     evenly over every trained component's data-parallel ranks."""
     a = cfg.algorithm
     placement = cluster.place(cfg.cluster.component_placement, known_components=COMPONENTS)
-    optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0),
+    optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0 and not reference_in_actor(cfg)),
                 "critic": (f"algorithm.advantage={a.advantage}", estimator.needs_critic)}
     needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
     missing = [c for c in needed if c not in placement.components]
@@ -65,7 +67,7 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
     # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
     split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"
     replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
-    if a.kl_beta > 0 and cfg.actor.backend == "megatron":  # the reference is split like the actor
+    if a.kl_beta > 0 and cfg.actor.backend == "megatron" and "reference" in placement.components:  # the reference is split like the actor
         actor_replicas(cfg, placement["reference"].world_size, "reference")
     if estimator.needs_critic:
         replicas["critic"] = placement["critic"].world_size
@@ -90,6 +92,7 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     """Actor (and critic), rollout and reward, with the actor -> rollout weight sync connected."""
     a = cfg.algorithm
     placement = place(cfg, cluster, estimator, check_placement)
+    check_targets_of(cfg.actor.lora, model_path)  # names in actor.lora.target_modules, before any worker starts
     log.info(placement.describe())
     loop = runner_loop(cfg)
     actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop)).launch(
@@ -106,10 +109,11 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     connect_groups(actor, rollout, "weights")
     [src] = actor.on_ranks(0).weight_layouts().wait()
     [dst] = rollout.on_ranks(0).weight_layouts().wait()
-    plan = SyncPlan.build(src, dst, "actor", "rollout")
+    # LoRA: after the first round, only the adapted (merged) weights travel
+    plan = SyncPlan.build(src, dst, "actor", "rollout", changing=actor.on_ranks(0).changing_tensors().wait()[0])
     wait_all([actor.connect_weights("weights", plan), rollout.connect_weights("weights", plan)])
     workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(), rollout=rollout,
-                      reward=reward, critic=critic,
+                      reward=reward, critic=critic, reference_in_actor=reference_in_actor(cfg),
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
     write_worker_pids(out, workers.all_groups())
     return workers
@@ -117,8 +121,14 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
 
 def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: Path, out: Path) -> None:
     """The KL reference (`algorithm.kl_beta > 0`): the policy RL starts from (`start`), frozen, on the actor's
-    backend so its logprobs are the actor's own numerics: the first step's KL is 0."""
+    backend so its logprobs are the actor's own numerics: the first step's KL is 0. Under LoRA none: the actor
+    computes the reference with its adapters disabled."""
     if cfg.algorithm.kl_beta <= 0:
+        return
+    if w.reference_in_actor:
+        if "reference" in w.placement.components:
+            log.info("actor.lora: the KL reference is the actor's base model; cluster.component_placement.reference "
+                     "is not used")
         return
     if not (start / "config.json").exists():
         raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "

@@ -113,6 +113,9 @@ def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, sco
     if w.reference is not None:
         batch["ref_logprobs"] = torch.cat(w.reference.compute_logprobs(batch).wait())
         metrics["reference_s"] = time.perf_counter() - start
+    elif w.reference_in_actor:  # LoRA: the actor's base model, adapters disabled
+        batch["ref_logprobs"] = torch.cat(w.actor.reference_logprobs(batch).wait())
+        metrics["reference_s"] = time.perf_counter() - start
     if w.critic is not None:
         batch["old_values"] = torch.cat(w.critic.compute_values(batch).wait())
     metrics.update(advantages(estimator, cfg, scored.rewards.reshape(-1, cfg.algorithm.samples_per_prompt), batch))

@@ -84,6 +84,7 @@ class ReasoningRun:
         self.step = 0  # optimizer steps done
         self.version = 0  # the weights' version the rollout holds
         self._clock = 0.0  # RL seconds so far, without evaluations and checkpoints
+        self.sync_metrics: dict[str, float] = {}  # the last weight sync's bytes and seconds
 
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
@@ -121,14 +122,18 @@ class ReasoningRun:
             w.actor.sft_step(batch).wait()
         w.actor.set_lr(self.cfg.algorithm.lr).wait()
         self.sync_weights()
-        if self.cfg.algorithm.kl_beta > 0:
+        if self.cfg.algorithm.kl_beta > 0 and not w.reference_in_actor:
             w.actor.export_hf(str(self.out / REFERENCE_MODEL)).wait()
 
     # --- used by every schedule ------------------------------------------------------------------------
     def sync_weights(self) -> None:
         """The actor's weights to the rollout, as the next version."""
         self.version += 1
-        wait_all([self.workers.actor.publish_weights(self.version), self.workers.rollout.apply_weights(self.version)])
+        start = time.perf_counter()
+        sent, _ = wait_all([self.workers.actor.publish_weights(self.version),
+                            self.workers.rollout.apply_weights(self.version)])
+        # what the step's sync moved (under LoRA, after the first round: the adapted weights only)
+        self.sync_metrics = {"sync_bytes": float(sum(sent)), "sync_s": time.perf_counter() - start}
 
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out set."""
@@ -157,6 +162,7 @@ class ReasoningRun:
         if warning:
             tqdm.write(warning)
         metrics["elapsed_s"] = self._clock
+        metrics.update(self.sync_metrics)
         if self.step % r.eval_every == 0 or self.step == r.max_steps:
             metrics["eval_accuracy"] = self.evaluate()
         self.trackers.log({f"grpo/{k}": v for k, v in metrics.items()}, self.step)

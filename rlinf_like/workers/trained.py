@@ -17,10 +17,15 @@ class TrainedWorker(Worker):
     def weight_layouts(self) -> list[TensorLayout]:
         return self.manager.shard_layouts()
 
+    def changing_tensors(self) -> list[str] | None:
+        """The synced tensors training can change, when fewer than all (LoRA); for `SyncPlan.build(changing=)`."""
+        return self.manager.changing_tensors()
+
     def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
         self._sender = WeightSender(self.peer_group(peer_group), plan, self.rank, transport)
 
     def publish_weights(self, version: int) -> int:
+        """Sends `version`; returns the bytes this rank sent."""
         if self._sender is None:
             raise RuntimeError(f"{self.name}: publish_weights before connect_weights")
         return self._sender.publish(version, self.manager.named_shards())

@@ -10,10 +10,18 @@ DTensors, no FSDP hooks, no collectives per step): same math, and for a small ML
 cost per optimizer step (DTensor dispatch in Adam and in FSDP's backward hooks dominated it).
 bf16/fp16 keep the FSDP wrapping even on one rank, since its mixed-precision policy does the casting;
 so does an explicit `mesh` (the elastic actor).
+
+With `config.lora.rank > 0` the model is first wrapped by peft (`fsdp/lora.py`): the optimizer holds only
+the adapters, the frozen base has no gradients or optimizer state (so offload moves base weights and
+adapter state only), checkpoints hold the adapters and their optimizer state (plus the base model's
+path), and the weight sync and HF export carry merged weights under the base model's names.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -35,6 +43,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlinf_like.hybrid_engines import grad_scaling
+from rlinf_like.hybrid_engines.fsdp import lora
+from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
 from rlinf_like.hybrid_engines.model_manager import (
     Batch,
@@ -59,6 +69,12 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0: full fine-tuning
+
+
+log = logging.getLogger(__name__)
+LORA_STATE = "lora.json"
+ADAPTER_DIR = "adapter"  # under an export: the adapters in peft's own format  # in a LoRA checkpoint: the adapter config and the base model's path
 
 
 def _is_hf(model: nn.Module) -> bool:
@@ -85,6 +101,11 @@ class FSDPModelManager(ModelManager):
             if not self.is_hf:
                 raise ValueError("activation_checkpointing is supported for HF models (gradient_checkpointing_enable)")
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = self.config.lora if self.config.lora.enabled else None
+        self.base_path = str(getattr(model, "name_or_path", "") or "")  # HF models: the folder they came from
+        if self.lora is not None:
+            lora.check_lora(self.lora)
+            model = lora.wrap(model, self.lora)
         model.to(self.device)
         precision = self.config.precision
         if precision not in ("auto", "bf16", "fp16", "fp32"):
@@ -106,14 +127,17 @@ class FSDPModelManager(ModelManager):
         self.model = model
 
         o = self.config.optim
+        # under LoRA only the adapters: gradients and Adam state are adapter-sized
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+            [p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
             foreach=None if self.sharded else True,  # plain CPU tensors: one foreach kernel per op, not one per tensor
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(self.config.scheduler))
         self.residency = ResidencyManager(model, self.optimizer)
         self.scaler = grad_scaling.make_grad_scaler(precision, self.device)  # fp16 only
         self.step = 0
+        # under LoRA: the base model's tensors LoRA changes (what a sync after the first must send)
+        self._changed = lora.changed_names(dict(model.named_parameters())) if self.lora is not None else None
 
     # --- training ---------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -132,7 +156,7 @@ class FSDPModelManager(ModelManager):
         return {"loss": loss.item(), **metrics}
 
     def optim_step(self) -> dict[str, float]:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.model.parameters() if p.grad is not None]  # frozen base weights have none
         max_norm = self.config.optim.clip_grad if self.config.optim.clip_grad is not None else float("inf")
         lr = self.optimizer.param_groups[0]["lr"]
         # a NaN/inf gradient never reaches the weights (under fp16 the scaler then lowers its scale)
@@ -158,6 +182,13 @@ class FSDPModelManager(ModelManager):
         self.model.eval()
         return token_logprobs(self.model, self._to_device(batch), temperature).cpu()
 
+    def adapters_disabled(self) -> contextlib.AbstractContextManager:
+        """Under LoRA: the frozen base model inside the context (peft's `disable_adapter`), e.g. the KL
+        reference without a second model. Without LoRA there is nothing to disable: refused."""
+        if self.lora is None:
+            raise RuntimeError("adapters_disabled needs LoRA (actor.lora.rank > 0)")
+        return self.model.disable_adapter()
+
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self, path: str) -> None:
         """Sharded checkpoint of model, optimizer, scheduler, step and RNG; written to `path.tmp` and
@@ -167,8 +198,10 @@ class FSDPModelManager(ModelManager):
         if self.rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
         dist.barrier()
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+        if self.lora is not None and self.rank == 0:
+            (tmp / LORA_STATE).write_text(json.dumps({"lora": asdict(self.lora), "base_model": self.base_path}))
         extra = {
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -181,11 +214,35 @@ class FSDPModelManager(ModelManager):
             swap_checkpoint_into_place(tmp, final)
         dist.barrier()
 
+    def _state_options(self) -> StateDictOptions | None:
+        """Under LoRA a checkpoint holds the trainable tensors only (the adapters): the base is its path."""
+        return StateDictOptions(ignore_frozen_params=True) if self.lora is not None else None
+
+    def _check_lora_checkpoint(self, path: Path) -> None:
+        saved = json.loads((path / LORA_STATE).read_text()) if (path / LORA_STATE).exists() else None
+        if (saved is None) != (self.lora is None):
+            raise ValueError(f"checkpoint {path} was written {'with' if saved else 'without'} LoRA, this actor runs "
+                             f"{'with' if self.lora else 'without'} it (actor.lora.rank)")
+        if saved is None:
+            return
+        differ = {k: (v, getattr(self.lora, k)) for k, v in saved["lora"].items() if getattr(self.lora, k) != v}
+        if differ:
+            raise ValueError("checkpoint " + str(path) + " has other adapters: " + ", ".join(
+                f"actor.lora.{k}={now!r} (saved {was!r})" for k, (was, now) in differ.items()))
+        if saved["base_model"] != self.base_path:
+            log.warning(f"LoRA checkpoint {path} was trained on base model {saved['base_model']!r}; "
+                        f"loading its adapters onto {self.base_path!r}")
+
     def load(self, path: str) -> None:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        self._check_lora_checkpoint(Path(path))
+        options = self._state_options()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if options is not None:  # LoRA: the frozen base is not in the checkpoint (dcp.load found every adapter)
+            options = StateDictOptions(ignore_frozen_params=True, strict=False)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=options)
         extra = torch.load(Path(path) / f"extra_rank{self.rank}.pt", weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.step = extra["step"]
@@ -196,9 +253,16 @@ class FSDPModelManager(ModelManager):
         np.random.set_state(extra["rng"]["numpy"])
 
     def export_hf(self, path: str) -> None:
-        """Full weights to `path` as safetensors (with config.json for HF models), written by rank 0."""
+        """Full weights to `path` as safetensors (with config.json for HF models), written by rank 0. Under
+        LoRA: the merged model there, and the adapters in peft's format in `path/adapter`
+        (`peft.PeftModel.from_pretrained(base, path/adapter)` loads them)."""
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
+        if self.rank == 0 and self.lora is not None:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(str(Path(path) / ADAPTER_DIR), state_dict=full, safe_serialization=True)
+            self.model.get_base_model().save_pretrained(path, state_dict=lora.merged_full(full, self.lora.scaling),
+                                                        safe_serialization=True)
+        elif self.rank == 0:
             Path(path).mkdir(parents=True, exist_ok=True)
             if self.is_hf:
                 self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
@@ -210,13 +274,25 @@ class FSDPModelManager(ModelManager):
 
     # --- weight sync, introspection ---------------------------------------------------------------
     def named_shards(self) -> dict[str, torch.Tensor]:
-        return dict(self.model.named_parameters())
+        """What a weight sync sends: this rank's parameters; under LoRA the base model's, adapted weights
+        merged, under base names (a collective under FSDP: every rank calls it)."""
+        named = dict(self.model.named_parameters())
+        return lora.merged_shards(named, self.lora.scaling) if self.lora is not None else named
 
     def shard_layouts(self) -> list[TensorLayout]:
+        named = self.model.named_parameters()
+        if self.lora is not None:  # merged tensors are shaped and split like their base weights
+            named = [(lora.base_name(n), p) for n, p in named if not lora.is_adapter(n)]
         if not self.sharded:  # one rank holds every tensor whole
-            return [replicated(name, tuple(p.shape), 1, str(p.dtype)) for name, p in self.model.named_parameters()]
-        return [dtensor_layout(name, p) for name, p in self.model.named_parameters()]
+            return [replicated(name, tuple(p.shape), 1, str(p.dtype)) for name, p in named]
+        return [dtensor_layout(name, p) for name, p in named]
+
+    def changing_tensors(self) -> list[str] | None:
+        """The synced tensors a training step can change, when that is fewer than all (None): under LoRA the
+        adapted weights, so a sync after the first sends only those."""
+        return self._changed
 
     def get_config(self) -> dict[str, Any]:
         return {"backend": "fsdp2" if self.sharded else "plain", "world_size": self.world_size,
-                "device": str(self.device), **asdict(self.config)}
+                "device": str(self.device), **asdict(self.config),
+                "trainable_params": sum(p.numel() for g in self.optimizer.param_groups for p in g["params"])}

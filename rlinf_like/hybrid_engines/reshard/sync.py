@@ -13,6 +13,10 @@ every rank from the two layouts. A round has three phases:
    then all wait (with the group's timeout). Receivers copy into their tensors only after every
    bucket has arrived, so a failed round leaves the previous weights and version intact.
 Only the slices a target rank needs travel, packed per (sender, receiver) pair into buckets.
+
+A plan built with `changing=` (the tensors training can change, e.g. LoRA's adapted weights) also holds a
+`delta` plan over those tensors only. The sender sends the whole plan in its first round and the delta in
+later ones, and says which in the header; a receiver that holds no full round yet rejects a delta.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import datetime
 import itertools
 import pickle
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 
@@ -86,6 +90,8 @@ class SyncPlan:
     buckets: tuple[Bucket, ...]
     dst_dtypes: Mapping[str, str]  # what travels and what the rollout holds: one conversion, at the sender
     src_dtypes: Mapping[str, str] = field(default_factory=dict)  # what the actor's tensors must be
+    # the rounds after the first: only the tensors training changes (None: every round sends everything)
+    delta: SyncPlan | None = None
 
     @classmethod
     def build(
@@ -97,28 +103,45 @@ class SyncPlan:
         bucket_bytes: int = 256 << 20,
         name_map: NameMap | None = None,
         transfer_dtype: str | None = None,
+        changing: Collection[str] | None = None,
     ) -> SyncPlan:
         """`transfer_dtype` (e.g. "torch.bfloat16"): what the weights travel as; by default (None) each
-        target tensor's own dtype. A rollout tensor of another dtype is an error, never a silent cast."""
+        target tensor's own dtype. A rollout tensor of another dtype is an error, never a silent cast.
+        `changing`: source names of the tensors training changes; the plan then carries a `delta` plan that
+        moves only those (its bucket tags follow the full plan's, so the two never share a buffer)."""
         if transfer_dtype is not None:
             for t in targets:
                 if t.dtype != transfer_dtype:
                     raise ReshardError(f"tensor {t.name!r}: transfer dtype {transfer_dtype} differs from the "
                                        f"{dst_group} dtype {t.dtype}; weights travel in the receiver's dtype")
-        pairs = bucketize(plan_reshard(sources, targets, name_map), bucket_bytes)
-        buckets = []
-        for (src, dst), groups in sorted(pairs.items()):
-            for transfers in groups:
-                buckets.append(Bucket(len(buckets), src, dst, tuple(transfers)))
-        return cls(src_group, dst_group, tuple(buckets), {t.name: t.dtype for t in targets},
-                   {s.name: s.dtype for s in sources})
+        transfers = plan_reshard(sources, targets, name_map)
+        dst_dtypes, src_dtypes = {t.name: t.dtype for t in targets}, {s.name: s.dtype for s in sources}
+        buckets = _buckets(transfers, bucket_bytes)
+        delta = None
+        if changing is not None:
+            unknown = sorted(set(changing) - set(src_dtypes))
+            if unknown:
+                raise ReshardError(f"changing tensors {unknown} are not among the {src_group} tensors")
+            wanted = set(changing)
+            delta = cls(src_group, dst_group, _buckets([t for t in transfers if t.src_name in wanted], bucket_bytes,
+                                                       first_tag=len(buckets)), dst_dtypes, src_dtypes)
+        return cls(src_group, dst_group, buckets, dst_dtypes, src_dtypes, delta)
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buckets)
 
 
+def _buckets(transfers: Sequence[Transfer], bucket_bytes: int, first_tag: int = 0) -> tuple[Bucket, ...]:
+    buckets: list[Bucket] = []
+    for (src, dst), groups in sorted(bucketize(transfers, bucket_bytes).items()):
+        for group in groups:
+            buckets.append(Bucket(first_tag + len(buckets), src, dst, tuple(group)))
+    return tuple(buckets)
+
+
 TRANSPORTS = ("group", "ipc")
+FULL, DELTA = 0, 1  # what a round sends, in its header
 
 
 def check_dtypes(expected: Mapping[str, str], tensors: Mapping[str, torch.Tensor], who: str) -> None:
@@ -157,20 +180,25 @@ class _Endpoint:
     def _peer(self, side: str, rank: int) -> int:
         return self.group.ranks[side][rank]
 
-    def _handshake(self, version: int) -> None:
-        header = torch.tensor([version], dtype=torch.int64, device=self.group.device)
+    def _handshake(self, version: int, kind: int = FULL) -> int:
+        """Returns what the round sends (FULL or DELTA), as the sender's header says."""
+        header = torch.tensor([version, kind], dtype=torch.int64, device=self.group.device)
         self.group.broadcast(header, src=self._peer(self.plan.src_group, 0))
-        sent_version = int(header[0])
-        reject_reason = self._check(sent_version)
+        sent_version, kind = int(header[0]), int(header[1])
+        reject_reason = self._check(sent_version, kind)
         votes = torch.tensor([0 if reject_reason is None else 1], dtype=torch.int64, device=self.group.device)
         rejections = int(self.group.all_reduce(votes)[0])
         if rejections:
             raise WeightSyncError(
                 reject_reason or f"weight version {sent_version} was rejected by {rejections} rollout rank(s)"
             )
+        return kind
 
-    def _check(self, sent_version: int) -> str | None:
+    def _check(self, sent_version: int, kind: int) -> str | None:
         return None
+
+    def _round_plan(self, kind: int) -> SyncPlan:
+        return self.plan.delta if kind == DELTA else self.plan
 
     def _buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
         buffer = self._buffers.get(bucket.tag)
@@ -194,7 +222,7 @@ class WeightSender(_Endpoint):
     def __init__(self, group: PeerGroup, plan: SyncPlan, rank: int, transport: str = "group"):
         super().__init__(group, plan, transport)
         self.rank = rank
-        self.mine = [b for b in plan.buckets if b.src_rank == rank]
+        self.sent_full = False  # a delta round only after a full one went through
         self._handles: dict[int, tuple[torch.Tensor, bytes]] = {}  # ipc: bucket tag -> (buffer, its handle)
 
     def _pack(self, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -215,21 +243,23 @@ class WeightSender(_Endpoint):
         """Send this rank's slices of `tensors` (local shards or DTensors) as `version`; returns bytes sent.
         `timeout_s` bounds the data phase (default: the peer group's timeout)."""
         check_dtypes(self.plan.src_dtypes, tensors, f"{self.plan.src_group} rank {self.rank}")
-        self._handshake(version)
-        buffers = [self._pack(bucket, tensors) for bucket in self.mine]
+        kind = self._handshake(version, DELTA if self.sent_full and self.plan.delta is not None else FULL)
+        mine = [b for b in self._round_plan(kind).buckets if b.src_rank == self.rank]
+        buffers = [self._pack(bucket, tensors) for bucket in mine]
         if self.transport == "group":
             works = [
                 self.group.post_send(buffer, self._peer(self.plan.dst_group, bucket.dst_rank), bucket.tag)
-                for bucket, buffer in zip(self.mine, buffers)
+                for bucket, buffer in zip(mine, buffers)
             ]
             self._wait_all(works, f"sending version {version}", timeout_s)
         else:
             host = socket.gethostname()
-            for bucket in self.mine:
+            for bucket in mine:
                 self.group.store.set(self._handle_key(version, bucket), pickle.dumps((host, self._handles[bucket.tag][1])))
             self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
-            for bucket in self.mine:
+            for bucket in mine:
                 self.group.store.delete_key(self._handle_key(version, bucket))
+        self.sent_full = True
         return sum(b.numel() for b in buffers)
 
 
@@ -251,13 +281,15 @@ class WeightReceiver(_Endpoint):
     ):
         super().__init__(group, plan, transport)
         self.rank, self.tensors = rank, tensors
-        self.mine = [b for b in plan.buckets if b.dst_rank == rank]
         self.version: int | None = None
         self._requested: int | None = None
         self._opened: dict[int, tuple[bytes, torch.Tensor]] = {}  # ipc: bucket tag -> (handle, sender's buffer)
         check_dtypes(plan.dst_dtypes, tensors, f"{plan.dst_group} rank {rank}")
 
-    def _check(self, sent_version: int) -> str | None:
+    def _check(self, sent_version: int, kind: int) -> str | None:
+        if kind == DELTA and (self.plan.delta is None or self.version is None):
+            return (f"rollout rank {self.rank} got a partial weight round (only the changing tensors) but "
+                    + ("its plan has none" if self.plan.delta is None else "holds no full round yet"))
         if sent_version != self._requested:
             return f"rollout rank {self.rank} asked for weight version {self._requested}, the actor sent {sent_version}"
         if self.version is not None and sent_version <= self.version:
@@ -284,17 +316,18 @@ class WeightReceiver(_Endpoint):
         """Receive `version` into this rank's tensors; returns bytes received. If any bucket does not
         arrive (within `timeout_s`, default the peer group's timeout), raises and keeps the old weights."""
         self._requested = version
-        self._handshake(version)
+        kind = self._handshake(version)
+        mine = [b for b in self._round_plan(kind).buckets if b.dst_rank == self.rank]
         if self.transport == "group":
             buffers, works = [], []
-            for bucket in self.mine:
+            for bucket in mine:
                 buffers.append(self._buffer(bucket, self.group.device))
                 src = self._peer(self.plan.src_group, bucket.src_rank)
                 works.append(self.group.post_recv(buffers[-1], src, bucket.tag))
             self._wait_all(works, f"receiving version {version}", timeout_s)
         else:
-            buffers = [self._open(version, bucket, timeout_s) for bucket in self.mine]
-        for bucket, buffer in zip(self.mine, buffers):  # everything arrived: now write the weights
+            buffers = [self._open(version, bucket, timeout_s) for bucket in mine]
+        for bucket, buffer in zip(mine, buffers):  # everything arrived: now write the weights
             for t, offset in zip(bucket.transfers, bucket.offsets):
                 target = local_tensor(self.tensors[t.dst_name])
                 with torch.no_grad():
@@ -302,4 +335,4 @@ class WeightReceiver(_Endpoint):
         if self.transport == "ipc":  # tell the sender its buffers are free for the next round
             self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
         self.version = version
-        return sum(b.nbytes for b in self.mine)
+        return sum(b.nbytes for b in mine)

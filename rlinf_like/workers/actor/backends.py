@@ -18,6 +18,7 @@ from rlinf_like.workers.actor.config import ActorConfig
 class TrainingBackend:
     supports_tp = False  # tensor parallelism inside a replica
     supports_pp = False  # pipeline parallelism inside a replica
+    supports_lora = False  # LoRA adapters (actor.lora.rank > 0)
     elastic = False  # trains data parallel over a changing set of ranks (the dynamic schedule's elastic actor)
     extra: str | None = None  # the optional-dependency extra it needs installed
     requires: str | None = None  # the module of that extra, looked up in the driver before any worker starts
@@ -37,6 +38,7 @@ BACKEND_REGISTRY: Registry[type[TrainingBackend]] = Registry("training backend",
 @BACKEND_REGISTRY.register("fsdp")
 class FSDPBackend(TrainingBackend):
     elastic = True
+    supports_lora = True
 
     @classmethod
     def build_manager(cls, config: ActorConfig) -> ModelManager:

@@ -13,7 +13,8 @@ import torch
 
 from rlinf_like.data.batch import Batch
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
-from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, BACKENDS, backend_class
+from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig, check_lora
+from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, BACKENDS, backend_class, backends_with
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.trained import TrainedWorker
@@ -27,7 +28,16 @@ def check_actor_config(config: ActorConfig, owner: str = "actor") -> None:
     if config.backend not in BACKEND_REGISTRY:
         raise ValueError(f"{owner}.backend={config.backend!r} is not one of {BACKEND_REGISTRY.names()}")
     check_loop(config.loop, f"{owner}.loop")
+    check_lora_support(config.backend, config.fsdp.lora, owner)
     backend_class(config.backend).check(config, owner)
+
+
+def check_lora_support(backend: str, config: LoraConfig, owner: str = "actor") -> None:
+    """LoRA on a backend that does not declare `supports_lora` (megatron) is refused by name."""
+    check_lora(config, f"{owner}.lora")
+    if config.enabled and not backend_class(backend).supports_lora:
+        raise ValueError(f"{owner}.lora.rank={config.rank}: LoRA with {owner}.backend={backend} is not supported "
+                         f"yet (backends with LoRA: {backends_with('supports_lora')})")
 
 
 def build_manager(config: ActorConfig) -> ModelManager:
@@ -71,6 +81,12 @@ class ActorWorker(TrainedWorker):
         data-parallel rank): per optimizer step, (micro-batch, loss scale) pairs, through the same loop
         as `train_step`."""
         return run_steps(self.manager, steps, self._loss)
+
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Under LoRA: the KL reference's logprobs, from the frozen base (adapters disabled) in this model;
+        rows as `compute_logprobs` returns them. No second model is loaded."""
+        with self.manager.adapters_disabled():
+            return self.compute_logprobs(batch)
 
     def set_lr(self, lr: float) -> None:
         """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule

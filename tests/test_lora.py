@@ -1,0 +1,298 @@
+"""LoRA in the actor (`actor.lora.*`, peft under FSDP2): a real 2-rank FSDP actor and a native-engine rollout
+on the tiny model, one set of groups for the module. Only adapters train and sit in the optimizer; the
+rollout serves merge_and_unload()'s weights under base names and, after the first round, receives only the
+adapted weights; the KL reference is the base with adapters disabled; checkpoints resume exactly; the
+export loads in peft. Then the config checks, and a 3-step GRPO run through `train` (its own Ray)."""
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlinf_like.data.batch import build_sft_batch
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig, check_targets_of
+from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs
+from rlinf_like.hybrid_engines.reshard import SyncPlan
+from rlinf_like.hybrid_engines.tensors import local_tensor
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.scheduler import connect_groups, wait_all
+from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
+from rlinf_like.workers.rollout.base import RolloutConfig
+from rlinf_like.workers.rollout.worker import RolloutWorker
+
+RANK, ALPHA = 8, 16.0
+TARGETS = ["q_proj", "v_proj"]  # two of the seven linear layers: the delta sync is then a small share
+
+
+def sft_batch(seed: int, rows: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 40, (5,), generator=g).tolist() for _ in range(rows)]
+    targets = [torch.randint(3, 40, (6,), generator=g).tolist() for _ in range(rows)]
+    return build_sft_batch(prompts, targets)
+
+
+class LoraActor(ActorWorker):
+    """The real actor, plus what the tests look at."""
+
+    def full_params(self):
+        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                for n, p in self.manager.model.named_parameters()}
+
+    def optimizer_view(self):
+        opt = self.manager.optimizer
+        names = {id(p): n for n, p in self.manager.model.named_parameters()}
+        params = [p for g in opt.param_groups for p in g["params"]]
+        state = sum(local_tensor(t).numel() for p in params for t in opt.state.get(p, {}).values() if t.dim() > 0)
+        frozen = [n for n, p in self.manager.model.named_parameters() if not p.requires_grad]
+        return [names[id(p)] for p in params], sum(p.numel() for p in params), state, frozen
+
+    def grads(self):
+        return {n: p.grad is not None for n, p in self.manager.model.named_parameters()}
+
+    def offload_round_trip(self):
+        before = self.full_params()
+        self.manager.offload()
+        status = self.manager.get_status()
+        self.manager.onload()
+        after = self.full_params()
+        return status.offloaded, status.device_bytes, all(torch.equal(before[n], after[n]) for n in before)
+
+    def sft_no_step(self, batch):
+        """forward/backward without the optimizer step: which parameters get a gradient."""
+        self.manager.forward_backward(batch)
+        out = self.grads()
+        self.manager.clear_gradients()
+        return out
+
+    def logprobs(self, batch):
+        return self.manager.compute_logprobs(batch)
+
+
+class Rollout(RolloutWorker):
+    def weights(self):
+        return {n: t.detach().clone() for n, t in self.engine.weight_tensors().items()}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(write_tiny_model(tmp_path_factory.mktemp("lora") / "base", TinyModelSpec(seed=3)))
+
+
+@pytest.fixture(scope="module")
+def groups(cluster, model_dir):
+    config = ActorConfig(model_path=model_dir, fsdp=FSDPConfig(
+        optim=OptimConfig(lr=1e-2, weight_decay=0.0),
+        lora=LoraConfig(rank=RANK, alpha=ALPHA, dropout=0.1, target_modules=TARGETS)))
+    placement = cluster.place({"lora_actor": "0-1", "lora_rollout": "0"})
+    actor = LoraActor.create_group(config).launch(cluster, placement, "lora_actor")
+    rollout = Rollout.create_group(RolloutConfig(model_path=model_dir, max_batch_size=4)).launch(
+        cluster, placement, "lora_rollout")
+    connect_groups(actor, rollout, "lora_weights")
+    [src] = actor.on_ranks(0).weight_layouts().wait()
+    [dst] = rollout.on_ranks(0).weight_layouts().wait()
+    [changing] = actor.on_ranks(0).changing_tensors().wait()
+    plan = SyncPlan.build(src, dst, "lora_actor", "lora_rollout", changing=changing)
+    wait_all([actor.connect_weights("lora_weights", plan), rollout.connect_weights("lora_weights", plan)])
+    yield actor, rollout, plan
+    actor.shutdown()
+    rollout.shutdown()
+
+
+def merged_reference(model_dir, adapter_state):
+    """merge_and_unload() of a peft model on the base checkpoint holding the actor's adapters."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS).peft_config())
+    missing = model.load_state_dict(adapter_state, strict=False)
+    assert not missing.unexpected_keys
+    return model.merge_and_unload().state_dict()
+
+
+def sync(actor, rollout, version):
+    sent, received = wait_all([actor.publish_weights(version), rollout.apply_weights(version)])
+    return sum(sent), sum(received)
+
+
+def test_only_adapters_train_base_bit_unchanged_offload_and_merged_sync(groups, model_dir):
+    actor, rollout, plan = groups
+    names, trainable, state_numel, frozen = actor.on_ranks(0).optimizer_view().wait()[0]
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names)  # the optimizer: adapters only
+    assert all(".lora_" not in n for n in frozen) and len(frozen) > len(names)
+    grads = actor.sft_no_step(sft_batch(0)).wait()[0]
+    assert {n for n, has in grads.items() if has} == {n for n in grads if ".lora_" in n}  # no base gradients
+
+    before = actor.full_params().wait()[0]
+    for step in range(2):  # B moves at step 1, A (whose gradient is B^T ...) from step 2
+        actor.sft_step(sft_batch(step)).wait()
+    after = actor.full_params().wait()[0]
+    for name in before:
+        if ".lora_" in name:
+            assert not torch.equal(before[name], after[name]), f"adapter {name} did not train"
+        else:
+            assert torch.equal(before[name], after[name]), f"frozen {name} changed"
+    _, _, state_numel, _ = actor.on_ranks(0).optimizer_view().wait()[0]
+    local_adapter = sum(p.numel() for n, p in after.items() if ".lora_" in n) // 2  # FSDP: half per rank
+    assert state_numel == 2 * local_adapter  # Adam's exp_avg + exp_avg_sq, adapter-sized
+
+    offloaded, device_bytes, intact = actor.offload_round_trip().wait()[0]
+    assert offloaded == {"params": True, "grads": True, "optimizer": True} and set(device_bytes.values()) == {0}
+    assert intact  # bit-exact round trip of base weights and adapters
+
+    # the first round sends everything; the rollout then holds merge_and_unload()'s weights, base names
+    full_sent, full_received = sync(actor, rollout, 1)
+    assert full_sent == full_received == plan.nbytes
+    served = rollout.weights().wait()[0]
+    reference = merged_reference(model_dir, {n: t for n, t in after.items() if ".lora_" in n})
+    assert set(reference) >= set(served) and not any("lora" in n or "base_layer" in n for n in served)
+    for name, tensor in served.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=1e-6, atol=1e-7)  # fp32 rounding of B @ A
+    exact = sum(torch.equal(t, reference[n]) for n, t in served.items())
+    print(f"merged sync: {exact}/{len(served)} tensors bit-identical to merge_and_unload()")
+
+    # later rounds: only the adapted weights (q_proj, v_proj), a small share of the bytes
+    actor.sft_step(sft_batch(5)).wait()
+    delta_sent, delta_received = sync(actor, rollout, 2)
+    assert delta_sent == delta_received == plan.delta.nbytes
+    assert delta_sent < 0.2 * full_sent, (delta_sent, full_sent)
+    print(f"sync bytes: first {full_sent}, later {delta_sent} ({delta_sent / full_sent:.3f})")
+    served = rollout.weights().wait()[0]
+    now = actor.full_params().wait()[0]
+    reference = merged_reference(model_dir, {n: t for n, t in now.items() if ".lora_" in n})
+    for name, tensor in served.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=1e-6, atol=1e-7)
+    assert any(not torch.equal(served[n], served_before) for n, served_before in
+               ((n, merged_reference(model_dir, {k: t for k, t in after.items() if ".lora_" in k})[n])
+                for n in served if "q_proj.weight" in n))  # the delta round did update the weights
+
+
+def test_reference_is_the_base_model(groups, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    actor, _, _ = groups
+    actor.sft_step(sft_batch(7)).wait()  # adapters are non-zero: the policy differs from the base
+    batch = sft_batch(9)
+    base = token_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), batch).detach()
+    reference = torch.cat(actor.reference_logprobs(batch).wait())
+    policy = torch.cat(actor.logprobs(batch).wait()[:1])
+    torch.testing.assert_close(reference, base, rtol=1e-5, atol=1e-5)
+    assert (policy - base).abs().max() > 1e-3  # the adapters are back on after the context
+
+
+def test_checkpoint_resumes_exactly_and_holds_adapters_only(groups, model_dir, tmp_path):
+    import json
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    actor, _, _ = groups
+    path = str(tmp_path / "ckpt")
+    actor.save(path).wait()
+    saved = FileSystemReader(str(Path(path) / "dcp")).read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys)  # no frozen base tensors
+    assert json.loads((Path(path) / "lora.json").read_text())["base_model"] == model_dir
+    first = [actor.sft_step(sft_batch(20 + i)).wait()[0] for i in range(2)]
+    params = actor.full_params().wait()[0]
+    actor.load(path).wait()
+    again = [actor.sft_step(sft_batch(20 + i)).wait()[0] for i in range(2)]
+    assert first == again  # dropout is on: the RNG state resumes too
+    resumed = actor.full_params().wait()[0]
+    assert all(torch.equal(params[n], resumed[n]) for n in params)
+
+
+def test_export_merged_model_and_peft_adapter_folder(groups, model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    actor, _, _ = groups
+    out = tmp_path / "export"
+    actor.export_hf(str(out)).wait()
+    batch = sft_batch(11)
+    want = actor.logprobs(batch).wait()[0]
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                           str(out / "adapter")).eval()
+    torch.testing.assert_close(token_logprobs(peft_model, batch).detach(), want, rtol=1e-5, atol=1e-5)
+    merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    torch.testing.assert_close(token_logprobs(merged, batch).detach(), want, rtol=1e-5, atol=1e-5)
+
+
+# --- config -------------------------------------------------------------------------------------------
+def tiny_cfg(out, **lora):
+    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.scheduler import ClusterConfig
+
+    cfg = ReasoningConfig()
+    cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
+                                component_placement={"actor,rollout": "0-1", "reward": "0"})
+    cfg.data.sft_problems, cfg.data.test_problems = 32, 4
+    r = cfg.runner
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = 3, 4, 8, 8, 0
+    r.eval_every, r.save_every, r.output_dir = 100, 2, str(out)
+    cfg.algorithm.samples_per_prompt, cfg.algorithm.kl_beta = 4, 0.1
+    cfg.actor.lora = LoraConfig(**{"rank": 8, **lora})
+    return cfg
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: setattr(c.actor.lora, "rank", -1), r"actor.lora.rank must be >= 0"),
+    (lambda c: setattr(c.actor.lora, "dropout", 1.0), r"actor.lora.dropout must be < 1"),
+    (lambda c: setattr(c.actor.lora, "alpha", 0.0), r"actor.lora.alpha must be > 0"),
+    (lambda c: setattr(c.actor, "backend", "megatron"),
+     r"actor.lora.rank=8: LoRA with actor.backend=megatron is not supported yet"),
+    (lambda c: setattr(c.runner, "sft_steps", 5), r"actor.lora.rank=8 with algorithm.kl_beta > 0 .* runner.sft_steps=0"),
+    (lambda c: (setattr(c.runner, "schedule", "dynamic"), setattr(c.algorithm, "kl_beta", 0.0)),
+     r"runner.schedule=dynamic with actor.lora.rank=8"),
+])
+def test_bad_lora_config_is_named_before_launch(tmp_path, change, message):
+    from rlinf_like.runners.reasoning import check_config
+
+    cfg = tiny_cfg(tmp_path)
+    check_config(cfg)
+    change(cfg)
+    with pytest.raises(ValueError, match=message):
+        check_config(cfg)
+
+
+def test_lora_overrides_and_unknown_target_modules(model_dir):
+    from rlinf_like.config import ConfigError, check_overrides
+    from rlinf_like.runners.config import ReasoningConfig
+
+    check_overrides(ReasoningConfig, ["actor.lora.rank=8", "actor.lora.alpha=32", "actor.lora.target_modules=[q_proj]"])
+    with pytest.raises(ConfigError, match=r"actor.lora.rank must be >= 0"):
+        check_overrides(ReasoningConfig, ["actor.lora.rank=-2"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'actor.lora.rnak'"):
+        check_overrides(ReasoningConfig, ["actor.lora.rnak=8"])
+    with pytest.raises(ValueError, match=r"actor.lora.target_modules names \['qproj'\], which are not linear "
+                                         r"layers of the model; its linear layers are \[.*'q_proj'"):
+        check_targets_of(LoraConfig(rank=4, target_modules=["qproj"]), model_dir)
+
+
+# --- end to end ---------------------------------------------------------------------------------------
+def run_grpo(out):
+    from rlinf_like.runners.reasoning import train
+
+    cfg = tiny_cfg(out)
+    cfg.algorithm.entropy_coef = 0.01  # the untrained tiny model scores 0: the entropy term moves the adapters
+    return train(cfg).history, (Path(out) / "workers.json").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_grpo_with_lora_runs_and_launches_no_reference_worker(tmp_path):
+    """3 GRPO steps with actor.lora.rank=8 (all linear layers) and a KL term, in a spawned process (a run owns
+    its Ray): no reference worker, the KL is computed in the actor (0 at the first step: B starts at 0, > 0
+    once the adapters moved), and the syncs after the first send only the adapted weights."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        history, pids = pool.submit(run_grpo, str(tmp_path)).result()
+    steps = history[1:]
+    assert [h["step"] for h in steps] == [1, 2, 3]
+    assert '"reference"' not in pids and '"actor"' in pids
+    assert abs(steps[0]["kl"]) < 1e-6 and steps[1]["kl"] > 0 and steps[2]["kl"] > 0
+    assert steps[1]["sync_bytes"] == steps[2]["sync_bytes"] < steps[0]["sync_bytes"]
+    print("sync bytes per step (all linear layers):", [h["sync_bytes"] for h in steps],
+          "sync_s:", [round(h["sync_s"], 4) for h in steps],
+          "step s:", [round(b["elapsed_s"] - a.get("elapsed_s", 0), 2) for a, b in zip(history, steps)])
