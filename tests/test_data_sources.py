@@ -231,7 +231,9 @@ def test_reasoning_gym_source():
     assert not held_out & {p.prompt for p in tasks.sft} and not held_out & {p.prompt for p in tasks.pool}
     for p in tasks.sft + tasks.test + tasks.pool:
         assert p.fields["metadata"]["source_dataset"] == "chain_sum"
-        assert p.solution == f"<answer>{p.answer}</answer>"
+        assert p.solution == f"\\boxed{{{p.answer}}}"  # what both the math and the reasoning_gym rewards read
+        assert math_reward(p.solution, p.answer)["correct"]
+        assert reasoning_gym_reward(p.solution, p.answer, **p.fields)["correct"]
     assert load_tasks(cfg) == tasks and load_tasks(replace(cfg, seed=1)) != tasks
     assert reward_config(ReasoningConfig(data=cfg)).fn == "reasoning_gym"  # what reward.fn=auto means here
     assert reward_config(ReasoningConfig(data=gsm8k())).fn == "math"

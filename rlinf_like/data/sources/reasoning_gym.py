@@ -1,7 +1,9 @@
 """`data.source=reasoning_gym`: procedural tasks from the `reasoning-gym` package (offline), e.g.
-`data.name=chain_sum`, with the generator's own settings in `data.options`. Each problem keeps its entry's `metadata`, which `reward.fn=reasoning_gym` (the
-default with this source) hands to the package's own scorer. SFT texts are the answer in the package's
-`<answer>...</answer>` convention."""
+`data.name=chain_sum`, with the generator's own settings in `data.options`. Each problem keeps its
+entry's `metadata`, which `reward.fn=reasoning_gym` (the default with this source) hands to the
+package's own scorer. SFT texts are the answer as `\\boxed{N}`,
+which both `reward.fn=reasoning_gym` (the package's `<answer>` tags, else what `math` reads) and
+`reward.fn=math` read."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def problems(name: str, size: int, seed: int, options: dict | None = None) -> li
         entries = _package().create_dataset(name, size=size, seed=seed, **(options or {}))
     except (TypeError, ValueError, AssertionError) as e:  # the generator's config class checks its settings
         raise ValueError(f"data.options={options} do not fit data.name={name} ({type(e).__name__}: {e})") from e
-    return [Problem(prompt=e["question"], answer=str(e["answer"]), solution=f"<answer>{e['answer']}</answer>",
+    return [Problem(prompt=e["question"], answer=str(e["answer"]), solution=f"\\boxed{{{e['answer']}}}",
                     fields={"metadata": e["metadata"]}) for e in entries]
 
 
