@@ -52,8 +52,7 @@ def test_native_engine_and_megatron_split_every_weight_as_the_family_says(family
     assert {l.name: l.shape for l in native_layouts} == {l.name: l.shape for l in megatron_layouts}
     for name, weight in cfg.named_weights():
         assert megatron_dims[name] == weight.tp_dim, name
-        # the one place they differ, by design: the native engine keeps vocabulary-parallel weights whole
-        assert native_dims[name] == (None if weight.parallel == "vocab" else weight.tp_dim), name
+        assert native_dims[name] == weight.tp_dim, name  # vocabulary-parallel weights too (split by rows)
     split = {name for name, dim in megatron_dims.items() if dim is not None}
     assert any(".o_proj." in n for n in split) and "model.embed_tokens.weight" in split
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 # How tensor parallelism splits a weight (torchtitan's names):
 #   "column": output rows (dim 0), "row": input columns (dim 1), "vocab": vocabulary rows (dim 0; the
-#   native engine keeps these whole), "replicated": every rank holds the whole tensor.
+#   embedding and the LM head, split so in the native engine too), "replicated": every rank holds the whole tensor.
 Parallel = Literal["column", "row", "vocab", "replicated"]
 _TP_DIM: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "replicated": None}
 

@@ -37,6 +37,11 @@ class RolloutConfig:
     # ranks per engine; the rollout group holds world / tp_size data-parallel replicas (0: one engine over all)
     tp_size: int = bounded(0, ge=0)
     max_context: int = bounded(0, ge=0)  # prompt + response tokens; 0: the model's max_position_embeddings
+    # native: the paged KV cache's memory budget per engine rank in GiB; 0: kv_cache_memory_fraction of free memory
+    kv_cache_memory_gb: float = bounded(0.0, ge=0)
+    # native, when kv_cache_memory_gb is 0: the share of the memory free at start-up (host RAM, or the GPU's) for the KV cache
+    kv_cache_memory_fraction: float = bounded(0.1, gt=0, le=1)
+    kv_block_size: int = bounded(16, ge=1)  # native: tokens per KV cache block (sequences take blocks as they grow)
     # the rollout's weights; a weight sync converts to it once, at the sender
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)

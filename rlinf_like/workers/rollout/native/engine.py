@@ -1,11 +1,24 @@
-"""The embedded engine: continuous batching over a preallocated KV cache, optionally tensor parallel.
+"""The embedded engine: continuous batching over a paged KV cache, optionally tensor parallel.
 
-`max_batch_size` cache slots hold sequences being decoded. A request (its n samples) is admitted
-as soon as n slots are free: its prompt is prefilled once and its keys/values written into all n
-slots, so a GRPO group shares one prefill. Every step decodes one token for all busy slots
-together; a finished sequence frees its slot at once, and the next request takes it while the
-others keep decoding. The cache is allocated once and reused across calls; decode attends only
-up to the longest live sequence.
+`max_batch_size` batch slots hold sequences being decoded; their keys and values live in the
+paged cache (`paging.py`): blocks of `rollout.kv_block_size` tokens, as many as the memory budget
+holds, each sequence taking a block when it grows into one (its block table maps positions to
+blocks). A request (its n samples) is admitted when n slots are free and the blocks its prompt
+fills are free, plus one block of headroom per sample: its prompt is prefilled once, the blocks
+the prompt fills whole are shared by the n samples and the last, partial one copied into each, so
+a GRPO group shares one prefill and most of its prompt's memory. Every step decodes one token for
+all busy slots together; a finished sequence frees its slot and blocks at once, and the next
+request takes them while the others keep decoding. The cache is allocated once (at the first
+generate after start-up or an onload) and reused; decode gathers each sequence's blocks only up
+to the longest live sequence.
+
+When a step needs more new blocks than are free, the engine **preempts** the most recently
+admitted sequences (frees their slots and blocks) until the rest fit, and re-admits them before
+any new request once blocks are free again, recomputing their keys/values from prompt + tokens in
+one prefill (vLLM's recompute preemption). A preempted sample continues with the noise it would
+have drawn (the sampler is counter-based), so sampled tokens follow the same draws; the recomputed
+keys/values may differ from the decoded ones in the last bits. The start-up check guarantees that
+one sequence of `max_context` tokens fits, so the oldest sequence always makes progress.
 
 Under tensor parallelism every rank runs this same loop on the same requests (the worker group
 fans the call out); sampling is a pure function of each sequence's seed (see `sampling.py`), so
@@ -15,7 +28,10 @@ all-reduce per step.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
+import logging
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -31,12 +47,16 @@ from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, Rollo
 from rlinf_like.workers.rollout.native.model import (
     Decoder,
     fuse_projections,
+    kv_bytes_per_token,
     load_shards,
     model_config,
     weight_layouts,
 )
+from rlinf_like.workers.rollout.native.paging import BlockPool, cache_budget, plan_cache
 from rlinf_like.workers.rollout.sampling import RowParams, sample
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
+
+log = logging.getLogger(__name__)
 
 
 class _TensorBag(nn.Module):
@@ -50,7 +70,7 @@ class _TensorBag(nn.Module):
 
 @dataclass
 class _Live:
-    """One sample being decoded in a cache slot."""
+    """One sample being decoded in a batch slot (or waiting to be resumed)."""
 
     request: int  # index into the generate() call's requests
     sample: int
@@ -60,6 +80,14 @@ class _Live:
     max_new: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    seed: int = 0  # its sampling seed, kept across a preemption
+    order: int = 0  # admission order: the newest is preempted first, the oldest resumed first
+    blocks: list[int] = field(default_factory=list)  # its block table: cache blocks by position // block size
+
+    @property
+    def position(self) -> int:
+        """Where its next decode step writes: prompt + tokens, less the last token (not yet in the cache)."""
+        return self.prompt_len + len(self.tokens) - 1
 
 
 class NativeEngine(RolloutEngine):
@@ -83,6 +111,19 @@ class NativeEngine(RolloutEngine):
         self.decoder = Decoder(self.model_cfg, fused, self.tp_group)
         self.max_context = config.max_context or self.model_cfg.max_position_embeddings
         self.slots = config.max_batch_size
+        budget, source = cache_budget(config.kv_cache_memory_gb, config.kv_cache_memory_fraction, self.device)
+        if self.tp_group is not None:  # every rank must page alike: the smallest rank's budget
+            agreed = torch.tensor([budget], dtype=torch.int64)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.tp_group)
+            budget, source = int(agreed[0]), source + ", smallest over TP ranks"
+        self.cache_plan = plan_cache(budget=budget, source=source, block_size=config.kv_block_size,
+                                     token_bytes=kv_bytes_per_token(self.model_cfg, tp, self.dtype),
+                                     max_context=self.max_context, slots=self.slots)
+        self.max_blocks = -(-self.max_context // config.kv_block_size)  # a block table's length
+        self.preemptions = 0  # sequences preempted (for tests and metrics)
+        if self.rank == 0:
+            log.info("native engine: %s; max_batch_size %d, max_context %d", self.cache_plan.describe(),
+                     self.slots, self.max_context)
         self._tokenizer = tokenizer
         self._residency = ResidencyManager(_TensorBag(self.weights))
         self._rng = random.Random(config.seed)  # same on every TP rank, consumed in the same order
@@ -109,7 +150,7 @@ class NativeEngine(RolloutEngine):
         results: list[RolloutResult] = []
         queue: deque[int] = deque()
         for i, request in enumerate(requests):
-            error = request_error(request, self.max_context, self.slots)
+            error = request_error(request, self.max_context, self.slots) or self._budget_error(request)
             if error is not None:
                 results.append(rejected(request, error, self.version))
                 if on_result is not None:
@@ -130,13 +171,34 @@ class NativeEngine(RolloutEngine):
             self._run(requests, results, queue, on_result)
         return results
 
+    def _admission_blocks(self, request: RolloutRequest) -> int:
+        """Blocks a request takes when admitted: a fresh one's prompt blocks (full ones shared by its samples),
+        a continued one's largest sample (its samples are resumed one by one)."""
+        bs = self.cache_plan.block_size
+        if request.progress:
+            return max(-(-(len(request.prompt_ids) + max(len(p.tokens) - 1, 0)) // bs)
+                       for p in request.progress if not p.done)
+        full, partial = divmod(len(request.prompt_ids), bs)
+        return full + request.n * (partial > 0)
+
+    def _budget_error(self, request: RolloutRequest) -> str | None:
+        need, have = self._admission_blocks(request), self.cache_plan.blocks - 1
+        if need > have:
+            return (f"request {request.request_id!r}: its prompt needs {need} KV cache blocks for n={request.n}, "
+                    f"the budget holds {have}; raise rollout.kv_cache_memory_gb or lower n")
+        return None
+
     def _run(self, requests, results, queue: deque[int], on_result: ResultCallback | None) -> None:
+        plan, bs = self.cache_plan, self.cache_plan.block_size
         if self.decoder.k_cache is None:
-            self.decoder.allocate_cache(self.slots, self.max_context, self.dtype, self.device)
+            self.decoder.allocate_cache(plan.blocks, bs, self.dtype, self.device)
+        pool = BlockPool(plan.blocks)
         free = list(range(self.slots))  # a min-heap: low slots first keeps the decoded range short
         live: dict[int, _Live] = {}
+        waiting: list[_Live] = []  # preempted or continued samples, by admission order: resumed before new requests
         remaining = {i: len(requests[i].unfinished()) for i in queue}
-        state = _SlotState(self.slots, self.device)
+        state = _SlotState(self.slots, self.max_blocks, self.device)
+        order = itertools.count()
 
         def finish(slot: int | None, seq: _Live, reason: str) -> None:
             if self.config.logprobs == "rescored" and reason != "abort":
@@ -145,12 +207,23 @@ class NativeEngine(RolloutEngine):
             result.response_ids[seq.sample], result.logprobs[seq.sample] = seq.tokens, seq.logprobs
             result.finish_reasons[seq.sample] = reason
             if slot is not None:
-                del live[slot]
-                state.release(slot)
-                heapq.heappush(free, slot)
+                vacate(slot)
             remaining[seq.request] -= 1
             if remaining[seq.request] == 0 and on_result is not None:
                 on_result(result)
+
+        def vacate(slot: int) -> _Live:
+            seq = live.pop(slot)
+            pool.release(seq.blocks)
+            seq.blocks = []
+            state.release(slot)
+            heapq.heappush(free, slot)
+            return seq
+
+        def preempt(slot: int) -> None:
+            seq = vacate(slot)
+            bisect.insort(waiting, seq, key=lambda s: s.order)
+            self.preemptions += 1
 
         def record(slot: int, seq: _Live, token: int, logprob: float) -> None:
             seq.tokens.append(token)
@@ -159,39 +232,102 @@ class NativeEngine(RolloutEngine):
             if reason is not None:
                 finish(slot, seq, reason)
 
-        while queue or live:
+        def take_blocks(seq: _Live, count: int) -> None:
+            seq.blocks += [pool.take() for _ in range(count)]
+
+        def rows(blocks: list[int], start: int, stop: int) -> torch.Tensor:
+            """Cache token rows of positions start..stop-1 in a sequence with these blocks."""
+            pos = torch.arange(start, stop, device=self.device)
+            return torch.tensor(blocks, dtype=torch.int64, device=self.device)[pos // bs] * bs + pos % bs
+
+        def resume(seq: _Live) -> None:
+            slot = heapq.heappop(free)
+            live[slot] = seq
+            state.admit([slot], requests[seq.request], [seq.seed])
+            take_blocks(seq, -(-max(seq.position, seq.prompt_len) // bs))
+            state.table[slot, :len(seq.blocks)] = torch.tensor(seq.blocks, device=self.device)
+            first = self._resume(slot, seq, requests[seq.request], state)
+            if first is not None:
+                record(slot, seq, *first)
+
+        def admit() -> bool:
+            """Admit the next waiting sample or request if slots and blocks allow; whether one was."""
+            if waiting:  # the oldest first, and no new request overtakes it
+                seq = waiting[0]
+                if not free or pool.available < -(-max(seq.position, seq.prompt_len) // bs):
+                    return False
+                resume(waiting.pop(0))
+                return True
+            if not queue:
+                return False
+            i = queue[0]
+            request = requests[i]
+            todo = request.unfinished()
+            need = self._admission_blocks(request)
+            headroom = len(todo) if live else 0  # one growth block per sample, unless nothing else runs
+            if len(free) < len(todo) or pool.available < need + headroom:
+                return False
+            queue.popleft()
+            seqs = [self._new_sequence(i, j, request, next(order)) for j in todo]
+            if request.progress:  # migrated: each sample resumes from its own tokens, one by one
+                waiting.extend(seqs)
+                return True
+            slots = [heapq.heappop(free) for _ in todo]
+            state.admit(slots, request, [seq.seed for seq in seqs])
+            length = len(request.prompt_ids)
+            full, partial = divmod(length, bs)
+            shared = [pool.take() for _ in range(full)]  # the blocks the prompt fills: one copy for all samples
+            write_rows, write_positions = [rows(shared, 0, full * bs)], [torch.arange(full * bs, device=self.device)]
+            for _ in seqs[1:]:
+                for block in shared:
+                    pool.share(block)
+            for slot, seq in zip(slots, seqs):
+                seq.blocks = list(shared)
+                if partial:
+                    take_blocks(seq, 1)
+                    write_rows.append(rows(seq.blocks, full * bs, length))
+                    write_positions.append(torch.arange(full * bs, length, device=self.device))
+                state.table[slot, :len(seq.blocks)] = torch.tensor(seq.blocks, device=self.device)
+            logits = self.decoder.prefill(torch.tensor(request.prompt_ids, device=self.device),
+                                          torch.cat(write_rows), torch.cat(write_positions))
+            tokens, logprobs = sample(logits.expand(len(slots), -1), state.params(slots))
+            state.after_prefill(slots, tokens, length)
+            for slot, seq, token, logprob in zip(slots, seqs, tokens.tolist(), logprobs.tolist()):
+                live[slot] = seq
+                record(slot, seq, token, logprob)
+            return True
+
+        def grow() -> None:
+            """Give every live sequence whose next position starts a block that block, preempting the
+            newest sequences while too few are free."""
+            growing = [slot for slot, seq in live.items() if seq.position // bs >= len(seq.blocks)]
+            while len(growing) > pool.available:
+                newest = max(live, key=lambda slot: live[slot].order)
+                preempt(newest)
+                growing = [slot for slot in growing if slot != newest]
+            for slot in growing:
+                seq = live[slot]
+                take_blocks(seq, 1)
+                state.table[slot, len(seq.blocks) - 1] = seq.blocks[-1]
+
+        while queue or live or waiting:
             if self._agree_abort():
                 for slot, seq in list(live.items()):
                     finish(slot, seq, "abort")
+                for seq in waiting:  # preempted or not yet resumed: aborted with the tokens they have
+                    finish(None, seq, "abort")
+                waiting.clear()
                 for i in queue:  # never started: aborted with the progress they came with
                     for j in requests[i].unfinished():
-                        finish(None, self._new_sequence(i, j, requests[i]), "abort")
+                        finish(None, self._new_sequence(i, j, requests[i], 0), "abort")
                 return
-            while queue and len(free) >= len(requests[queue[0]].unfinished()):
-                i = queue.popleft()
-                request = requests[i]
-                todo = request.unfinished()
-                slots = [heapq.heappop(free) for _ in todo]
-                state.admit(slots, request, [self._seed(request, j) for j in todo])
-                seqs = [self._new_sequence(i, j, request) for j in todo]
-                if request.progress:  # migrated: each sample resumes from its own tokens
-                    for slot, seq in zip(slots, seqs):
-                        live[slot] = seq
-                        first = self._resume(slot, seq, request, state)
-                        if first is not None:
-                            record(slot, seq, *first)
-                    continue
-                logits = self.decoder.prefill(torch.tensor(request.prompt_ids, device=self.device),
-                                              torch.tensor(slots, device=self.device))
-                tokens, logprobs = sample(logits.expand(len(slots), -1), state.params(slots))
-                state.after_prefill(slots, tokens, len(request.prompt_ids))
-                for slot, seq, token, logprob in zip(slots, seqs, tokens.tolist(), logprobs.tolist()):
-                    live[slot] = seq
-                    record(slot, seq, token, logprob)
+            while admit():
+                pass
             if not live:
                 continue
+            grow()
             span = max(live) + 1
-            logits = self.decoder.decode(state.last_token[:span], state.position[:span])
+            logits = self.decoder.decode(state.last_token[:span], state.position[:span], state.table[:span])
             tokens, logprobs = sample(logits, state.params(slice(0, span)))
             state.after_decode(span, tokens)
             for slot, token, logprob in zip(range(span), tokens.tolist(), logprobs.tolist()):
@@ -199,22 +335,26 @@ class NativeEngine(RolloutEngine):
                 if seq is not None:
                     record(slot, seq, token, logprob)
 
-    def _new_sequence(self, index: int, sample_index: int, request: RolloutRequest) -> _Live:
+    def _new_sequence(self, index: int, sample_index: int, request: RolloutRequest, order: int) -> _Live:
         s = request.sampling
         stop_ids = set(s.stop_token_ids) | (set() if s.ignore_eos else set(self.model_cfg.eos_token_ids))
         progress = request.progress[sample_index] if request.progress else None
         return _Live(index, sample_index, len(request.prompt_ids), frozenset(stop_ids), tuple(s.stop_strings),
                      s.max_new_tokens, list(progress.tokens) if progress else [],
-                     list(progress.logprobs) if progress else [])
+                     list(progress.logprobs) if progress else [], seed=self._seed(request, sample_index),
+                     order=order)
 
     def _resume(self, slot: int, seq: _Live, request: RolloutRequest, state: _SlotState) -> tuple[int, float] | None:
-        """Put a migrated sample where its first engine left it: the prompt and all but its last token in
-        the cache, the last token next to decode, the sampling step at its token count (so it draws the
-        noise it would have drawn). A sample that had not started is prefilled; its first (token, logprob)
-        is returned for the caller to record."""
+        """Put a migrated or preempted sample where it left off: the prompt and all but its last token in
+        the cache (its blocks, already taken), the last token next to decode, the sampling step at its
+        token count (so it draws the noise it would have drawn). A sample that had not started is
+        prefilled; its first (token, logprob) is returned for the caller to record."""
         done = seq.tokens
         prefix = torch.tensor(list(request.prompt_ids) + done[:-1], device=self.device)
-        logits = self.decoder.prefill(prefix, torch.tensor([slot], device=self.device))
+        positions = torch.arange(len(prefix), device=self.device)
+        cache_rows = torch.tensor(seq.blocks, dtype=torch.int64, device=self.device)[positions // self.cache_plan.block_size]
+        cache_rows = cache_rows * self.cache_plan.block_size + positions % self.cache_plan.block_size
+        logits = self.decoder.prefill(prefix, cache_rows, positions)
         if done:
             state.resume(slot, done[-1], len(prefix), len(done))
             return None
@@ -268,7 +408,8 @@ class NativeEngine(RolloutEngine):
 class _SlotState:
     """Per-slot decode inputs and sampling parameters as tensors, updated in place each step."""
 
-    def __init__(self, slots: int, device: torch.device):
+    def __init__(self, slots: int, max_blocks: int, device: torch.device):
+        self.table = torch.zeros(slots, max_blocks, dtype=torch.int64, device=device)  # block tables; 0: scratch
         self.last_token = torch.zeros(slots, dtype=torch.int64, device=device)
         self.position = torch.zeros(slots, dtype=torch.int64, device=device)
         self.active = torch.zeros(slots, dtype=torch.bool, device=device)
@@ -307,8 +448,9 @@ class _SlotState:
         self.step[:span] += active
 
     def release(self, slot: int) -> None:
-        # Idle slots still ride along in the decoded range: token 0 at position 0 of their own
-        # (unused) cache rows, harmless, and never past the cache's end.
+        # Idle slots still ride along in the decoded range: token 0 at position 0 of the scratch
+        # block, which no sequence owns; harmless.
+        self.table[slot] = 0
         self.active[slot] = False
         self.position[slot] = 0
         self.last_token[slot] = 0

@@ -1,10 +1,12 @@
-"""A Llama / Qwen2 / Qwen3-style decoder for inference, tensor-parallel, over a preallocated KV cache.
+"""A Llama / Qwen2 / Qwen3-style decoder for inference, tensor-parallel, over a paged KV cache.
 
 Weights keep their HF checkpoint names, so the weight sync needs no name map. Under tensor
 parallelism (tp > 1, over the worker group's process group) each rank holds a slice of the heads
 and of the MLP: q/k/v and gate/up are split by output rows (column parallel), o_proj and down_proj
-by input columns (row parallel, then one all-reduce each); embeddings, norms and the LM head are
-replicated. Which weight splits how, and which are fused, is read from the model family
+by input columns (row parallel, then one all-reduce each); the embedding and the LM head are split
+by vocabulary rows (vocab parallel: a rank looks up only its own rows, then one all-reduce; its LM
+head computes its own slice of the logits, then one all-gather); norms are replicated. Which
+weight splits how, and which are fused, is read from the model family
 (`rlinf_like.models.families`). The numerics follow transformers' implementation (fp32 RMSNorm, the same RoPE), so
 greedy decoding reproduces HF tokens.
 """
@@ -19,19 +21,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded
+from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
 
 
 def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
-    """Every weight's global shape and the box each TP rank holds (HF names), as the family splits it;
-    vocabulary-parallel weights stay whole here (the lookup and the LM head run unsplit)."""
+    """Every weight's global shape and the box each TP rank holds (HF names), as the family splits it
+    (vocabulary-parallel weights by rows, balanced: a vocabulary that tp does not divide is fine)."""
     if cfg.num_heads % tp or cfg.num_kv_heads % tp:
         raise ValueError(f"native engine: tp={tp} must divide the {cfg.num_heads} attention heads and "
                          f"{cfg.num_kv_heads} key/value heads")
     out = []
     for name, weight in cfg.named_weights():
-        if weight.parallel in ("column", "row"):
+        if weight.parallel in ("column", "row", "vocab"):
             out.append(sharded(name, cfg.shape(weight), tp, dim=weight.tp_dim, dtype=str(dtype)))
         else:
             out.append(replicated(name, cfg.shape(weight), tp, str(dtype)))
@@ -120,39 +122,57 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _decode_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per sequence: q [B, H, 1, d], keys_t [B, KV, d, T], values [B, KV, T, d], additive mask
-    [B, 1, 1, T].
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per sequence: q [B, H, 1, d], keys and values [KV, B, T, d] (each sequence's blocks
+    gathered), additive mask [B, 1, 1, T].
     Plain batched matmuls with the query heads grouped under their key/value head: no copy of the
-    cache for GQA, and on CPU much faster than the fused kernel is for a single query row."""
+    cache for GQA, and on CPU much faster than the fused kernel is for a single query row. Each
+    (key/value head, sequence) product has the shapes and memory layout the unpaged cache had."""
     b, heads, _, d = q.shape
-    kv = keys_t.shape[1]
-    grouped = q.view(b, kv, heads // kv, d)  # query heads sharing a key/value head, as rows
-    scores = torch.matmul(grouped, keys_t) * d**-0.5 + mask  # [B, KV, G, T]
-    out = torch.matmul(scores.softmax(dim=-1), values)  # [B, KV, G, d]
-    return out.view(b, heads, 1, d)
+    kv = keys.shape[0]
+    grouped = q.view(b, kv, heads // kv, d).transpose(0, 1).contiguous()  # [KV, B, G, d]
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * d**-0.5 + mask.view(1, b, 1, -1)  # [KV, B, G, T]
+    out = torch.matmul(scores.softmax(dim=-1), values)  # [KV, B, G, d]
+    return out.transpose(0, 1).reshape(b, heads, 1, d)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
+    """Bytes of keys + values one token takes in one TP rank's cache, over all layers."""
+    return 2 * cfg.num_layers * (cfg.num_kv_heads // tp) * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 class Decoder:
-    """Forward passes over weights `w` (this rank's shards) and a KV cache of `slots` sequences."""
+    """Forward passes over weights `w` (this rank's shards) and a paged KV cache.
+
+    The cache is `blocks` blocks of `block_size` token rows per layer and key/value head, kept as
+    [layers, kv_heads, blocks * block_size, head_dim] for keys and for values: token row
+    `block * block_size + offset`. Which blocks a sequence owns is the caller's block table; block 0
+    is the engine's scratch block (idle rows of a decode batch write and read it)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], tp_group=None):
         self.cfg, self.w, self.tp_group = cfg, weights, tp_group
         tp = dist.get_world_size(tp_group) if tp_group is not None else 1
+        rank = dist.get_rank(tp_group) if tp_group is not None else 0
         self.heads, self.kv_heads = cfg.num_heads // tp, cfg.num_kv_heads // tp
+        # this rank's vocabulary rows of the embedding and the LM head (all of them without TP)
+        self.vocab_bounds = split_bounds(cfg.vocab_size, tp)
+        self.vocab_lo, self.vocab_hi = self.vocab_bounds[rank]
         self.inv_freq = rope_inv_freq(cfg)
-        # keys are stored transposed, [layers, slots, kv_heads, head_dim, max_len], so decode's q.K^T
-        # reads them as the matmul wants them; values as [layers, slots, kv_heads, max_len, head_dim].
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self.block_size = 0
 
-    def allocate_cache(self, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (self.cfg.num_layers, slots, self.kv_heads, max_len, self.cfg.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device).transpose(-1, -2)
+    def allocate_cache(self, blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (self.cfg.num_layers, self.kv_heads, blocks * block_size, self.cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size = block_size
 
     def free_cache(self) -> None:
         self.k_cache = self.v_cache = None
+
+    def cache_bytes(self) -> int:
+        return 0 if self.k_cache is None else 2 * self.k_cache.numel() * self.k_cache.element_size()
 
     # --- pieces -----------------------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,48 +216,72 @@ class Decoder:
         mlp = F.silu(gate) * up
         return x + self._reduce(F.linear(mlp, self.w[p + "mlp.down_proj.weight"]))
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.w["model.embed_tokens.weight"]
+        if self.tp_group is None:
+            return table[ids]
+        local = ids - self.vocab_lo
+        outside = (local < 0) | (local >= table.shape[0])
+        x = table[local.clamp(0, table.shape[0] - 1)].masked_fill_(outside[..., None], 0)
+        return self._reduce(x)  # every token's row comes from the one rank holding it, zeros elsewhere
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = _rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
         head = self.w["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
-        return F.linear(x, head).float()
+        logits = F.linear(x, head).float()
+        if self.tp_group is None:
+            return logits
+        # vocab parallel: each rank has its rows' logits; gather them (padded to the largest shard)
+        width = max(hi - lo for lo, hi in self.vocab_bounds)
+        padded = F.pad(logits, (0, width - logits.shape[-1])).contiguous()
+        parts = [torch.empty_like(padded) for _ in self.vocab_bounds]
+        dist.all_gather(parts, padded, group=self.tp_group)
+        return torch.cat([part[..., : hi - lo] for part, (lo, hi) in zip(parts, self.vocab_bounds)], dim=-1)
 
     # --- passes -----------------------------------------------------------------------------------------
-    def _forward_prefix(self, ids: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
-        """Run ids [L] in one causal pass, storing its keys/values in every slot of `slots` (if given);
+    def _forward_prefix(self, ids: torch.Tensor, rows: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """Run ids [L] in one causal pass, storing the keys/values of `positions` [m] at cache token
+        `rows` [m] (if given; a position may go to several rows: a sequence's own copy of a block);
         hidden states [L, hidden]."""
         length = ids.shape[0]
         rope = self._rope(torch.arange(length, device=ids.device)[None], self.w["model.norm.weight"].dtype)
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
-            if slots is not None:
-                self.k_cache[layer, slots, :, :, :length] = k.transpose(-1, -2)  # broadcast over the n samples
-                self.v_cache[layer, slots, :, :length] = v
+            if rows is not None:
+                self.k_cache[layer][:, rows] = k[0][:, positions]
+                self.v_cache[layer][:, rows] = v[0][:, positions]
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
 
-        x = self.w["model.embed_tokens.weight"][ids][None]
+        x = self._embed(ids)[None]
         for layer in range(self.cfg.num_layers):
             x = self._block(x, layer, attend)
         return x[0]
 
     @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Run prompt [L] once, store its keys/values in every slot of `slots`; logits of the last token [V]."""
-        return self._logits(self._forward_prefix(prompt, slots)[-1])
+    def prefill(self, prompt: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run prompt [L] once, storing the keys/values of `positions` at cache token `rows` (see
+        `_forward_prefix`); logits of the last token [V]."""
+        return self._logits(self._forward_prefix(prompt, rows, positions)[-1])
 
     @torch.inference_mode()
     def score(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [L, V] at every position of ids [L], touching no cache: a function of the weights and
         these tokens only, whatever else the engine is decoding."""
-        return self._logits(self._forward_prefix(ids, None))
+        return self._logits(self._forward_prefix(ids, None, None))
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One token for each of slots 0..B-1 at its own position; logits [B, V].
-        Attention reads the cache only up to the longest sequence, masked per slot."""
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """One token for each of B sequences at its own position, sequence b's blocks listed in
+        table[b] (block numbers, in order); logits [B, V].
+        Attention gathers each sequence's blocks up to the longest sequence's length, masked per row."""
         b = tokens.shape[0]
         span = int(positions.max()) + 1
-        rows = torch.arange(b, device=tokens.device)
+        bs = self.block_size
+        blocks = -(-span // bs)
+        offsets = torch.arange(bs, device=tokens.device)
+        gather = (table[:, :blocks, None] * bs + offsets).view(b, -1)[:, :span].reshape(-1)  # cache rows [B * T]
+        write = table.gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs  # [B]
         mask = (torch.arange(span, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # [B,1,1,T]
         mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
 
@@ -245,12 +289,14 @@ class Decoder:
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
-            self.k_cache[layer, rows, :, :, positions] = k[:, :, 0]
-            self.v_cache[layer, rows, :, positions] = v[:, :, 0]
-            keys_t, values = self.k_cache[layer, :b, :, :, :span], self.v_cache[layer, :b, :, :span]
-            return _decode_attention(q, keys_t, values, mask)
+            k_layer, v_layer = self.k_cache[layer], self.v_cache[layer]
+            k_layer[:, write] = k[:, :, 0].transpose(0, 1)
+            v_layer[:, write] = v[:, :, 0].transpose(0, 1)
+            keys = k_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
+            values = v_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
+            return _decode_attention(q, keys, values, mask)
 
-        x = self.w["model.embed_tokens.weight"][tokens][:, None]
+        x = self._embed(tokens)[:, None]
         for layer in range(self.cfg.num_layers):
             x = self._block(x, layer, attend)
         return self._logits(x[:, 0])
