@@ -19,8 +19,8 @@ from rlinf_like.scheduler.dynamic import DeviceScheduler
 from rlinf_like.workers.actor.elastic import block_owners
 
 STEPS = 2
-SCHEDULE_ONLY = ("rollout_s", "rollout_tokens_per_s", "elapsed_s", "step_train_s", "sched_early_minibatches",
-                 "sched_min_dp", "sched_migrated")  # timings and the hand-over itself: the only keys allowed to differ
+SCHEDULE_ONLY = ("rollout_s", "rollout_tokens_per_s", "elapsed_s", "step_train_s", "sync_s",
+                 "sched_early_minibatches", "sched_min_dp", "sched_migrated")  # timings and the hand-over itself: the only keys allowed to differ
 
 
 def small_config(out: Path, schedule: str) -> ReasoningConfig:
