@@ -11,7 +11,7 @@ from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advanta
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.reasoning import check_config, train
-from rlinf_like.scheduler import ClusterConfig
+from small_runs import small_reasoning_config
 
 CALLS: list[torch.Tensor] = []
 
@@ -34,14 +34,8 @@ def toy_registered():
 
 
 def tiny(tmp_path, advantage="toy_sign") -> ReasoningConfig:
-    cfg = ReasoningConfig()
-    cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
-                                component_placement={"actor,rollout": "0-1", "reward": "0"})
-    cfg.data.sft_problems, cfg.data.test_problems = 32, 4
-    r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = 2, 4, 8, 8, 0
-    r.eval_every, r.save_every, r.output_dir = 100, 100, str(tmp_path)
-    cfg.algorithm.advantage, cfg.algorithm.samples_per_prompt = advantage, 4
+    cfg = small_reasoning_config(tmp_path)
+    cfg.algorithm.advantage = advantage
     return cfg
 
 

@@ -26,8 +26,8 @@ from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.checks import check_config, reward_config
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import make_requests
-from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.workers.reward.builtin import math_reward, reasoning_gym_reward
+from small_runs import small_reasoning_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -526,16 +526,11 @@ def test_generated_data_keeps_its_draws_with_replacement():
 # --- 2-step runs on the samples -------------------------------------------------------------------------------------
 
 def tiny_run(out: Path, data: DataConfig, reward_fn: str = "auto") -> ReasoningConfig:
-    cfg = ReasoningConfig(data=data)
-    cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
-                                component_placement={"actor,rollout": "0-1", "reward": "0"})
+    cfg = small_reasoning_config(out, samples_per_prompt=2)
+    cfg.data = data
     m = cfg.model
     m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads = 32, 64, 2, 1
-    r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = 2, 4, 8, 8
-    r.sft_steps, r.sft_batch_size = 2, 4
-    r.eval_every, r.save_every, r.output_dir = 100, 100, str(out)
-    cfg.algorithm.samples_per_prompt = 2
+    cfg.runner.sft_steps, cfg.runner.sft_batch_size = 2, 4
     cfg.reward.fn = reward_fn
     return cfg
 

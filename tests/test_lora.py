@@ -223,17 +223,10 @@ def test_export_merged_model_and_peft_adapter_folder(groups, model_dir, tmp_path
 
 # --- config -------------------------------------------------------------------------------------------
 def tiny_cfg(out, **lora):
-    from rlinf_like.runners.config import ReasoningConfig
-    from rlinf_like.scheduler import ClusterConfig
+    from small_runs import small_reasoning_config
 
-    cfg = ReasoningConfig()
-    cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
-                                component_placement={"actor,rollout": "0-1", "reward": "0"})
-    cfg.data.sft_problems, cfg.data.test_problems = 32, 4
-    r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = 3, 4, 8, 8, 0
-    r.eval_every, r.save_every, r.output_dir = 100, 2, str(out)
-    cfg.algorithm.samples_per_prompt, cfg.algorithm.kl_beta = 4, 0.1
+    cfg = small_reasoning_config(out, max_steps=3, save_every=2)
+    cfg.algorithm.kl_beta = 0.1
     cfg.actor.lora = LoraConfig(**{"rank": 8, **lora})
     return cfg
 

@@ -1,0 +1,21 @@
+"""The small reasoning run the end-to-end tests start from: collocated on the 2 CPU slots, 32 SFT / 4 held-out
+arithmetic problems, no SFT warm start, 4 prompts of up to 8 new tokens per step, no evaluation between steps.
+Each test sets what it is about on top."""
+
+from pathlib import Path
+
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.scheduler import ClusterConfig
+
+
+def small_reasoning_config(out: Path, *, max_steps: int = 2, save_every: int = 100,
+                           samples_per_prompt: int = 4) -> ReasoningConfig:
+    cfg = ReasoningConfig()
+    cfg.cluster = ClusterConfig(num_cpus=2, collective_timeout_s=120,
+                                component_placement={"actor,rollout": "0-1", "reward": "0"})
+    cfg.data.sft_problems, cfg.data.test_problems = 32, 4
+    r = cfg.runner
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = max_steps, 4, 8, 8, 0
+    r.eval_every, r.save_every, r.output_dir = 100, save_every, str(out)
+    cfg.algorithm.samples_per_prompt = samples_per_prompt
+    return cfg
