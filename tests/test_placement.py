@@ -134,3 +134,13 @@ def test_one_key_per_component_places_exactly_like_a_comma_key(comma, per_compon
     assert a.mode is b.mode and dict(a.components) == dict(b.components)
     assert {(x, y): a.relation(x, y) for x in comma for y in per_component if "," not in x + y} == \
         {(x, y): b.relation(x, y) for x in comma for y in per_component if "," not in x + y}
+
+
+def test_weight_link_uses_gloo_and_cuda_ipc_only_where_components_share_a_gpu():
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), which the first GPU run hit
+    assert plan_placement({"actor,rollout": "0"}, devices()).weight_link("actor", "rollout") == ("gloo", "ipc")
+    hybrid = plan_placement({"actor": "0-1", "rollout": "1-2"}, devices())
+    assert hybrid.weight_link("actor", "rollout") == ("gloo", "ipc")
+    assert plan_placement({"actor": "0-1", "rollout": "2-3"}, devices()).weight_link("actor", "rollout") == (None, "group")
+    cpu = plan_placement({"actor,rollout": "0-1"}, devices(gpus_per_node=(0, 0)))
+    assert cpu.weight_link("actor", "rollout") == (None, "group")  # gloo; shared memory is not needed on CPU

@@ -151,6 +151,9 @@ def test_gpu_memory_actually_drops_and_comes_back():
     res = ResidencyManager(model, opt)
     moved = sum(s.bytes for s in res.offload())
     assert torch.cuda.memory_allocated() <= before - moved + 1024
-    assert all(s.host.is_pinned() for part in res._parts.values() for s in part.slots.values())
+    slots = [s for part in res._parts.values() for s in part.slots.values()]
+    # AdamW keeps its `step` counters on the host: only the GPU storages go through pinned buffers
+    on_gpu = [s for s in slots if s.storage.device.type == "cuda"]
+    assert len(on_gpu) == 16 and all(s.host.is_pinned() for s in on_gpu)
     res.onload()
     assert torch.cuda.memory_allocated() == before

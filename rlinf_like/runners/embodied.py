@@ -145,11 +145,13 @@ class EmbodiedRunner:
             wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
                      [self.rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll)))
                       for r in range(n_roll)])
-        connect_groups(self.actor, self.rollout, "weights")
+        backend, transport = placement.weight_link("actor", "rollout")
+        connect_groups(self.actor, self.rollout, "weights", backend=backend)
         [src] = self.actor.on_ranks(0).weight_layouts().wait()
         [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
         plan = SyncPlan.build(src, dst, "actor", "rollout")
-        wait_all([self.actor.connect_weights("weights", plan), self.rollout.connect_weights("weights", plan)])
+        wait_all([self.actor.connect_weights("weights", plan, transport),
+                  self.rollout.connect_weights("weights", plan, transport)])
         self.channel = trajectory_channel(cluster)
         action = specs.action_spec
         chunk = (cfg.policy.chunk,) if policy_class(cfg.policy.kind).action_chunks and cfg.policy.chunk > 1 else ()

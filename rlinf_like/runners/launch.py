@@ -106,12 +106,13 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
                                                                       init_process_group=False)
-    connect_groups(actor, rollout, "weights")
+    backend, transport = placement.weight_link("actor", "rollout")
+    connect_groups(actor, rollout, "weights", backend=backend)
     [src] = actor.on_ranks(0).weight_layouts().wait()
     [dst] = rollout.on_ranks(0).weight_layouts().wait()
     # LoRA: after the first round, only the adapted (merged) weights travel
     plan = SyncPlan.build(src, dst, "actor", "rollout", changing=actor.on_ranks(0).changing_tensors().wait()[0])
-    wait_all([actor.connect_weights("weights", plan), rollout.connect_weights("weights", plan)])
+    wait_all([actor.connect_weights("weights", plan, transport), rollout.connect_weights("weights", plan, transport)])
     workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(), rollout=rollout,
                       reward=reward, critic=critic, reference_in_actor=reference_in_actor(cfg),
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)

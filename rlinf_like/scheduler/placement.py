@@ -98,6 +98,15 @@ class Placement:
     def relation(self, a: str, b: str) -> PlacementMode:
         return relation(self[a], self[b])
 
+    def weight_link(self, a: str, b: str) -> tuple[str | None, str]:
+        """(peer-group backend, weight-sync transport) from component `a` to `b`. NCCL refuses two ranks on one
+        GPU, so components sharing a GPU rendezvous over gloo and move weights by CUDA IPC; all others take
+        their device kind's backend (None) and send over the group."""
+        pa, pb = self[a], self[b]
+        if pa.device_kind == pb.device_kind == "gpu" and pa.devices & pb.devices:
+            return "gloo", "ipc"
+        return None, "group"
+
     @property
     def mode(self) -> PlacementMode:
         comps = list(self.components.values())

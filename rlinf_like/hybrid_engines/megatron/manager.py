@@ -278,6 +278,7 @@ class MegatronModelManager(ModelManager):
                                   self.config.pipeline_parallel, self.dtype)
 
     def get_config(self) -> dict[str, Any]:
-        return {"backend": "megatron", "world_size": self.world_size, "device": str(self.device),
-                "data_parallel": self.dp_size, "layer_spec": "te" if self.te_spec else "local",
-                "dtype": str(self.dtype), **asdict(self.config)}
+        # the resolved layer spec last: the config's own `layer_spec` may say "auto"
+        return {**asdict(self.config), "backend": "megatron", "world_size": self.world_size,
+                "device": str(self.device), "data_parallel": self.dp_size,
+                "layer_spec": "te" if self.te_spec else "local", "dtype": str(self.dtype)}
