@@ -105,7 +105,9 @@ class MegatronModelManager(ModelManager):
                                           ps.is_pipeline_last_stage())
         self.layer_offset = layouts.stage_layers(mc.num_layers, pp, self.pp_rank).start
         self._load_hf(hf_weights)
-        self.gpt.to(self.device)
+        # One dtype for every parameter, as megatron's Float16Module does: without TE or Apex its torch norms are
+        # built in fp32 whatever params_dtype says (seen on the first GPU run), and the sync plan names one dtype.
+        self.gpt.to(self.device, self.dtype)
         with cpu_compat.cuda_as_cpu():
             self.ddp = DistributedDataParallel(
                 self.tconfig,

@@ -63,7 +63,8 @@ class CriticWorker(TrainedWorker):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of this rank's rows (the caller concatenates the ranks' parts in rank order)."""
         mine = shard_rows(batch, self.rank, self.world_size)
-        parts = [token_values(self.manager.model, m) for m in micro_batches(mine, self.config.loop.micro_batch_size)]
+        parts = [token_values(self.manager.model, m).cpu()  # the driver's batch lives on the host
+                 for m in micro_batches(mine, self.config.loop.micro_batch_size)]
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
