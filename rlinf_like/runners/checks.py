@@ -8,6 +8,7 @@ from dataclasses import replace
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 from rlinf_like.runners.actor_setup import check_actor_section
+from rlinf_like.runners.async_stream import STALE_POLICIES
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config, default_reward
@@ -39,6 +40,7 @@ def check_choices(cfg: ReasoningConfig) -> None:
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
                "runner.schedule": (cfg.runner.schedule, schedule_choices()),
+               "runner.stale_policy": (cfg.runner.stale_policy, list(STALE_POLICIES)),
                "actor.backend": (cfg.actor.backend, BACKEND_REGISTRY.names())}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -85,6 +87,8 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_model(cfg)
     if r.schedule == "dynamic":
         check_dynamic(cfg)
+    if r.schedule == "async":
+        check_async(cfg)
     check_schedule_placement(cfg)
 
 
@@ -150,6 +154,17 @@ def check_dynamic(cfg: ReasoningConfig) -> None:
         raise ValueError(f"runner.schedule=dynamic needs actor.backend={' or '.join(backends_with('elastic'))} "
                          f"(its elastic actor trains data parallel over a changing set of ranks); "
                          f"got {cfg.actor.backend!r}")
+
+
+def check_async(cfg: ReasoningConfig) -> None:
+    """The asynchronous schedule needs an engine that serves continuously, one rank per replica."""
+    if not engine_class(cfg.rollout.engine).serves_continuously:
+        raise ValueError(f"runner.schedule=async needs rollout.engine in {engines_with('serves_continuously')} "
+                         f"(it serves requests as they come and takes weights between decode steps); "
+                         f"got {cfg.rollout.engine!r}")
+    if cfg.rollout.tp_size > 1:
+        raise ValueError(f"runner.schedule=async needs rollout.tp_size=1 (every rollout rank a replica); "
+                         f"got {cfg.rollout.tp_size}")
 
 
 def runner_loop(cfg: ReasoningConfig) -> LoopConfig:

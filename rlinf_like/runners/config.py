@@ -75,7 +75,10 @@ class RunnerConfig:
     prompts_per_step: int = bounded(16, gt=0)  # prompts per step; each gets algorithm.samples_per_prompt responses
     max_new_tokens: int = bounded(28, gt=0)  # "3+5=8, 8-2=6. Answer: 6" and EOS
     temperature: float = bounded(1.0, gt=0)  # sampling temperature; trainer logprobs are taken under it too
-    max_staleness: int = bounded(0, ge=0)  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined)
+    max_staleness: int = bounded(0, ge=0)  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined, async)
+    # async: a group more than max_staleness versions behind is dropped (counted) | never produced (wait: the
+    # rollout pauses admission while it is max_staleness steps ahead; see runners/async_stream.py)
+    stale_policy: str = "wait"
     sft_steps: int = bounded(300, ge=0)  # SFT warm-start steps before RL; 0: none
     sft_batch_size: int = bounded(64, gt=0)  # SFT rows per step
     sft_lr: float = bounded(2e-3, gt=0)  # SFT learning rate
@@ -86,7 +89,8 @@ class RunnerConfig:
     # rows per forward (per rank); null: a whole mini-batch / shard in one pass
     micro_batch_size: int | None = bounded(64, gt=0)
     # a loop in runners/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
-    # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step)
+    # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step) | async (own devices;
+    # the rollout serves without a step boundary and takes new weights between decode steps)
     schedule: str = "static"
     # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate

@@ -102,7 +102,9 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         critic_cfg = CriticConfig(model_path=model_path, fsdp=FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop=loop,
                                   value_clip=a.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
-    rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path)
+    rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path,
+                          # async: every rank serves on its own (tp 0 would make the group one engine)
+                          tp_size=cfg.rollout.tp_size or (1 if cfg.runner.schedule == "async" else 0))
     rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
                                                                       init_process_group=False)

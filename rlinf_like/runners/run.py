@@ -85,6 +85,12 @@ class ReasoningRun:
         self.version = 0  # the weights' version the rollout holds
         self._clock = 0.0  # RL seconds so far, without evaluations and checkpoints
         self.sync_metrics: dict[str, float] = {}  # the last weight sync's bytes and seconds
+        # What a schedule may swap (the async one: its rollout serves continuously, so requests and weights go
+        # to the running serve loop instead of calls that would queue behind it).
+        self.generate: Callable[[list[RolloutRequest]], list] = self._generate
+        self.receive_weights: Callable[[int], object] = lambda version: self.workers.rollout.apply_weights(version)
+        self.extra_state: Callable[[], dict] | None = None  # saved with each checkpoint
+        self.resumed_extra: dict = {}  # what the checkpoint resumed from saved of it
 
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
@@ -130,8 +136,7 @@ class ReasoningRun:
         """The actor's weights to the rollout, as the next version."""
         self.version += 1
         start = time.perf_counter()
-        sent, _ = wait_all([self.workers.actor.publish_weights(self.version),
-                            self.workers.rollout.apply_weights(self.version)])
+        sent, _ = wait_all([self.workers.actor.publish_weights(self.version), self.receive_weights(self.version)])
         # what the step's sync moved (under LoRA, after the first round: the adapted weights only)
         self.sync_metrics = {"sync_bytes": float(sum(sent)), "sync_s": time.perf_counter() - start}
 
@@ -140,9 +145,11 @@ class ReasoningRun:
         w, test = self.workers, self.tasks.test
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
         reqs = [RolloutRequest(f"eval-{i}", self.prompts.prompt_ids(p), greedy) for i, p in enumerate(test)]
-        results = gather_results(w.rollout.generate(reqs).wait(), reqs)
-        scores = score_groups(w, results, test)
+        scores = score_groups(w, self.generate(reqs), test)
         return sum(group[0].correct for group in scores) / len(scores)
+
+    def _generate(self, requests: list[RolloutRequest]) -> list:
+        return gather_results(self.workers.rollout.generate(requests).wait(), requests)
 
     def steps(self) -> Iterator[int]:
         """The steps left to run (0-based), with a progress bar."""
@@ -176,14 +183,16 @@ class ReasoningRun:
         path, w = self.checkpoints.step_dir(self.step), self.workers
         wait_all([g.save(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
         crash_point("checkpoint", self.step)  # fault tests: the workers' state written, not yet committed
-        self.checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history})
+        self.checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history,
+                                            **({"extra": self.extra_state()} if self.extra_state else {})})
 
     def _restore(self) -> None:
         path, state = self.checkpoints.latest()
         w = self.workers
         wait_all([g.load(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
-        self.step, self.version, self.history = state["step"], state["version"], state["history"]
-        self.sync_weights()  # the rollout starts from the checkpoint's weights
+        self.step, self.history, self.resumed_extra = state["step"], state["history"], state.get("extra", {})
+        self.version = state["version"] - 1
+        self.sync_weights()  # the rollout starts from the checkpoint's weights, under the checkpoint's version
         log.info(f"resumed at step {self.step} from {path}")
 
     # --- the end -----------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ SCHEDULES: Registry[Schedule] = Registry("schedule", key="runner.schedule")
 SCHEDULES.register("collocated", Schedule(loop="rlinf_like.runners.schedules.collocated:train", shares_devices=True))
 SCHEDULES.register("pipelined", Schedule(loop="rlinf_like.runners.schedules.pipelined:train", shares_devices=False))
 SCHEDULES.register("dynamic", Schedule(loop="rlinf_like.runners.schedules.dynamic:train", shares_devices=True))
+SCHEDULES.register("async", Schedule(loop="rlinf_like.runners.schedules.asynchronous:train", shares_devices=False))
 
 
 def schedule_choices() -> list[str]:

@@ -22,6 +22,8 @@ from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightRece
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 ResultCallback = Callable[[RolloutResult], None]
+# serve(): called with whether the engine is idle; new requests ([] for none now), or None once closed
+RequestSource = Callable[[bool], "list[RolloutRequest] | None"]
 
 
 LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: engines declaring rescored_logprobs
@@ -56,6 +58,8 @@ class RolloutEngine(ABC):
     continues_migrated = False  # finishes requests another engine stopped half-way (`continuation`)
     rescored_logprobs = False  # rollout.logprobs=rescored: one pass over prompt + response after decoding
     needs_gpu = False
+    serves_continuously = False  # `serve`: requests join while others decode, weights change between steps
+
 
     @classmethod
     def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> RolloutEngine:
@@ -71,6 +75,11 @@ class RolloutEngine(ABC):
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
         """Serve every request; `on_result` is called as each request's whole group finishes.
         Invalid requests come back with `error` set; the others are served."""
+
+    def serve(self, source: RequestSource, on_result: ResultCallback, between_steps: Callable[[], None]) -> None:
+        """Serve requests as `source` hands them over, until it is closed (engines that declare
+        `serves_continuously`; runner.schedule=async needs it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve continuously")
 
     def abort(self) -> None:
         """Thread-safe: the running `generate` returns soon, unfinished samples partial with reason 'abort'

@@ -60,8 +60,15 @@ class RolloutResult:
     response_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
-    version: int = 0  # policy (weight) version that generated it
+    version: int = 0  # policy (weight) version that generated it (when it started)
     error: str | None = None  # set when the request was rejected; then no samples
+    # per sample, the version of each token's weights; differs from `version` only when the weights changed while
+    # it decoded (runner.schedule=async). Empty where an engine does not track it.
+    token_versions: list[list[int]] = field(default_factory=list)
+
+    def oldest_version(self) -> int:
+        """The oldest weights any of its tokens came from."""
+        return min((v for versions in self.token_versions for v in versions), default=self.version)
 
     @property
     def ok(self) -> bool:

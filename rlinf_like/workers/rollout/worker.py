@@ -10,6 +10,8 @@ pair, then `apply_weights(version)` each step; every replica receives the full s
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Sequence
 
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
@@ -39,6 +41,11 @@ class RolloutWorker(Worker):
             groups = [dist.new_group(list(range(r * tp, (r + 1) * tp))) for r in range(self.replicas)]
             group = groups[self.replica]
         self.engine = make_engine(config, process_group=group, device=self.torch_device)
+        # serving continuously (runner.schedule=async): what `submit` handed over, under the result key it names
+        self._inbox: deque[tuple[RolloutRequest, str]] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._announced = 0  # the newest weight version announced by `update_weights`
 
     @property
     def is_leader(self) -> bool:
@@ -66,6 +73,62 @@ class RolloutWorker(Worker):
         channel: Channel[RolloutResult] = Channel.connect(channel_name)
         self.engine.generate(requests, on_result=channel.put)
         return len(requests)
+
+    # --- serving continuously (runner.schedule=async; tp_size 1: every rank is a replica) -------------------
+    def serve(self, channel_name: str) -> int:
+        """Serve what `submit` hands over until `close_serving`, each finished group going onto the channel under
+        the key it was submitted with. Weights announced by `update_weights` are received between decode steps,
+        so samples in flight go on under them. Returns the groups served."""
+        channel: Channel[RolloutResult] = Channel.connect(channel_name)
+        keys: dict[str, str] = {}
+        served = 0
+
+        def source(idle: bool) -> list[RolloutRequest] | None:
+            with self._wake:
+                if idle and not self._inbox and not self._closed:
+                    self._wake.wait(0.05)  # nothing to decode: sleep until a submit or an announcement
+                taken = list(self._inbox)
+                self._inbox.clear()
+                if not taken and self._closed:
+                    return None
+            keys.update((request.request_id, key) for request, key in taken)
+            return [request for request, _ in taken]
+
+        def between_steps() -> None:
+            if self._announced > self.engine.version:
+                self.engine.apply_weights(self._announced)
+
+        def on_result(result: RolloutResult) -> None:
+            nonlocal served
+            channel.put(result, key=keys.pop(result.request_id))
+            served += 1
+
+        with self._wake:
+            self._closed = False
+        self.engine.serve(source, on_result, between_steps)
+        return served
+
+    @control
+    def submit(self, requests: Sequence[RolloutRequest], key: str) -> None:
+        """Hand requests to the running `serve`; their results go onto its channel under `key`."""
+        with self._wake:
+            self._inbox.extend((request, key) for request in requests)
+            self._wake.notify()
+
+    @control
+    def update_weights(self, version: int) -> None:
+        """Announce weight version `version`: the running `serve` receives it before its next decode step (the
+        actor's publish_weights completes then)."""
+        with self._wake:
+            self._announced = max(self._announced, version)
+            self._wake.notify()
+
+    @control
+    def close_serving(self) -> None:
+        """`serve` takes nothing more and returns once what it took is done (abort first to end those early)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
 
     @control
     def abort(self) -> None:

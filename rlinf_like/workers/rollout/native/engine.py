@@ -34,7 +34,7 @@ import itertools
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -43,7 +43,7 @@ from torch import nn
 
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
-from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import RequestSource, ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.native.model import (
     Decoder,
     fuse_projections,
@@ -83,6 +83,7 @@ class _Live:
     seed: int = 0  # its sampling seed, kept across a preemption
     order: int = 0  # admission order: the newest is preempted first, the oldest resumed first
     blocks: list[int] = field(default_factory=list)  # its block table: cache blocks by position // block size
+    versions: list[int] = field(default_factory=list)  # the weight version each token was sampled under
 
     @property
     def position(self) -> int:
@@ -94,6 +95,7 @@ class NativeEngine(RolloutEngine):
     supports_tp = True
     continues_migrated = True
     rescored_logprobs = True
+    serves_continuously = True
 
     def __init__(self, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu"):
         super().__init__()
@@ -149,27 +151,49 @@ class NativeEngine(RolloutEngine):
             raise RuntimeError("native engine: generate() while offloaded; call onload() first")
         results: list[RolloutResult] = []
         queue: deque[int] = deque()
-        for i, request in enumerate(requests):
-            error = request_error(request, self.max_context, self.slots) or self._budget_error(request)
-            if error is not None:
-                results.append(rejected(request, error, self.version))
-                if on_result is not None:
-                    on_result(results[-1])
-                continue
-            n = request.n
-            results.append(RolloutResult(request.request_id, list(request.prompt_ids), [[] for _ in range(n)],
-                                         [[] for _ in range(n)], [""] * n, self.version))
-            for j, progress in enumerate(request.progress):
-                if progress.done:  # finished where it started: kept as it is
-                    results[-1].response_ids[j], results[-1].logprobs[j] = list(progress.tokens), list(progress.logprobs)
-                    results[-1].finish_reasons[j] = progress.finish_reason
-            if request.unfinished():
-                queue.append(i)
-            elif on_result is not None:
-                on_result(results[-1])
+        for request in requests:
+            self._accept(request, results, queue, on_result)
         if queue:
             self._run(requests, results, queue, on_result)
         return results
+
+    def serve(self, source: RequestSource, on_result: ResultCallback, between_steps: Callable[[], None]) -> None:
+        """Serve requests as they come, with no batch boundary, until `source` says it is closed and every
+        request taken is done. `source(idle)` hands over new requests ([] for none now, None once closed; it may
+        block a little when `idle`); it is asked only while no taken request waits for admission, so requests
+        stay with the caller until there is room. `between_steps` runs before every decode step (and while idle):
+        the place to apply new weights, so samples in flight go on under them (a partial rollout; each token's
+        version is in `RolloutResult.token_versions`)."""
+        self._abort.clear()
+        if self._residency.is_offloaded("params"):
+            raise RuntimeError("native engine: serve() while offloaded; call onload() first")
+        if self.tp_group is not None:
+            raise RuntimeError("native engine: serve() needs a tp_size 1 engine (replicas agree on no request order)")
+        self._run([], [], deque(), on_result, source, between_steps)
+
+    def _accept(self, request: RolloutRequest, results: list[RolloutResult], queue: deque[int],
+                on_result: ResultCallback | None) -> None:
+        """Check `request` and add its result slot: queued when it has samples to generate, answered at once
+        when it is rejected or already done."""
+        i = len(results)
+        error = request_error(request, self.max_context, self.slots) or self._budget_error(request)
+        if error is not None:
+            results.append(rejected(request, error, self.version))
+            if on_result is not None:
+                on_result(results[-1])
+            return
+        n = request.n
+        results.append(RolloutResult(request.request_id, list(request.prompt_ids), [[] for _ in range(n)],
+                                     [[] for _ in range(n)], [""] * n, self.version, token_versions=[[] for _ in range(n)]))
+        for j, progress in enumerate(request.progress):
+            if progress.done:  # finished where it started: kept as it is
+                results[-1].response_ids[j], results[-1].logprobs[j] = list(progress.tokens), list(progress.logprobs)
+                results[-1].finish_reasons[j] = progress.finish_reason
+                results[-1].token_versions[j] = [self.version] * len(progress.tokens)  # made elsewhere: unknown
+        if request.unfinished():
+            queue.append(i)
+        elif on_result is not None:
+            on_result(results[-1])
 
     def _admission_blocks(self, request: RolloutRequest) -> int:
         """Blocks a request takes when admitted: a fresh one's prompt blocks (full ones shared by its samples),
@@ -188,7 +212,8 @@ class NativeEngine(RolloutEngine):
                     f"the budget holds {have}; raise rollout.kv_cache_memory_gb or lower n")
         return None
 
-    def _run(self, requests, results, queue: deque[int], on_result: ResultCallback | None) -> None:
+    def _run(self, requests, results, queue: deque[int], on_result: ResultCallback | None,
+             source: RequestSource | None = None, between_steps: Callable[[], None] | None = None) -> None:
         plan, bs = self.cache_plan, self.cache_plan.block_size
         if self.decoder.k_cache is None:
             self.decoder.allocate_cache(plan.blocks, bs, self.dtype, self.device)
@@ -206,6 +231,7 @@ class NativeEngine(RolloutEngine):
             result = results[seq.request]
             result.response_ids[seq.sample], result.logprobs[seq.sample] = seq.tokens, seq.logprobs
             result.finish_reasons[seq.sample] = reason
+            result.token_versions[seq.sample] = seq.versions
             if slot is not None:
                 vacate(slot)
             remaining[seq.request] -= 1
@@ -228,6 +254,7 @@ class NativeEngine(RolloutEngine):
         def record(slot: int, seq: _Live, token: int, logprob: float) -> None:
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
+            seq.versions.append(self.version)
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 finish(slot, seq, reason)
@@ -310,7 +337,20 @@ class NativeEngine(RolloutEngine):
                 take_blocks(seq, 1)
                 state.table[slot, len(seq.blocks) - 1] = seq.blocks[-1]
 
-        while queue or live or waiting:
+        requests = list(requests)  # serving appends to it
+        open_ = source is not None
+        while queue or live or waiting or open_:
+            if open_ and not queue:  # room for more: take what the source has
+                more = source(not live and not waiting)
+                if more is None:
+                    open_ = False
+                for request in more or ():
+                    requests.append(request)
+                    self._accept(request, results, queue, on_result)
+                    if queue and queue[-1] == len(results) - 1:
+                        remaining[queue[-1]] = len(request.unfinished())
+            if between_steps is not None:
+                between_steps()
             if self._agree_abort():
                 for slot, seq in list(live.items()):
                     finish(slot, seq, "abort")

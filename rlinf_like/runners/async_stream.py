@@ -1,0 +1,161 @@
+"""The driver's side of the asynchronous schedule: which prompt groups start, which a step trains on, which
+are too stale. The rollout replicas serve continuously (`RolloutWorker.serve`); this class hands them groups
+and collects the finished ones from a channel.
+
+Groups are numbered 0, 1, 2, ...: group g is prompt g % B of the draw for step g // B (B = prompts_per_step),
+so the data order depends on the group number alone and survives a resume. `runner.stale_policy`:
+
+* `wait`: step s trains on exactly the groups of draw s, and draw s starts only once the trainer has done
+  s - k steps (k = runner.max_staleness). No group is ever more than k versions behind; the rollout pauses
+  admission while it is k steps ahead. With k = 0 this is the synchronous schedule.
+* `drop`: at most (k + 1) * B groups are out (generating or waiting); a step trains on the first B to finish,
+  whichever draw they are from. A group whose oldest token is more than k versions behind is dropped
+  (counted), and a new group starts in its place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from rlinf_like.data.tasks import Problem
+from rlinf_like.scheduler import Channel, WorkerGroup, wait_all
+from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
+
+STALE_POLICIES = ("drop", "wait")
+TRAIN, EVAL = "train", "eval"  # the channel keys of training groups and evaluation requests
+
+
+def may_start(policy: str, group: int, steps_done: int, outstanding: int, per_step: int, max_staleness: int) -> bool:
+    """Whether group `group` may start now, with `outstanding` groups out (generating or finished, not yet
+    trained on) and the trainer `steps_done` steps in."""
+    if policy == "wait":
+        return group // per_step <= steps_done + max_staleness
+    return outstanding < (max_staleness + 1) * per_step
+
+
+def staleness(result: RolloutResult, version: int) -> int:
+    """How many versions the oldest token of a group is behind the trainer's `version`."""
+    return version - result.oldest_version()
+
+
+@dataclass
+class Taken:
+    """What one step trains on, in group order, and what it cost to get it."""
+
+    results: list[RolloutResult]
+    problems: list[Problem]
+    dropped: int  # groups dropped as too stale while collecting these
+    wait_s: float  # the trainer's wait for them
+
+
+class GroupStream:
+    def __init__(self, *, rollout: WorkerGroup, channel: Channel, draw: Callable[[int], tuple[list, list]],
+                 per_step: int, max_staleness: int, policy: str):
+        """`draw(step)` gives step `step`'s (requests, problems)."""
+        self.rollout, self.channel, self.draw = rollout, channel, draw
+        self.per_step, self.max_staleness, self.policy = per_step, max_staleness, policy
+        self.next_group = 0
+        self.out: dict[str, int] = {}  # request id -> group, for groups submitted and not yet trained on
+        self.finished: dict[int, RolloutResult] = {}  # group -> its result, arrived and not yet trained on
+        self._draws: dict[int, tuple[list, list]] = {}
+
+    # --- groups ------------------------------------------------------------------------------------------
+    def _group(self, group: int) -> tuple[RolloutRequest, Problem]:
+        step, i = divmod(group, self.per_step)
+        if step not in self._draws:
+            self._draws = {s: d for s, d in self._draws.items() if s >= step - 1}  # old draws are done with
+            self._draws[step] = self.draw(step)
+        requests, problems = self._draws[step]
+        return requests[i], problems[i]
+
+    def _submit(self, groups: list[int]) -> None:
+        by_replica: dict[int, list[RolloutRequest]] = {}
+        for g in groups:
+            request, _ = self._group(g)
+            self.out[request.request_id] = g
+            by_replica.setdefault(g % self.rollout.world_size, []).append(request)
+        wait_all([self.rollout.on_ranks(r).submit(reqs, TRAIN) for r, reqs in by_replica.items()])
+
+    def top_up(self, steps_done: int) -> None:
+        """Start every group the policy allows with the trainer `steps_done` steps in."""
+        start = []
+        while may_start(self.policy, self.next_group, steps_done, len(self.out) + len(start), self.per_step,
+                        self.max_staleness):
+            start.append(self.next_group)
+            self.next_group += 1
+        if start:
+            self._submit(start)
+
+    def _receive(self) -> None:
+        result = self.channel.get(key=TRAIN)
+        group = self.out.get(result.request_id)
+        if group is not None:  # groups aborted at a shutdown or resubmitted after a resume are not ours
+            self.finished[group] = result
+
+    def take(self, step: int, version: int) -> Taken:
+        """The groups step `step` trains on, the trainer holding weights `version` (blocks until they are in)."""
+        start, dropped = time.perf_counter(), 0
+        if self.policy == "wait":  # exactly that step's draw, in order
+            chosen = list(range(step * self.per_step, (step + 1) * self.per_step))
+            while any(g not in self.finished for g in chosen):
+                self._receive()
+        else:  # the first to finish that are fresh enough
+            chosen = []
+            while len(chosen) < self.per_step:
+                waiting = [g for g in self.finished if g not in chosen]  # arrival order
+                if not waiting:
+                    self._receive()
+                    continue
+                if staleness(self.finished[waiting[0]], version) > self.max_staleness:
+                    self.out.pop(self.finished.pop(waiting[0]).request_id)
+                    dropped += 1
+                    self.top_up(step)  # a fresh group in its place
+                    continue
+                chosen.append(waiting[0])
+        results = [self.finished.pop(g) for g in chosen]
+        for result in results:
+            del self.out[result.request_id]
+        return Taken(results=results, problems=[self._group(g)[1] for g in chosen], dropped=dropped,
+                     wait_s=time.perf_counter() - start)
+
+    # --- checkpoints -------------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Finished groups are saved whole; groups still generating are saved by number and start again on
+        resume (under the checkpoint's weights). No finished sample is lost."""
+        return {"next_group": self.next_group,
+                "generating": sorted(g for g in self.out.values() if g not in self.finished),
+                "finished": {str(g): asdict(r) for g, r in self.finished.items()}}
+
+    def restore(self, state: dict) -> None:
+        self.next_group = state["next_group"]
+        for g, result in state["finished"].items():
+            self.finished[int(g)] = RolloutResult(**result)
+            self.out[result["request_id"]] = int(g)
+        if state["generating"]:
+            self._submit(state["generating"])
+
+
+def staleness_metrics(taken: Taken, version: int) -> dict[str, float]:
+    """Per step: how far behind the trained groups were (their oldest token), the share of tokens made by older
+    weights, the groups whose samples span a weight change (partial rollouts), and the groups dropped."""
+    behind = [staleness(r, version) for r in taken.results]
+    tokens = [version - v for r in taken.results for versions in r.token_versions for v in versions]
+    return {"staleness_min": float(min(behind)), "staleness_mean": sum(behind) / len(behind),
+            "staleness_max": float(max(behind)), "dropped_groups": float(taken.dropped),
+            "stale_token_fraction": sum(t > 0 for t in tokens) / max(len(tokens), 1),
+            "partial_groups": float(sum(len({v for vs in r.token_versions for v in vs}) > 1 for r in taken.results))}
+
+
+def served_generate(rollout: WorkerGroup, channel: Channel, requests: list[RolloutRequest]) -> list[RolloutResult]:
+    """`requests` served by the running `serve` loops (evaluation while the schedule runs), in request order."""
+    by_replica: dict[int, list[RolloutRequest]] = {}
+    for i, request in enumerate(requests):
+        by_replica.setdefault(i % rollout.world_size, []).append(request)
+    wait_all([rollout.on_ranks(r).submit(reqs, EVAL) for r, reqs in by_replica.items()])
+    results = {}
+    while len(results) < len(requests):
+        result = channel.get(key=EVAL)
+        results[result.request_id] = result
+    return [results[q.request_id] for q in requests]

@@ -1,0 +1,53 @@
+"""Asynchronous: the rollout replicas serve without a step boundary while the actor trains.
+
+The rollout (its own devices, tp_size 1 per replica) runs one long `serve` call. The driver keeps it fed with
+prompt groups as `runner.stale_policy` and `runner.max_staleness` allow (`runners/async_stream.py`), takes a
+step's groups as they finish, trains, and announces the new weights: each replica receives them before its
+next decode step, without draining, so samples in flight finish under the new weights (a partial rollout;
+every token's version is kept). Evaluation goes through the same serve loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rlinf_like.runners.async_stream import GroupStream, served_generate, staleness_metrics
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.phases import batch_metrics, make_requests, prepare, score, update
+from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.scheduler import Channel, wait_all
+from rlinf_like.workers.rollout import RolloutResult
+
+
+def train(cfg: ReasoningConfig) -> RunResult:
+    with ReasoningRun(cfg) as run:
+        w, r = run.workers, cfg.runner
+        channel = Channel.create(run.cluster.scoped_name("async-groups"), RolloutResult)
+        serving = w.rollout.serve(channel.name)  # runs until close_serving
+        stream = GroupStream(rollout=w.rollout, channel=channel, per_step=r.prompts_per_step,
+                             max_staleness=r.max_staleness, policy=r.stale_policy,
+                             draw=lambda step: make_requests(cfg, run.tasks, step, run.prompts.prompt_ids))
+        run.generate = lambda requests: served_generate(w.rollout, channel, requests)
+        run.receive_weights = w.rollout.update_weights
+        run.extra_state = stream.state
+        try:
+            if run.resumed_extra:
+                stream.restore(run.resumed_extra)
+            for step in run.steps():
+                stream.top_up(step)
+                taken = stream.take(step, run.version)
+                scored = score(w, taken.results, taken.problems, run.pad_id)
+
+                start = time.perf_counter()
+                batch, prepared = prepare(w, run.estimator, cfg, scored)
+                updated = update(w, cfg, batch, step)
+                metrics = {**updated, **prepared, **batch_metrics(scored, run.version, taken.wait_s),
+                           **staleness_metrics(taken, run.version), "train_s": time.perf_counter() - start}
+
+                run.sync_weights()  # the serve loops pick the new version up between decode steps
+                run.end_step(step, metrics)
+            return run.finish()
+        finally:  # groups still generating are not needed: end them now
+            wait_all([w.rollout.close_serving(), w.rollout.abort()])
+            serving.wait()
+            channel.destroy()
