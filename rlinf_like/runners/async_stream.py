@@ -76,7 +76,8 @@ class GroupStream:
             request, _ = self._group(g)
             self.out[request.request_id] = g
             by_replica.setdefault(g % self.rollout.world_size, []).append(request)
-        wait_all([self.rollout.on_ranks(r).submit(reqs, TRAIN) for r, reqs in by_replica.items()])
+        for call in [self.rollout.on_ranks(r).submit(reqs, TRAIN) for r, reqs in by_replica.items()]:
+            call.wait()
 
     def top_up(self, steps_done: int) -> None:
         """Start every group the policy allows with the trainer `steps_done` steps in."""

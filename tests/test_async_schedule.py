@@ -1,0 +1,185 @@
+"""runner.schedule=async: the native engine serving continuously with weights changing between decode steps,
+the driver's staleness policies (wait, drop), and end-to-end runs (k=0 equals the synchronous schedule;
+resume continues from the saved buffer)."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.async_stream import GroupStream, may_start, staleness_metrics
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
+from small_runs import small_reasoning_config
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("m"), TinyModelSpec(arch="qwen2"))
+    return make_engine(RolloutConfig(engine="native", model_path=str(path), max_batch_size=8))
+
+
+def serve(engine, arrivals: dict[int, list[RolloutRequest]], switch_at: int | None, new_weights=None):
+    """Run engine.serve: `arrivals[k]` join on the k-th source call; before decode step `switch_at` the weights
+    become `new_weights` as version 1. Returns the results in finishing order."""
+    results, calls, steps = [], [0], [0]
+
+    def source(idle):
+        calls[0] += 1
+        if calls[0] > max(arrivals) and len(results) == sum(map(len, arrivals.values())):
+            return None
+        return list(arrivals.get(calls[0], []))
+
+    def between_steps():
+        steps[0] += 1
+        if steps[0] == switch_at:
+            for name, tensor in engine.weights.items():
+                tensor.copy_(new_weights[name])
+            engine.version = 1
+
+    engine.serve(source, results.append, between_steps)
+    return results
+
+
+def test_serve_switches_weights_between_decode_steps_and_records_each_tokens_version(engine):
+    old = {n: t.clone() for n, t in engine.weights.items()}
+    new = {n: -t if "lm_head" in n else t for n, t in old.items()}  # a different argmax from the switch on
+    prompt = [5, 6, 7, 8]
+    try:
+        [before] = engine.generate([RolloutRequest("ref-old", prompt, GREEDY)])
+        for name, tensor in engine.weights.items():
+            tensor.copy_(new[name])
+        [after] = engine.generate([RolloutRequest("ref-new", prompt, GREEDY)])
+        for name, tensor in engine.weights.items():
+            tensor.copy_(old[name])
+        engine.version = 0
+        [mixed] = serve(engine, {1: [RolloutRequest("mixed", prompt, GREEDY)]}, switch_at=6, new_weights=new)
+    finally:
+        for name, tensor in engine.weights.items():
+            tensor.copy_(old[name])
+        engine.version = 0
+    versions, tokens = mixed.token_versions[0], mixed.response_ids[0]
+    switch = versions.index(1)
+    assert 1 < switch < len(tokens) and versions == [0] * switch + [1] * (len(tokens) - switch)
+    assert mixed.version == 0 and mixed.oldest_version() == 0
+    assert tokens[:switch] == before.response_ids[0][:switch]  # the old weights' tokens up to the switch
+    assert tokens != before.response_ids[0] and before.response_ids[0] != after.response_ids[0]
+
+
+def test_serve_admits_requests_that_arrive_while_others_decode(engine):
+    first = [RolloutRequest("a", [5, 6, 7], GREEDY, n=2)]
+    late = [RolloutRequest("b", [9, 10], GREEDY), RolloutRequest("c", [11, 12, 13], GREEDY)]
+    results = serve(engine, {1: first, 4: late}, switch_at=None)
+    assert sorted(r.request_id for r in results) == ["a", "b", "c"]
+    alone = engine.generate(first + late)  # same greedy tokens as one static batch
+    by_id = {r.request_id: r for r in results}
+    assert all(by_id[r.request_id].response_ids == r.response_ids for r in alone)
+    assert all(len(v) == 12 for r in results for v in r.token_versions)
+
+
+@pytest.mark.parametrize("policy,group,steps_done,outstanding,allowed", [
+    ("wait", 7, 0, 0, True), ("wait", 8, 0, 0, False), ("wait", 8, 1, 50, True),  # B=4, k=1: draws 0..1 at step 0
+    ("drop", 99, 0, 7, True), ("drop", 0, 5, 8, False),  # at most (k+1)*B = 8 out
+])
+def test_may_start(policy, group, steps_done, outstanding, allowed):
+    assert may_start(policy, group, steps_done, outstanding, per_step=4, max_staleness=1) is allowed
+
+
+class Replica:
+    """In-process stand-in for a rollout rank's `submit`: records each request with the weights' version then."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+
+    def submit(self, requests, key):
+        self.rollout.submitted.extend((request, self.rollout.version) for request in requests)
+        return self
+
+    def wait(self):
+        return [None]
+
+
+class Rollout:
+    world_size = 2
+
+    def __init__(self):
+        self.submitted, self.version = [], 0
+
+    def on_ranks(self, rank):
+        return Replica(self)
+
+
+class Finishing:
+    """A channel whose groups finish in the order `order` picks from what is submitted, each made by the weights
+    it started under (the worst case: no token got newer weights)."""
+
+    def __init__(self, rollout, order):
+        self.rollout, self.order, self.sent = rollout, order, set()
+
+    def get(self, key):
+        request, version = self.order([s for s in self.rollout.submitted if s[0].request_id not in self.sent])
+        self.sent.add(request.request_id)
+        return RolloutResult(request.request_id, request.prompt_ids, [[1, 2]], [[0.0, 0.0]], ["stop"], version,
+                             token_versions=[[version, version]])
+
+
+def draw(step):
+    requests = [RolloutRequest(f"s{step}-{i}", [step, i]) for i in range(2)]
+    return requests, [f"problem {step}.{i}" for i in range(2)]
+
+
+def run_stream(policy, k, order, steps=6, versions_per_step=1):
+    rollout = Rollout()
+    channel = Finishing(rollout, order)
+    stream = GroupStream(rollout=rollout, channel=channel, draw=draw, per_step=2, max_staleness=k, policy=policy)
+    taken = []
+    for step in range(steps):
+        version = rollout.version = step * versions_per_step
+        stream.top_up(step)
+        got = stream.take(step, version)
+        taken.append((got, staleness_metrics(got, version)))
+    return taken, rollout
+
+
+def test_wait_trains_each_draw_in_order_and_never_exceeds_the_bound():
+    newest_first = lambda todo: todo[-1]  # a slow rollout for old groups: the newest finish first
+    taken, rollout = run_stream("wait", 2, newest_first)
+    assert [got.problems for got, _ in taken] == [draw(s)[1] for s in range(6)]
+    assert all(m["staleness_max"] <= 2 and m["dropped_groups"] == 0 for _, m in taken)
+    assert len(rollout.submitted) == 2 * (5 + 2 + 1)  # at step s, draws up to s + k had started
+
+
+def test_drop_takes_the_first_to_finish_and_drops_stale_groups():
+    oldest_first = lambda todo: todo[0]
+    # a slow actor: the versions run ahead (3 per step) while groups wait in the buffer
+    taken, _ = run_stream("drop", 1, oldest_first, versions_per_step=3)
+    assert sum(m["dropped_groups"] for _, m in taken) > 0
+    assert all(m["staleness_max"] <= 1 for _, m in taken)
+    assert all(len(got.results) == 2 for got, _ in taken)
+
+
+@pytest.mark.slow
+def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_path):
+    from rlinf_like.runners.reasoning import train
+
+    def config(out, schedule):
+        cfg = small_reasoning_config(out, max_steps=2, save_every=1)
+        cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "0"}
+        cfg.runner.schedule, cfg.rollout.logprobs, cfg.runner.eval_every = schedule, "rescored", 2
+        return cfg
+
+    sync = train(config(tmp_path / "sync", "pipelined"))
+    asyn = train(config(tmp_path / "async", "async"))
+    keys = ("reward", "policy_loss", "grad_norm", "response_tokens", "eval_accuracy")
+    assert all(k in h for h in asyn.history[1:] for k in keys)
+    for a, b in zip(sync.history, asyn.history, strict=True):
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["step"]
+    assert [h["staleness_max"] for h in asyn.history[1:]] == [0.0, 0.0]
+
+    resumed = config(tmp_path / "async", "async")
+    resumed.runner.max_steps, resumed.runner.resume = 3, True
+    more = train(resumed)
+    assert [h["step"] for h in more.history] == [0, 1, 2, 3] and more.history[3]["staleness_max"] == 0.0
