@@ -119,7 +119,7 @@ class Finishing:
     def __init__(self, rollout, order):
         self.rollout, self.order, self.sent = rollout, order, set()
 
-    def get(self, key):
+    def get(self, key, timeout=None):
         request, version = self.order([s for s in self.rollout.submitted if s[0].request_id not in self.sent])
         self.sent.add(request.request_id)
         return RolloutResult(request.request_id, request.prompt_ids, [[1, 2]], [[0.0, 0.0]], ["stop"], version,

@@ -19,12 +19,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import ray
+
 from rlinf_like.data.tasks import Problem
-from rlinf_like.scheduler import Channel, WorkerGroup, wait_all
+from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup, wait_all
+from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
 
 STALE_POLICIES = ("drop", "wait")
 TRAIN, EVAL = "train", "eval"  # the channel keys of training groups and evaluation requests
+POLL_S = 2.0  # how often a waiting driver checks that the serve loops are alive
 
 
 def may_start(policy: str, group: int, steps_done: int, outstanding: int, per_step: int, max_staleness: int) -> bool:
@@ -33,6 +37,18 @@ def may_start(policy: str, group: int, steps_done: int, outstanding: int, per_st
     if policy == "wait":
         return group // per_step <= steps_done + max_staleness
     return outstanding < (max_staleness + 1) * per_step
+
+
+def receive(channel: Channel, key: str, serving: GroupResult | None) -> RolloutResult:
+    """The next result under `key`. While waiting, checks that the rollout's serve loops still run: a replica
+    that died or raised surfaces as its error, naming it, instead of a hang."""
+    while True:
+        try:
+            return channel.get(key=key, timeout=POLL_S)
+        except ChannelTimeout:
+            if serving is not None and ray.wait(serving.refs, timeout=0)[0]:
+                serving.wait()  # raises the replica's error
+                raise RuntimeError(f"the rollout's serve loop ended while the driver waited for {key!r} results")
 
 
 def staleness(result: RolloutResult, version: int) -> int:
@@ -52,9 +68,9 @@ class Taken:
 
 class GroupStream:
     def __init__(self, *, rollout: WorkerGroup, channel: Channel, draw: Callable[[int], tuple[list, list]],
-                 per_step: int, max_staleness: int, policy: str):
-        """`draw(step)` gives step `step`'s (requests, problems)."""
-        self.rollout, self.channel, self.draw = rollout, channel, draw
+                 per_step: int, max_staleness: int, policy: str, serving: GroupResult | None = None):
+        """`draw(step)` gives step `step`'s (requests, problems); `serving` is the rollout's running serve call."""
+        self.rollout, self.channel, self.draw, self.serving = rollout, channel, draw, serving
         self.per_step, self.max_staleness, self.policy = per_step, max_staleness, policy
         self.next_group = 0
         self.out: dict[str, int] = {}  # request id -> group, for groups submitted and not yet trained on
@@ -90,7 +106,7 @@ class GroupStream:
             self._submit(start)
 
     def _receive(self) -> None:
-        result = self.channel.get(key=TRAIN)
+        result = receive(self.channel, TRAIN, self.serving)
         group = self.out.get(result.request_id)
         if group is not None:  # groups aborted at a shutdown or resubmitted after a resume are not ours
             self.finished[group] = result
@@ -149,7 +165,8 @@ def staleness_metrics(taken: Taken, version: int) -> dict[str, float]:
             "partial_groups": float(sum(len({v for vs in r.token_versions for v in vs}) > 1 for r in taken.results))}
 
 
-def served_generate(rollout: WorkerGroup, channel: Channel, requests: list[RolloutRequest]) -> list[RolloutResult]:
+def served_generate(rollout: WorkerGroup, channel: Channel, requests: list[RolloutRequest],
+                    serving: GroupResult | None = None) -> list[RolloutResult]:
     """`requests` served by the running `serve` loops (evaluation while the schedule runs), in request order."""
     by_replica: dict[int, list[RolloutRequest]] = {}
     for i, request in enumerate(requests):
@@ -157,6 +174,6 @@ def served_generate(rollout: WorkerGroup, channel: Channel, requests: list[Rollo
     wait_all([rollout.on_ranks(r).submit(reqs, EVAL) for r, reqs in by_replica.items()])
     results = {}
     while len(results) < len(requests):
-        result = channel.get(key=EVAL)
+        result = receive(channel, EVAL, serving)
         results[result.request_id] = result
     return [results[q.request_id] for q in requests]

@@ -25,9 +25,9 @@ def train(cfg: ReasoningConfig) -> RunResult:
         channel = Channel.create(run.cluster.scoped_name("async-groups"), RolloutResult)
         serving = w.rollout.serve(channel.name)  # runs until close_serving
         stream = GroupStream(rollout=w.rollout, channel=channel, per_step=r.prompts_per_step,
-                             max_staleness=r.max_staleness, policy=r.stale_policy,
+                             max_staleness=r.max_staleness, policy=r.stale_policy, serving=serving,
                              draw=lambda step: make_requests(cfg, run.tasks, step, run.prompts.prompt_ids))
-        run.generate = lambda requests: served_generate(w.rollout, channel, requests)
+        run.generate = lambda requests: served_generate(w.rollout, channel, requests, serving)
         run.receive_weights = w.rollout.update_weights
         run.extra_state = stream.state
         try:
@@ -46,8 +46,21 @@ def train(cfg: ReasoningConfig) -> RunResult:
 
                 run.sync_weights()  # the serve loops pick the new version up between decode steps
                 run.end_step(step, metrics)
-            return run.finish()
-        finally:  # groups still generating are not needed: end them now
-            wait_all([w.rollout.close_serving(), w.rollout.abort()])
-            serving.wait()
-            channel.destroy()
+            result = run.finish()
+        except BaseException:
+            stop_serving(w, serving, channel, failing=True)  # the first error is the one to report
+            raise
+        stop_serving(w, serving, channel, failing=False)
+        return result
+
+
+def stop_serving(w, serving, channel: Channel, failing: bool) -> None:
+    """End the serve loops (groups still generating are not needed) and drop the channel. When the run is
+    already failing (a dead replica, say), errors here are not raised: they would hide the first one."""
+    try:
+        wait_all([w.rollout.close_serving(), w.rollout.abort()])
+        serving.wait()
+        channel.destroy()
+    except Exception:
+        if not failing:
+            raise
