@@ -108,18 +108,27 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
                                                                       init_process_group=False)
-    backend, transport = placement.weight_link("actor", "rollout")
-    connect_groups(actor, rollout, "weights", backend=backend)
-    [src] = actor.on_ranks(0).weight_layouts().wait()
-    [dst] = rollout.on_ranks(0).weight_layouts().wait()
-    # LoRA: after the first round, only the adapted (merged) weights travel
-    plan = SyncPlan.build(src, dst, "actor", "rollout", changing=actor.on_ranks(0).changing_tensors().wait()[0])
-    wait_all([actor.connect_weights("weights", plan, transport), rollout.connect_weights("weights", plan, transport)])
+    connect_weight_sync(actor, rollout, "weights", *placement.weight_link("actor", "rollout"))
     workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(), rollout=rollout,
                       reward=reward, critic=critic, reference_in_actor=reference_in_actor(cfg),
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
     write_worker_pids(out, workers.all_groups())
     return workers
+
+
+def connect_weight_sync(actor: WorkerGroup, rollout: WorkerGroup, name: str, backend: str | None = None,
+                        transport: str = "group") -> SyncPlan:
+    """The actor -> rollout weight sync over peer group `name`: its plan from both sides' layouts, each side's
+    endpoint connected. Under LoRA the first round sends the base weights and the adapters, later rounds the
+    adapters only, and the rollout merges them (`hybrid_engines/lora_sync.py`)."""
+    connect_groups(actor, rollout, name, backend=backend)
+    [adapters] = actor.on_ranks(0).adapter_spec().wait()
+    [src] = actor.on_ranks(0).weight_layouts().wait()
+    [dst] = rollout.on_ranks(0).weight_layouts(adapters).wait()
+    [changing] = actor.on_ranks(0).changing_tensors().wait()
+    plan = SyncPlan.build(src, dst, actor.name, rollout.name, changing=changing)
+    wait_all([actor.connect_weights(name, plan, transport), rollout.connect_weights(name, plan, transport, adapters)])
+    return plan
 
 
 def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: Path, out: Path) -> None:

@@ -17,6 +17,11 @@ class TrainedWorker(Worker):
     def weight_layouts(self) -> list[TensorLayout]:
         return self.manager.shard_layouts()
 
+    def adapter_spec(self):
+        """Under LoRA, the `AdapterSpec` the rollout merges received adapters with; else None."""
+        spec = getattr(self.manager, "adapter_spec", None)
+        return spec() if spec is not None else None
+
     def changing_tensors(self) -> list[str] | None:
         """The synced tensors training can change, when fewer than all (LoRA); for `SyncPlan.build(changing=)`."""
         return self.manager.changing_tensors()

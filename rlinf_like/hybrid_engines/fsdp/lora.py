@@ -119,25 +119,6 @@ def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
 
 
 @torch.no_grad()
-def merged_shards(named: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """The base model's tensors as this rank holds them (local shards or whole tensors), adapted weights
-    merged, keyed by base names; adapters themselves are left out. Gathers each A whole (r rows: small):
-    a collective under FSDP, so every rank calls it together."""
-    pairs = targets(named)
-    out = {}
-    for name, tensor in named.items():
-        if is_adapter(name):
-            continue
-        if name in pairs:
-            a, b = (named[n] for n in pairs[name])
-            whole_a = a.full_tensor() if hasattr(a, "full_tensor") else a
-            out[base_name(name)] = merge(local_tensor(tensor), whole_a.detach(), local_tensor(b).detach(), scaling)
-        else:
-            out[base_name(name)] = tensor
-    return out
-
-
-@torch.no_grad()
 def merged_full(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """A full (unsharded) peft state dict -> the merged base model's state dict, base names."""
     pairs = targets(state)
@@ -145,6 +126,17 @@ def merged_full(state: dict[str, torch.Tensor], scaling: float) -> dict[str, tor
             for n, t in state.items() if not is_adapter(n)}
 
 
-def changed_names(named: dict[str, torch.Tensor]) -> list[str]:
-    """Base names of the tensors LoRA training changes: the adapted weights (everything else is frozen)."""
-    return sorted(base_name(n) for n in targets(named))
+def sync_name(name: str) -> str:
+    """peft's name -> the name a weight sync uses: base names for base weights, `x.q_proj.lora_A.weight` for an
+    adapter (`lora_sync.adapter_names`)."""
+    return base_name(name).replace(f".{ADAPTER}.", ".")
+
+
+def sync_names(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base weights (unmerged) and the adapters, under their sync names."""
+    return {sync_name(n): t for n, t in named.items()}
+
+
+def adapter_sync_names(named: dict[str, torch.Tensor]) -> list[str]:
+    """Sync names of the tensors LoRA training changes: the adapters (everything else is frozen)."""
+    return sorted(sync_name(n) for n in named if is_adapter(n))

@@ -45,6 +45,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from rlinf_like.hybrid_engines import grad_scaling
 from rlinf_like.hybrid_engines.fsdp import lora
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
+from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
 from rlinf_like.hybrid_engines.model_manager import (
     Batch,
@@ -137,7 +138,7 @@ class FSDPModelManager(ModelManager):
         self.scaler = grad_scaling.make_grad_scaler(precision, self.device)  # fp16 only
         self.step = 0
         # under LoRA: the base model's tensors LoRA changes (what a sync after the first must send)
-        self._changed = lora.changed_names(dict(model.named_parameters())) if self.lora is not None else None
+        self._changed = lora.adapter_sync_names(dict(model.named_parameters())) if self.lora is not None else None
 
     # --- training ---------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -274,23 +275,30 @@ class FSDPModelManager(ModelManager):
 
     # --- weight sync, introspection ---------------------------------------------------------------
     def named_shards(self) -> dict[str, torch.Tensor]:
-        """What a weight sync sends: this rank's parameters; under LoRA the base model's, adapted weights
-        merged, under base names (a collective under FSDP: every rank calls it)."""
+        """What a weight sync sends: this rank's parameters; under LoRA the base model's (unmerged, base names)
+        and the adapters (`lora_sync.adapter_names`): the rollout merges them (see `adapter_spec`)."""
         named = dict(self.model.named_parameters())
-        return lora.merged_shards(named, self.lora.scaling) if self.lora is not None else named
+        return lora.sync_names(named) if self.lora is not None else named
 
     def shard_layouts(self) -> list[TensorLayout]:
-        named = self.model.named_parameters()
-        if self.lora is not None:  # merged tensors are shaped and split like their base weights
-            named = [(lora.base_name(n), p) for n, p in named if not lora.is_adapter(n)]
+        named = list(self.model.named_parameters())
+        if self.lora is not None:
+            named = list(lora.sync_names(dict(named)).items())
         if not self.sharded:  # one rank holds every tensor whole
             return [replicated(name, tuple(p.shape), 1, str(p.dtype)) for name, p in named]
         return [dtensor_layout(name, p) for name, p in named]
 
     def changing_tensors(self) -> list[str] | None:
         """The synced tensors a training step can change, when that is fewer than all (None): under LoRA the
-        adapted weights, so a sync after the first sends only those."""
+        adapters, so a sync after the first sends only those."""
         return self._changed
+
+    def adapter_spec(self) -> AdapterSpec | None:
+        """Under LoRA: what the rollout needs to merge the adapters it receives."""
+        if self.lora is None:
+            return None
+        return AdapterSpec(rank=self.lora.rank, scaling=self.lora.scaling,
+                           targets=tuple(sorted(lora.base_name(n) for n in lora.targets(dict(self.model.named_parameters())))))
 
     def get_config(self) -> dict[str, Any]:
         return {"backend": "fsdp2" if self.sharded else "plain", "world_size": self.world_size,

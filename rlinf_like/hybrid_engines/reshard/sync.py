@@ -282,6 +282,7 @@ class WeightReceiver(_Endpoint):
         super().__init__(group, plan, transport)
         self.rank, self.tensors = rank, tensors
         self.version: int | None = None
+        self.last_round_full = False  # whether the last round applied was a full one (else only the changing tensors)
         self._requested: int | None = None
         self._opened: dict[int, tuple[bytes, torch.Tensor]] = {}  # ipc: bucket tag -> (handle, sender's buffer)
         check_dtypes(plan.dst_dtypes, tensors, f"{plan.dst_group} rank {rank}")
@@ -334,5 +335,5 @@ class WeightReceiver(_Endpoint):
                     target[box_slices(t.dst_box)].copy_(_slot(buffer, offset, t, target.dtype))
         if self.transport == "ipc":  # tell the sender its buffers are free for the next round
             self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
-        self.version = version
+        self.version, self.last_round_full = version, kind == FULL
         return sum(b.nbytes for b in mine)

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from rlinf_like.config.validate import bounded
+from rlinf_like.hybrid_engines.lora_sync import AdapterMerger, AdapterSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
@@ -70,6 +71,7 @@ class RolloutEngine(ABC):
         self.version = 0
         self._abort = threading.Event()
         self._receiver: WeightReceiver | None = None
+        self._merger: AdapterMerger | None = None  # LoRA: merges the adapters each round brings
 
     @abstractmethod
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
@@ -106,13 +108,26 @@ class RolloutEngine(ABC):
     def _weights_changed(self) -> None:
         """Called after a sync wrote `weight_tensors()`; engines with private weights load them here."""
 
-    def connect_weights(self, group, plan: SyncPlan, rank: int, transport: str = "group") -> None:
-        self._receiver = WeightReceiver(group, plan, rank, self.weight_tensors(), transport)
+    def connect_weights(self, group, plan: SyncPlan, rank: int, transport: str = "group",
+                        adapters: AdapterSpec | None = None) -> None:
+        """`adapters`: the actor trains LoRA and sends its adapters; this engine merges them (`lora_sync`)."""
+        tensors = self.weight_tensors()
+        self._merger = None
+        if adapters is not None:
+            self._merger = AdapterMerger(adapters, tensors, self.weight_layouts(), self._layout_rank())
+            tensors = {**tensors, **self._merger.buffers}
+        self._receiver = WeightReceiver(group, plan, rank, tensors, transport)
+
+    def _layout_rank(self) -> int:
+        """Which box of `weight_layouts()` this engine rank holds (its TP rank)."""
+        return 0
 
     def apply_weights(self, version: int, timeout_s: float | None = None) -> int:
         if self._receiver is None:
             raise RuntimeError("apply_weights before connect_weights: no weight sync is set up")
         received = self._receiver.apply(version, timeout_s)
+        if self._merger is not None:
+            self._merger.after_round(full=self._receiver.last_round_full)
         self._weights_changed()
         self.version = version
         return received

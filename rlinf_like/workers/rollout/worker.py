@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
+from rlinf_like.hybrid_engines.lora_sync import AdapterSpec, with_adapters
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
 from rlinf_like.scheduler import Channel, Worker, control
 from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
@@ -141,13 +142,15 @@ class RolloutWorker(Worker):
     def onload(self) -> None:
         self.engine.onload()
 
-    def weight_layouts(self) -> list[TensorLayout]:
-        """The engine's TP layouts, repeated for every replica (group rank r holds TP rank r % tp's box)."""
+    def weight_layouts(self, adapters: AdapterSpec | None = None) -> list[TensorLayout]:
+        """The engine's TP layouts, repeated for every replica (group rank r holds TP rank r % tp's box); with
+        `adapters` (LoRA in the actor) also the adapters this group receives and merges."""
         return [TensorLayout(l.name, l.shape, tuple(l.boxes[r % self.tp] for r in range(self.world_size)), l.dtype)
-                for l in self.engine.weight_layouts()]
+                for l in with_adapters(self.engine.weight_layouts(), adapters)]
 
-    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
-        self.engine.connect_weights(self.peer_group(peer_group), plan, self.rank, transport)
+    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group",
+                        adapters: AdapterSpec | None = None) -> None:
+        self.engine.connect_weights(self.peer_group(peer_group), plan, self.rank, transport, adapters)
 
     def apply_weights(self, version: int, timeout_s: float | None = None) -> int:
         return self.engine.apply_weights(version, timeout_s)

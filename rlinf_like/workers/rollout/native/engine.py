@@ -137,6 +137,9 @@ class NativeEngine(RolloutEngine):
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         return self.weights
 
+    def _layout_rank(self) -> int:
+        return self.rank
+
     def offload(self) -> None:
         self._residency.offload(["params"])
         self.decoder.free_cache()
