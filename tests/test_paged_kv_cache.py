@@ -213,3 +213,25 @@ def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shar
     finally:
         rollout.shutdown()
         actor.shutdown()
+
+
+def test_tp3_on_a_model_shaped_like_smollm2_serves_the_single_engine_tokens(cluster, tmp_path):
+    """SmolLM2 has 9 attention heads and 3 key/value heads, so TP=3 (3 heads and 1 KV head per rank, a third of
+    the vocabulary each) is its largest TP; it must serve the tokens one engine serves."""
+    spec = TinyModelSpec(arch="llama", hidden_size=72, num_heads=9, num_kv_heads=3, intermediate_size=96,
+                         tie_word_embeddings=True)
+    path = str(write_tiny_model(tmp_path / "m", spec))
+    reqs = ragged_requests(load_tokenizer(path), n=2)[:4]
+    single = native(path, max_batch_size=8, kv_block_size=4).generate(reqs)
+    placement = cluster.place({"rollout_tp3": "0*3"})
+    rollout = ShapedRollout.create_group(RolloutConfig(model_path=path, max_batch_size=8, kv_block_size=4)).launch(
+        cluster, placement, "rollout_tp3")
+    try:
+        shapes = rollout.shapes().wait()
+        assert [s["model.layers.0.self_attn.k_proj.weight"][0] for s in shapes] == [8, 8, 8]  # one KV head each
+        for ranked in rollout.generate_all(reqs).wait():
+            assert tokens_of(ranked) == tokens_of(single)
+            for a, b in zip(ranked, single):
+                assert max(abs(p - q) for x, y in zip(a.logprobs, b.logprobs) for p, q in zip(x, y)) < 1e-4
+    finally:
+        rollout.shutdown()
