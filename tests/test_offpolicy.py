@@ -159,6 +159,22 @@ def test_off_policy_checks_name_the_key(keys, message):
         check_off_policy(AlgorithmConfig(**keys))
 
 
+def test_the_multinode_runs_tis_overrides_parse():
+    check_overrides(ReasoningConfig, ["algorithm.is_correction=tis", "algorithm.is_cap=2.0",
+                                      "algorithm.recompute_by_length=true"])
+
+
+def test_the_closing_table_shows_the_mismatch_when_there_is_one():
+    from rlinf_like.runners.run import closing_table
+
+    assert closing_table([{"step": 5, "eval_accuracy": 0.5}]) == "  step  eval_accuracy\n     5          0.500"
+    table = closing_table([{"step": 5, "eval_accuracy": 0.5},
+                           {"step": 10, "eval_accuracy": 0.75, "mismatch/kl_k3": 1.5e-9, "mismatch/masked_fraction": 0.25}])
+    assert table.splitlines() == ["  step  eval_accuracy  mismatch_kl  masked",
+                                  "     5          0.500            -       -",
+                                  "    10          0.750     1.50e-09   0.250"]
+
+
 def test_registry_choices_are_checked_by_name():
     from rlinf_like.runners.checks import check_choices
 

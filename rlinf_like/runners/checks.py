@@ -79,8 +79,8 @@ def refuse_unread_options(a: AlgorithmConfig, choice: str, registry) -> None:
 
 
 def check_off_policy(a: AlgorithmConfig) -> None:
-    """The policy loss and the importance correction by what they declare: both need the trainer's proximal
-    logprobs unless they are plain PPO without a correction."""
+    """The policy loss and the importance correction by what they declare (`needs_proximal`: refused without
+    the trainer's recomputed logprobs), the thresholds only the chosen correction reads, a non-empty range."""
     needs = {"algorithm.recompute_by_length": a.recompute_by_length,
              "algorithm.loss": POLICY_LOSSES.get(a.loss).needs_proximal,
              "algorithm.is_correction": IS_CORRECTIONS.get(a.is_correction).needs_proximal}

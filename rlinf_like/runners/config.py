@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
@@ -59,9 +60,9 @@ class AlgorithmConfig:
     # (truncate at is_cap) | mis (drop tokens outside [is_low, is_high]) | icepop (zero them, still counted) |
     # seq_mask (drop responses whose geometric-mean ratio is outside [is_low, is_high])
     is_correction: str = "none"
-    is_cap: float = bounded(2.0, gt=0)  # is_correction=tis: the weight ceiling
-    is_low: float = bounded(0.5, gt=0)  # is_correction=mis | icepop | seq_mask: lowest accepted ratio
-    is_high: float = bounded(2.0, gt=0)  # is_correction=mis | icepop | seq_mask: highest accepted ratio
+    is_cap: float = bounded(ISThresholds.cap, gt=0)  # is_correction=tis: the weight ceiling
+    is_low: float = bounded(ISThresholds.low, gt=0)  # is_correction=mis | icepop | seq_mask: lowest accepted ratio
+    is_high: float = bounded(ISThresholds.high, gt=0)  # is_correction=mis | icepop | seq_mask: highest accepted ratio
     gamma: float = bounded(1.0, ge=0, le=1)  # gae: discount over response tokens
     # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
     lam: float = bounded(1.0, ge=0, le=1)
