@@ -111,9 +111,12 @@ def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, t: ISThresholds) -> C
 
 @correction("icepop", options=("is_low", "is_high"))
 def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, t: ISThresholds) -> Correction:
-    """IcePop (Ring-1T, "Every Step Evolves", Ling team 2025, as restated in INTELLECT-3 eq. 1):
-    M(k) = k for k in [low, high], else 0, the gradient of a masked token stopped, and the average still
-    over all |y| tokens (1 / sum |y|): unlike `mis` the masked tokens stay in the count."""
+    """IcePop (the Ling team's Ring-1T report, "Every Step Evolves", arXiv 2510.18855), as followed here from
+    its restatement in the INTELLECT-3 report (arXiv 2512.16144, eq. 1, quoted in prime-rl PR #2401) and the
+    Ring team's blog on the training-inference mismatch: M(k) = k for k = pi_train / pi_infer in [low, high],
+    else 0, the gradient of a masked token stopped, and the average still over all tokens (1 / sum |y|):
+    unlike `mis` the masked tokens stay in the count. (Those use [0.2, 5] or [0.5, 5]; the default range here
+    is the one `mis` and `seq_mask` share.)"""
     ratio = _ratio(log_ratio)
     return Correction(weights=ratio * _in_range(ratio, t) * mask, mask=mask)
 
