@@ -17,7 +17,6 @@ from rlinf_like.algorithms import (
     policy_loss,
     reinforce_pp_advantages,
     rloo_advantages,
-    truncated_is_weights,
     value_loss,
 )
 
@@ -94,13 +93,6 @@ def test_policy_loss_gradient_is_zero_where_clipped():
     loss.backward()
     # token 0 is clipped (ratio 1.5 > 1.2): no gradient; token 1: d(-ratio/2)/dlogp = -1.1 / 2
     assert close(logprobs.grad, [[0.0, -0.55]])
-
-
-def test_is_weights_truncate():
-    w = truncated_is_weights(torch.log(torch.tensor([0.6, 0.1])), torch.log(torch.tensor([0.2, 0.2])), cap=2.0)
-    assert close(w, [2.0, 0.5])  # 3 -> capped at 2; 0.5 stays
-    loss, _ = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), is_weights=w[None])
-    assert close(loss, -(2.0 + 0.5) / 2)
 
 
 def test_aggregations_by_hand():

@@ -22,3 +22,9 @@ def gsm8k_row(response: str, answer: str, **info) -> dict:
     return {"reward": float(correct), "correct": correct, "question_chars": len(info["question"]),
             "prompt_chars": len(info["prompt"]),
             "reference_is_number": float(parse_number(answer) is not None)}
+
+
+def digits(response: str, answer: str, **info) -> float:
+    """The share of digits in the response: rewards that differ within a group from the first step on,
+    so an untrained model's run has advantages and its weights move (tests/test_offpolicy.py)."""
+    return sum(c.isdigit() for c in response) / max(len(response), 1)

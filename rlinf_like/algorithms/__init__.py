@@ -12,13 +12,13 @@ from rlinf_like.algorithms.losses import (
     PolicyLossConfig,
     entropy_from_logits,
     policy_loss,
-    truncated_is_weights,
     value_loss,
 )
+from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES, ISThresholds, mismatch_metrics, policy_terms
 from rlinf_like.algorithms.masked import masked_mean, masked_sum, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "AdvantageInputs", "Advantages", "KL_ESTIMATORS", "PolicyLossConfig", "build_estimator", "entropy_from_logits", "gae",
     "grpo_advantages", "masked_mean", "masked_sum", "masked_whiten", "policy_loss", "reinforce_pp_advantages",
-    "rloo_advantages", "truncated_is_weights", "value_loss",
+    "rloo_advantages", "IS_CORRECTIONS", "POLICY_LOSSES", "ISThresholds", "mismatch_metrics", "policy_terms", "value_loss",
 ]

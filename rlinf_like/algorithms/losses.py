@@ -1,8 +1,8 @@
 """Per-token losses and their aggregation. Inputs are [batch, tokens] with a response mask.
 
 Policy loss: PPO's clipped surrogate with separate low / high clip ranges (DAPO's "clip higher"),
-an optional dual clip bounding the loss for negative advantages, and an optional per-token
-importance weight correcting for the rollout engine's logprobs differing from the trainer's.
+an optional dual clip bounding the loss for negative advantages, and optional per-token weights (the
+off-policy corrections of `offpolicy.py`: the rollout engine's logprobs differ from the trainer's).
 """
 
 from __future__ import annotations
@@ -92,12 +92,6 @@ def policy_loss(
             "ratio_max": float(ratio[mask.bool()].max()) if bool(mask.any()) else 1.0,
         }
     return total, metrics
-
-
-def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
-    """Truncated importance weights min(pi_trainer / pi_rollout, cap), detached: the rollout engine
-    samples from a slightly different distribution than the trainer computes (kernels, precision)."""
-    return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap).detach()
 
 
 def value_loss(

@@ -103,6 +103,26 @@ def token_logprobs(model: nn.Module, batch: Batch, temperature: float = 1.0) -> 
     return token_stats(model, batch, temperature)[0]
 
 
+def logprobs_by_length(compute: Callable[[Batch], torch.Tensor], batch: Batch, lengths: list[int]) -> torch.Tensor:
+    """`compute`'s logprobs of a right-padded batch, one forward per row length, each over that length's rows
+    and no padding: a row's numbers then depend on its own tokens only. A padded forward runs attention over
+    the batch's longest length, and on CPU that changes the last bits of a row's logprobs; the native engine's
+    rescoring runs each sequence unpadded, so in fp32 the two agree bit for bit (docs/benchmarks.md).
+    `lengths` are the whole batch's (every rank's), so every rank runs the same forwards, as FSDP's collective
+    parameter gathers need: a length this rank has no row of runs on a dummy row. Padding positions are 0."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    own = mask.sum(1)
+    out = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+    for length in sorted(lengths):
+        rows = (own == length).nonzero()[:, 0]
+        if len(rows) == 0:
+            compute({"input_ids": torch.zeros(1, length, dtype=ids.dtype), "attention_mask": torch.ones(1, length,
+                                                                                                     dtype=mask.dtype)})
+            continue
+        out[rows, : length - 1] = compute({"input_ids": ids[rows, :length], "attention_mask": mask[rows, :length]})
+    return out
+
+
 def token_nll_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean negative log-likelihood over `loss_mask` (default: attention_mask, else all tokens)."""
     logprobs = token_logprobs(model, batch)
@@ -187,15 +207,17 @@ class ModelManager(ABC):
         return DataParallelRank(self.rank, self.world_size)
 
     def replica_logprobs(self, batch: Batch, temperature: float = 1.0, pack: bool = False,
-                         max_batch_seqlen: int | None = None) -> torch.Tensor:
-        """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`). The
-        replica's other ranks return no rows, so concatenating every rank's answer in rank order gives
-        each row once, in batch order."""
+                         max_batch_seqlen: int | None = None, by_length: bool = False) -> torch.Tensor:
+        """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`, or
+        `by_length`: see `logprobs_by_length`). The replica's other ranks return no rows, so concatenating
+        every rank's answer in rank order gives each row once, in batch order."""
         dp = self.data_parallel()
         mine = shard_rows(batch, dp.rank, dp.size)
-        if pack:
-            mine = pack_batch(mine, max_batch_seqlen)
-        logprobs = self.compute_logprobs(mine, temperature)
+        if by_length:
+            logprobs = logprobs_by_length(lambda b: self.compute_logprobs(b, temperature), mine,
+                                          batch["attention_mask"].sum(1).unique().tolist())
+        else:
+            logprobs = self.compute_logprobs(pack_batch(mine, max_batch_seqlen) if pack else mine, temperature)
         return logprobs if dp.first else logprobs[:0]
 
     def get_status(self) -> ManagerStatus:

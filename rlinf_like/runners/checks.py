@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
+from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES, ISThresholds
 from rlinf_like.runners.actor_setup import check_actor_section
 from rlinf_like.runners.async_stream import STALE_POLICIES
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
@@ -39,6 +40,8 @@ def check_choices(cfg: ReasoningConfig) -> None:
     choices = {"algorithm.advantage": (cfg.algorithm.advantage, ADVANTAGE_ESTIMATORS.names()),
                "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
                "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
+               "algorithm.loss": (cfg.algorithm.loss, POLICY_LOSSES.names()),
+               "algorithm.is_correction": (cfg.algorithm.is_correction, IS_CORRECTIONS.names()),
                "runner.schedule": (cfg.runner.schedule, schedule_choices()),
                "runner.stale_policy": (cfg.runner.stale_policy, list(STALE_POLICIES)),
                "actor.backend": (cfg.actor.backend, BACKEND_REGISTRY.names())}
@@ -60,12 +63,41 @@ def check_estimator(a: AlgorithmConfig) -> None:
     if warmup < 0 or (warmup and not estimator.needs_critic):
         raise ValueError(f"algorithm.critic_warmup_steps={warmup} needs to be >= 0, and > 0 only with "
                          f"algorithm.advantage={' or '.join(estimators_where(needs_critic=True))} (the critic)")
-    defaults = AlgorithmConfig()
-    for other in ADVANTAGE_ESTIMATORS.names():
-        for key in ADVANTAGE_ESTIMATORS.get(other).options:
-            if key not in estimator.options and getattr(a, key) != getattr(defaults, key):
-                raise ValueError(f"algorithm.{key}={getattr(a, key)!r} is an option of algorithm.advantage="
-                                 f"{other}; algorithm.advantage={a.advantage} does not read it")
+    refuse_unread_options(a, "advantage", ADVANTAGE_ESTIMATORS)
+
+
+def refuse_unread_options(a: AlgorithmConfig, choice: str, registry) -> None:
+    """An `algorithm.*` key set away from its default that only another choice of `algorithm.<choice>` reads
+    (each registered entry declares its `options`) is refused, naming both."""
+    defaults, chosen = AlgorithmConfig(), getattr(a, choice)
+    readers: dict[str, list[str]] = {}
+    for name in registry.names():
+        for key in registry.get(name).options:
+            readers.setdefault(key, []).append(name)
+    for key, names in readers.items():
+        if chosen not in names and getattr(a, key) != getattr(defaults, key):
+            raise ValueError(f"algorithm.{key}={getattr(a, key)!r} is an option of algorithm.{choice}="
+                             f"{' | '.join(names)}; algorithm.{choice}={chosen} does not read it")
+
+
+def check_off_policy(a: AlgorithmConfig) -> None:
+    """The policy loss and the importance correction by what they declare (`needs_proximal`: refused without
+    the trainer's recomputed logprobs), the thresholds only the chosen correction reads, a non-empty range."""
+    needs = {"algorithm.recompute_by_length": a.recompute_by_length,
+             "algorithm.loss": POLICY_LOSSES.get(a.loss).needs_proximal,
+             "algorithm.is_correction": IS_CORRECTIONS.get(a.is_correction).needs_proximal}
+    for key, needed in needs.items():
+        if needed and not a.recompute_logprobs:
+            raise ValueError(f"{key}={getattr(a, key.split('.')[1])!r} is about the trainer's proximal logprobs: "
+                             f"it needs algorithm.recompute_logprobs=true")
+    refuse_unread_options(a, "is_correction", IS_CORRECTIONS)
+    if a.is_low >= a.is_high:
+        raise ValueError(f"algorithm.is_low={a.is_low} must be below algorithm.is_high={a.is_high}")
+
+
+def is_thresholds(a: AlgorithmConfig) -> ISThresholds:
+    """The `algorithm.is_*` keys as the corrections read them."""
+    return ISThresholds(cap=a.is_cap, low=a.is_low, high=a.is_high)
 
 
 def check_config(cfg: ReasoningConfig) -> None:
@@ -75,8 +107,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_choices(cfg)
     r, a = cfg.runner, cfg.algorithm
     check_estimator(a)
-    if a.is_correction_cap is not None and not a.recompute_logprobs:
-        raise ValueError("algorithm.is_correction_cap needs algorithm.recompute_logprobs=true")
+    check_off_policy(a)
     check_data_config(cfg.data)
     if r.migrate_at and r.schedule != "dynamic":
         raise ValueError(f"runner.migrate_at={r.migrate_at} must be in [0, 1), and > 0 only with "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
@@ -48,8 +49,20 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3 (algorithms/losses.py)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
     entropy_coef: float = 0.0  # entropy bonus weight in the loss
-    recompute_logprobs: bool = False  # old logprobs from the trainer, not the rollout engine
-    is_correction_cap: float | None = bounded(None, gt=0)  # with recompute: truncated pi_trainer / pi_rollout weights
+    recompute_logprobs: bool = False  # the trainer recomputes the old (proximal) logprobs with its own numerics
+    # recompute one unpadded forward per row length (slower): on CPU in fp32 with rollout.logprobs=rescored the
+    # proximal logprobs then equal the native engine's bit for bit (a padded batch changes their last bits)
+    recompute_by_length: bool = False
+    # policy loss (algorithms/offpolicy.py POLICY_LOSSES): ppo (clip current / old; old = proximal when recomputed) |
+    # decoupled_ppo (AReaL: clip current / proximal, weigh tokens by proximal / behaviour; needs recompute_logprobs)
+    loss: str = "ppo"
+    # proximal / behaviour (trainer / rollout) correction, needs recompute_logprobs (IS_CORRECTIONS): none | tis
+    # (truncate at is_cap) | mis (drop tokens outside [is_low, is_high]) | icepop (zero them, still counted) |
+    # seq_mask (drop responses whose geometric-mean ratio is outside [is_low, is_high])
+    is_correction: str = "none"
+    is_cap: float = bounded(ISThresholds.cap, gt=0)  # is_correction=tis: the weight ceiling
+    is_low: float = bounded(ISThresholds.low, gt=0)  # is_correction=mis | icepop | seq_mask: lowest accepted ratio
+    is_high: float = bounded(ISThresholds.high, gt=0)  # is_correction=mis | icepop | seq_mask: highest accepted ratio
     gamma: float = bounded(1.0, ge=0, le=1)  # gae: discount over response tokens
     # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
     lam: float = bounded(1.0, ge=0, le=1)
@@ -124,4 +137,5 @@ class ReasoningConfig:
         **{f"task.{k}": f"data.{k}" for k in ("terms", "max_operand", "operators", "sft_problems", "test_problems",
                                                "seed")},
         "task": "data",
+        "algorithm.is_correction_cap": "algorithm.is_correction=tis with algorithm.is_cap=<cap>",
     }

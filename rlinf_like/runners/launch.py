@@ -14,7 +14,7 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
 from rlinf_like.runners.actor_setup import actor_config, actor_replicas, reference_in_actor
-from rlinf_like.runners.checks import check_batch_split, reward_config, runner_loop
+from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, Placement, PlacementMode, WorkerGroup, connect_groups, wait_all
@@ -83,7 +83,8 @@ def loss_config(cfg: ReasoningConfig) -> LossConfig:
     policy = PolicyLossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                               aggregation=a.aggregation)
     return LossConfig(policy=policy, kl_beta=loss_kl, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                      is_correction_cap=a.is_correction_cap, temperature=cfg.runner.temperature)
+                      objective=a.loss, is_correction=a.is_correction, is_thresholds=is_thresholds(a),
+                      temperature=cfg.runner.temperature)
 
 
 def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, estimator: AdvantageEstimator,

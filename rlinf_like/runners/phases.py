@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_like.algorithms import KL_ESTIMATORS, AdvantageInputs
+from rlinf_like.algorithms.offpolicy import apply_correction, mismatch_metrics
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.data.batch import Batch, build_rl_batch
 from rlinf_like.data.sources import Tasks
 from rlinf_like.data.tasks import Problem
+from rlinf_like.runners.checks import is_thresholds
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import Workers
 from rlinf_like.workers.reward.types import SampleScore
@@ -120,10 +122,21 @@ def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, sco
         batch["old_values"] = torch.cat(w.critic.compute_values(batch).wait())
     metrics.update(advantages(estimator, cfg, scored.rewards.reshape(-1, cfg.algorithm.samples_per_prompt), batch))
     if cfg.algorithm.recompute_logprobs:  # the trainer's numerics for pi_old (ranks return their rows in order)
-        batch["recomputed_logprobs"] = torch.cat(w.actor.compute_logprobs(batch).wait())
+        by_length = cfg.algorithm.recompute_by_length
+        batch["recomputed_logprobs"] = torch.cat(w.actor.compute_logprobs(batch, by_length=by_length).wait())
         gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
         metrics["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
+        metrics.update(mismatch(cfg, batch))
     return batch, metrics
+
+
+def mismatch(cfg: ReasoningConfig, batch: Batch) -> dict[str, float]:
+    """The rollout-vs-trainer mismatch over the whole batch (`mismatch/*`), and what the configured correction
+    clips and masks of it (the loss applies the same function to each micro-batch's whole rows)."""
+    a = cfg.algorithm
+    proximal, behaviour, mask = batch["recomputed_logprobs"], batch["old_logprobs"], batch["response_mask"]
+    corrected = apply_correction(a.is_correction, proximal - behaviour, mask, is_thresholds(a))
+    return mismatch_metrics(proximal, behaviour, mask, corrected)
 
 
 def update(w: Workers, cfg: ReasoningConfig, batch: Batch, step: int, rank_plan: RankPlan | None = None) -> dict:

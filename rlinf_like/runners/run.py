@@ -209,6 +209,23 @@ class ReasoningRun:
                    "output_dir": str(self.out)}
         (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
                                                           indent=1, default=str))
-        table = "\n".join(["  step  eval_accuracy"] + [f"  {step:>4}  {acc:.3f}" for step, acc in evals])
+        table = closing_table([h for h in self.history if "eval_accuracy" in h])
         log.info(f"\n{table}\nplot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
         return RunResult(summary=summary, history=self.history, extras=extras)
+
+
+# the closing table's columns beyond the step: held-out accuracy, and the rollout-vs-trainer mismatch
+# when the trainer recomputes logprobs (a column is shown when some row has it)
+TABLE_COLUMNS = (("eval_accuracy", "eval_accuracy", ".3f"), ("mismatch/kl_k3", "mismatch_kl", ".2e"),
+                 ("mismatch/masked_fraction", "masked", ".3f"))
+
+
+def closing_table(rows: list[dict]) -> str:
+    """`step` and each of `TABLE_COLUMNS` that a row has, one line per row ("-" where a row lacks it)."""
+    columns = [c for c in TABLE_COLUMNS if any(c[0] in row for row in rows)]
+    lines = ["  step" + "".join(f"  {title:>{len(title)}}" for _, title, _ in columns)]
+    for row in rows:
+        cells = [f"{format(row[key], fmt):>{len(title)}}" if key in row else f"{'-':>{len(title)}}"
+                 for key, title, fmt in columns]
+        lines.append(f"  {row['step']:>4}" + "".join(f"  {c}" for c in cells))
+    return "\n".join(lines)

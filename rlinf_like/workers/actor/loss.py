@@ -1,8 +1,8 @@
 """The actor's RL loss over a `build_rl_batch` batch: one function for GRPO, PPO and REINFORCE++.
 
 Advantages arrive precomputed (the estimator is the runner's choice); this combines the clipped
-policy loss, an optional KL-to-reference loss term, an entropy bonus and the rollout/trainer
-importance correction, all from the config.
+policy loss, an optional KL-to-reference loss term, an entropy bonus and the off-policy terms
+(`algorithm.loss`, `algorithm.is_correction`: algorithms/offpolicy.py), all from the config.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rlinf_like.algorithms import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig, policy_loss, truncated_is_weights
+from rlinf_like.algorithms import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig, policy_loss
+from rlinf_like.algorithms.offpolicy import ISThresholds, policy_terms
 from rlinf_like.algorithms.masked import masked_mean
 from rlinf_like.hybrid_engines.model_manager import token_stats
 
@@ -23,7 +24,9 @@ class LossConfig:
     kl_beta: float = 0.0  # weight of KL(pi || ref) as a loss term; needs "ref_logprobs" in the batch
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
-    is_correction_cap: float | None = None  # truncate pi_old / pi_rollout at this; None = off
+    objective: str = "ppo"  # a name in POLICY_LOSSES (algorithms/offpolicy.py): which logprobs the ratio reads
+    is_correction: str = "none"  # a name in IS_CORRECTIONS: proximal / behaviour weights and loss mask
+    is_thresholds: ISThresholds = field(default_factory=ISThresholds)
     temperature: float = 1.0  # the rollout's sampling temperature: logprobs are taken under it
 
 
@@ -34,12 +37,11 @@ def rl_loss(config: LossConfig):
         # entropy is always reported; it carries gradient only when it is weighted into the loss
         logprobs, entropy = token_stats(model, batch, config.temperature, entropy_grad=config.entropy_coef > 0)
         mask = batch["response_mask"]
-        old = batch.get("recomputed_logprobs", batch["old_logprobs"])
-        is_weights = None
-        if config.is_correction_cap is not None and "recomputed_logprobs" in batch:
-            is_weights = truncated_is_weights(batch["recomputed_logprobs"], batch["old_logprobs"],
-                                              config.is_correction_cap)
-        loss, metrics = policy_loss(logprobs, old, batch["advantages"], mask, config.policy, is_weights)
+        # behaviour = the rollout's logprobs, proximal = the trainer's recomputation (when there is one)
+        terms = policy_terms(config.objective, config.is_correction, config.is_thresholds,
+                             behaviour=batch["old_logprobs"], proximal=batch.get("recomputed_logprobs"), mask=mask)
+        loss, metrics = policy_loss(logprobs, terms.old_logprobs, batch["advantages"], terms.mask, config.policy,
+                                    terms.weights)
         metrics["policy_loss"] = float(loss.detach())
         if config.kl_beta > 0:
             kl = KL_ESTIMATORS.get(config.kl_estimator)(logprobs, batch["ref_logprobs"])

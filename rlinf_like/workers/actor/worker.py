@@ -93,9 +93,10 @@ class ActorWorker(TrainedWorker):
         keeps applying on top."""
         self.manager.set_base_lr(lr)
 
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+    def compute_logprobs(self, batch: Batch, by_length: bool = False) -> torch.Tensor:
         """Trainer-side logprobs of this replica's rows (to correct for the rollout engine's); the
-        replica's other ranks return no rows (`ModelManager.replica_logprobs`)."""
+        replica's other ranks return no rows (`ModelManager.replica_logprobs`). `by_length`: one unpadded
+        forward per row length (`algorithm.recompute_by_length`)."""
         loop = self.config.loop
         return self.manager.replica_logprobs(batch, self.config.loss.temperature, loop.pack_sequences,
-                                             loop.max_batch_seqlen)
+                                             loop.max_batch_seqlen, by_length=by_length)
