@@ -412,9 +412,10 @@ def test_grpo_with_lora_on_the_real_model(real_model_path, tmp_path):
         resumed_history, resumed = pool.submit(real_lora_run, str(resumed_dir(out)), real_model_path, True).result()
     steps = history[1:]
     assert [h["step"] for h in steps] == [1, 2]
-    # (a) the reward is computed and finite at every step, with its accuracy; the held-out accuracy before and after
-    assert all(math.isfinite(h[k]) for h in steps for k in ("reward", "train_accuracy"))
-    assert all(0 <= h["eval_accuracy"] <= 1 for h in (history[0], steps[-1]))
+    # (a) the reward is computed and finite at every step, with its accuracy and format rate; the held-out ones
+    # before and after
+    assert all(math.isfinite(h[k]) for h in steps for k in ("reward", "train_accuracy", "train_format_rate"))
+    assert all(0 <= h[k] <= 1 for h in (history[0], steps[-1]) for k in ("eval_accuracy", "eval_format_rate"))
     # (b) peft starts every B at 0: after 2 steps each is non-zero; the frozen base is the checkpoint's, bit for bit
     assert report["lora_B"] and all(report["lora_B"].values()), [n for n, moved in report["lora_B"].items() if not moved]
     assert report["base_changed"] == []
@@ -431,7 +432,7 @@ def test_grpo_with_lora_on_the_real_model(real_model_path, tmp_path):
     untimed = lambda h: {k: v for k, v in h.items() if not k.endswith(TIMED)}
     assert untimed(resumed_history[2]) == untimed(history[2])
     assert (resumed["actor"], resumed["rollout"]) == (report["actor"], report["rollout"])
-    shown = ("reward", "eval_accuracy", "sync_bytes")
+    shown = ("reward", "train_format_rate", "eval_accuracy", "eval_format_rate", "sync_bytes")
     print(f"real-model LoRA: {merge['bit_identical']}/{len(merge['served'])} served tensors bit-identical to "
           f"merge_and_unload(); run {first_s:.1f} s, resumed run {time.perf_counter() - start - first_s:.1f} s; "
           f"steps: {[{k: round(v, 4) for k, v in h.items() if k in shown} for h in history]}")
