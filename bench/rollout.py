@@ -1,11 +1,14 @@
-"""Rollout throughput: the native engine versus transformers' `generate`, same model, same batch.
+"""Rollout throughput: the native engine versus transformers' `generate`, same model, same requests.
 
-32 prompts of ragged length x 4 samples each, sampled at temperature 1 with EOS ignored, so both
-engines produce exactly the same number of tokens. Both run in this process on one thread;
-repetitions alternate and medians are compared.
-Last line: one JSON object, ratio = native tokens/s / HF tokens/s (target >= 1.5).
+Prompts of ragged length x samples each, sampled at temperature 1 with EOS ignored, so both engines
+produce exactly the same number of tokens. Both run in this process on one thread; engine start-up and a
+warm-up call are outside the timings; repetitions alternate which side goes first (native, hf, hf,
+native, ...), so a drift in the machine's load hits both alike. Prints the settings, the machine and its
+load average before and after; last line: one JSON object, ratio = native tokens/s / HF tokens/s of the
+medians (target >= 1.5), and the ratio of each repetition.
 
-    python bench/rollout.py [--quick]
+    python bench/rollout.py [--quick]                      # a tiny random model written on the fly
+    python bench/rollout.py --model models/smollm2-135m-instruct --prompts 8 --new-tokens 32
 """
 
 from __future__ import annotations
@@ -13,56 +16,97 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
+from rlinf_like.models import read_hf_config
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
+
+MIN_PROMPT, MAX_PROMPT = 8, 48  # prompt lengths drawn in [MIN_PROMPT, MAX_PROMPT)
+
+
+def requests_for(vocab_size: int, prompts: int, samples: int, new_tokens: int) -> list[RolloutRequest]:
+    """Seeded random prompts of ragged length (token ids clear of the usual special tokens)."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    high = min(vocab_size, 1 << 15)
+    return [RolloutRequest(f"p{i}", torch.randint(4, high, (int(torch.randint(MIN_PROMPT, MAX_PROMPT, (1,), generator=gen)),),
+                                                  generator=gen).tolist(), params, samples)
+            for i in range(prompts)]
+
+
+def machine() -> str:
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} thread")
+
+
+def load() -> str:
+    return "load average " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bench(path: str, prompts: int, samples: int, new_tokens: int, reps: int) -> tuple[dict, list[float], int]:
+    """Tokens/s per engine (medians) and each repetition's native/HF ratio."""
+    requests = requests_for(read_hf_config(path)["vocab_size"], prompts, samples, new_tokens)
+    context = MAX_PROMPT + new_tokens  # what the run needs, not the model's context (8192 for SmolLM2)
+    engines = {"native": make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=prompts * samples,
+                                                   max_context=context)),
+               "hf": make_engine(RolloutConfig(engine="hf", model_path=path, max_context=context))}
+    tokens = prompts * samples * new_tokens
+    for engine in engines.values():  # warm-up (allocations, first-call overheads)
+        engine.generate(requests[:2])
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for rep in range(reps):
+        order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
+        for name in order:
+            start = time.perf_counter()
+            results = engines[name].generate(requests)
+            times[name].append(time.perf_counter() - start)
+            produced = sum(len(t) for r in results for t in r.response_ids)
+            assert produced == tokens, (name, produced)
+    rate = {name: tokens / statistics.median(t) for name, t in times.items()}
+    per_rep = [hf_s / native_s for native_s, hf_s in zip(times["native"], times["hf"])]
+    return rate, per_rep, tokens
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="", help="an HF folder (e.g. models/smollm2-135m-instruct); "
+                                                    "default: a tiny random model of --hidden / --layers")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    prompts, samples, new_tokens, reps = (8, 4, 32, 1) if args.quick else (32, 4, args.new_tokens, 3)
-    spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4, num_layers=args.layers,
-                         num_heads=8, num_kv_heads=4, max_position_embeddings=1024)
+    prompts, samples, new_tokens, reps = ((8, 4, 32, 1) if args.quick
+                                          else (args.prompts, args.samples, args.new_tokens, max(args.reps, 3)))
+    print(f"machine: {machine()}; {load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(write_tiny_model(tmp, spec))
-        params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True, seed=0)
-        gen = torch.Generator().manual_seed(0)
-        requests = [RolloutRequest(f"p{i}", torch.randint(4, 90, (int(torch.randint(8, 48, (1,), generator=gen)),),
-                                                          generator=gen).tolist(), params, samples)
-                    for i in range(prompts)]
-        engines = {"native": make_engine(RolloutConfig(engine="native", model_path=path,
-                                                       max_batch_size=prompts * samples)),
-                   "hf": make_engine(RolloutConfig(engine="hf", model_path=path))}
-        tokens_per_run = prompts * samples * new_tokens
-        times: dict[str, list[float]] = {name: [] for name in engines}
-        for name, engine in engines.items():  # warm-up (allocations, first-call overheads)
-            engine.generate(requests[:2])
-        for _ in range(reps):
-            for name, engine in engines.items():
-                start = time.perf_counter()
-                results = engine.generate(requests)
-                times[name].append(time.perf_counter() - start)
-                produced = sum(len(t) for r in results for t in r.response_ids)
-                assert produced == tokens_per_run, (name, produced)
-    rate = {name: tokens_per_run / statistics.median(t) for name, t in times.items()}
+        if args.model:
+            path, what = args.model, f"model {Path(args.model).name}"
+        else:
+            spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+                                 num_layers=args.layers, num_heads=8, num_kv_heads=4, max_position_embeddings=1024)
+            path, what = str(write_tiny_model(tmp, spec)), f"tiny model, {spec.num_layers} layers, hidden {spec.hidden_size}"
+        rate, per_rep, tokens = bench(path, prompts, samples, new_tokens, reps)
     ratio = rate["native"] / rate["hf"]
-    print(f"{prompts} prompts x {samples} samples x {new_tokens} new tokens, {spec.num_layers} layers, "
-          f"hidden {spec.hidden_size}, one thread")
-    print(f"native {rate['native']:.0f} tokens/s   transformers generate {rate['hf']:.0f} tokens/s   ratio {ratio:.2f}")
-    print(json.dumps({"bench": "rollout", "ratio": round(ratio, 3), "tokens": tokens_per_run}))
+    print(f"{what}: {prompts} prompts of {MIN_PROMPT}-{MAX_PROMPT - 1} tokens x {samples} samples x {new_tokens} new "
+          f"tokens, temperature 1, EOS ignored, one thread, {reps} alternating repetitions; {load()}")
+    print(f"native {rate['native']:.1f} tokens/s   transformers generate {rate['hf']:.1f} tokens/s   ratio {ratio:.2f} "
+          f"(per repetition: {', '.join(f'{r:.2f}' for r in per_rep)})")
+    print(json.dumps({"bench": "rollout", "model": Path(args.model).name if args.model else "tiny",
+                      "ratio": round(ratio, 3), "ratios": [round(r, 3) for r in per_rep], "tokens": tokens}))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 on the tiny model, one set of groups for the module. Only adapters train and sit in the optimizer; the
 rollout serves merge_and_unload()'s weights under base names and, after the first round, receives only the
 adapted weights; the KL reference is the base with adapters disabled; checkpoints resume exactly; the
-export loads in peft. Then the config checks, and a 3-step GRPO run through `train` (its own Ray)."""
+export loads in peft. Then the config checks, a 3-step GRPO run through `train` (its own Ray), and 2 GRPO steps
+on the real SmolLM2-135M-Instruct (`real_model`: skipped, naming the command, without its folder), resumed."""
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -71,10 +72,58 @@ class LoraActor(ActorWorker):
     def logprobs(self, batch):
         return self.manager.compute_logprobs(batch)
 
+    def adapters(self):
+        return {n: t for n, t in self.full_params().items() if ".lora_" in n}
+
+    def base_changed(self, model_dir):
+        """Frozen parameters that differ from the checkpoint's tensors (bit for bit), by base name."""
+        from safetensors.torch import load_file
+
+        from rlinf_like.hybrid_engines.fsdp.lora import base_name
+
+        saved = load_file(str(Path(model_dir) / "model.safetensors"))
+        frozen = {base_name(n): t for n, t in self.full_params().items() if ".lora_" not in n}
+        return [n for n, t in frozen.items() if not torch.equal(t, saved[n])]
+
+    def digest(self):
+        return digest(self.full_params())
+
 
 class Rollout(RolloutWorker):
     def weights(self):
         return {n: t.detach().clone() for n, t in self.engine.weight_tensors().items()}
+
+    def digest(self):
+        return digest(self.engine.weight_tensors())
+
+    def merge_report(self, model_dir, adapter_state, lora):
+        """The served weights against `merged_reference`, here (so 0.5 GB of weights need not travel):
+        names, tensors outside fp32 rounding, tensors bit-identical, tensors that differ from the base."""
+        from safetensors.torch import load_file
+
+        served = self.engine.weight_tensors()
+        reference = merged_reference(model_dir, adapter_state, lora)
+        base = load_file(str(Path(model_dir) / "model.safetensors"))
+        mismatched = {}
+        for name, tensor in served.items():
+            try:  # fp32 rounding of W + s * (B @ A): see test_grpo_with_lora_on_the_real_model
+                torch.testing.assert_close(tensor, reference[name], rtol=1e-6, atol=1e-7)
+            except AssertionError as e:
+                mismatched[name] = str(e).splitlines()[-2:]
+        return {"served": sorted(served), "reference": sorted(reference), "mismatched": mismatched,
+                "bit_identical": sum(torch.equal(t, reference[n]) for n, t in served.items()),
+                "moved": [n for n, t in served.items() if n in base and not torch.equal(t, base[n])]}
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    """One hash of names and bytes: equal weights, bit for bit."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +146,13 @@ def groups(cluster, model_dir):
     rollout.shutdown()
 
 
-def merged_reference(model_dir, adapter_state):
+def merged_reference(model_dir, adapter_state, lora=LoraConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS)):
     """merge_and_unload() of a peft model on the base checkpoint holding the actor's adapters."""
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                           LoraConfig(rank=RANK, alpha=ALPHA, target_modules=TARGETS).peft_config())
+                           lora.peft_config())
     missing = model.load_state_dict(adapter_state, strict=False)
     assert not missing.unexpected_keys
     return model.merge_and_unload().state_dict()
@@ -285,3 +334,101 @@ def test_grpo_with_lora_runs_and_launches_no_reference_worker(tmp_path):
     print("sync bytes per step (all linear layers):", [h["sync_bytes"] for h in steps],
           "sync_s:", [round(h["sync_s"], 4) for h in steps],
           "step s:", [round(b["elapsed_s"] - a.get("elapsed_s", 0), 2) for a, b in zip(history, steps)])
+
+
+# --- the real model -----------------------------------------------------------------------------------
+REAL_LORA = LoraConfig(rank=8, alpha=16.0)  # every linear layer of the blocks, as the preset
+
+
+def real_lora_config(out, model_path, resume=False):
+    """The smallest GRPO run on SmolLM2-135M-Instruct with LoRA: one actor rank and one rollout replica on one
+    CPU slot (a load of the model each), 2 prompts x 2 samples of 16 new tokens, 2 held-out problems, no SFT,
+    a checkpoint every step."""
+    from small_runs import small_reasoning_config
+
+    cfg = small_reasoning_config(Path(out), max_steps=2, save_every=1, samples_per_prompt=2)
+    cfg.cluster.component_placement = {"actor,rollout": "0", "reward": "0"}
+    cfg.model.path = model_path
+    cfg.actor.lora = REAL_LORA
+    cfg.data.test_problems = 2
+    cfg.runner.prompts_per_step, cfg.runner.max_new_tokens, cfg.runner.resume = 2, 16, resume
+    cfg.rollout.max_batch_size, cfg.rollout.max_context, cfg.rollout.kv_cache_memory_gb = 4, 192, 0.05
+    cfg.algorithm.entropy_coef = 0.01  # the adapters move even if every sample of a group scores the same
+    return cfg
+
+
+def resumed_dir(out) -> Path:
+    return Path(out).parent / "resumed"
+
+
+def real_lora_run(out, model_path, resume=False, snapshot_at=None):
+    """A run of `real_lora_config` in this (spawned) process, driven step by step so that the step-`snapshot_at`
+    checkpoint can be copied to `resumed_dir(out)`; returns the history and what the test asserts on, computed
+    in the workers (where the weights are)."""
+    import shutil
+
+    from rlinf_like.runners import launch
+    from rlinf_like.runners.run import ReasoningRun
+    from rlinf_like.runners.schedules.collocated import run_step
+
+    launch.RolloutWorker = Rollout  # in this process only: the rollout group answers `merge_report`
+    with ReasoningRun(real_lora_config(out, model_path, resume), actor_worker=LoraActor) as run:
+        for step in run.steps():
+            run_step(run, step)
+            if run.step == snapshot_at:
+                shutil.copytree(Path(out) / "checkpoint", resumed_dir(out) / "checkpoint")
+        actor, rollout = run.workers.actor, run.workers.rollout  # full_params is a collective: every rank
+        adapters = actor.adapters().wait()[0]
+        return run.history, {
+            "lora_B": {n: bool(t.any()) for n, t in adapters.items() if ".lora_B." in n},
+            "base_changed": actor.base_changed(model_path).wait()[0],
+            "merge": rollout.on_ranks(0).merge_report(model_path, adapters, REAL_LORA).wait()[0],
+            "actor": actor.digest().wait()[0], "rollout": rollout.on_ranks(0).digest().wait()[0]}
+
+
+TIMED = ("_s", "tokens_per_s")  # wall-clock metrics: differ between any two runs
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(600)
+def test_grpo_with_lora_on_the_real_model(real_model_path, tmp_path):
+    """2 GRPO steps on SmolLM2-135M-Instruct with LoRA (all linear layers), then the same run resumed from its
+    step-1 checkpoint, one after the other in one spawned process (a run owns its Ray): (a) the reward is
+    computed; (b) the adapters trained (B != 0) and the base is bit-unchanged; (c) the rollout serves peft's
+    merge_and_unload() of the actor's adapters on the base, under base names; (d) the resumed step 2 equals the
+    uninterrupted one: metrics, actor parameters and served weights bit for bit."""
+    import math
+    import time
+
+    out = tmp_path / "run"
+    start = time.perf_counter()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        history, report = pool.submit(real_lora_run, str(out), real_model_path, False, 1).result()
+        first_s = time.perf_counter() - start
+        resumed_history, resumed = pool.submit(real_lora_run, str(resumed_dir(out)), real_model_path, True).result()
+    steps = history[1:]
+    assert [h["step"] for h in steps] == [1, 2]
+    # (a) the reward is computed and finite at every step, with its accuracy and format rate; the held-out ones
+    # before and after
+    assert all(math.isfinite(h[k]) for h in steps for k in ("reward", "train_accuracy", "train_format_rate"))
+    assert all(0 <= h[k] <= 1 for h in (history[0], steps[-1]) for k in ("eval_accuracy", "eval_format_rate"))
+    # (b) peft starts every B at 0: after 2 steps each is non-zero; the frozen base is the checkpoint's, bit for bit
+    assert report["lora_B"] and all(report["lora_B"].values()), [n for n, moved in report["lora_B"].items() if not moved]
+    assert report["base_changed"] == []
+    # (c) the rollout holds merge_and_unload()'s weights under base names, within fp32 rounding: both compute
+    # W + s * (B @ A) in fp32, B @ A a sum over r = 8 terms whose order may differ between the two matmul calls,
+    # so an element differs by a few ulps of W at most: rtol 1e-6 is ~8 ulps; atol 1e-7 covers elements near 0
+    merge = report["merge"]
+    assert merge["served"] and set(merge["served"]) <= set(merge["reference"])
+    assert not any("lora" in n or "base_layer" in n for n in merge["served"])
+    assert merge["mismatched"] == {}
+    assert any(".q_proj." in n for n in merge["moved"])  # the served weights are merged, not the base's
+    # (d) exact resume
+    assert [h["step"] for h in resumed_history] == [0, 1, 2]
+    untimed = lambda h: {k: v for k, v in h.items() if not k.endswith(TIMED)}
+    assert untimed(resumed_history[2]) == untimed(history[2])
+    assert (resumed["actor"], resumed["rollout"]) == (report["actor"], report["rollout"])
+    shown = ("reward", "train_format_rate", "eval_accuracy", "eval_format_rate", "sync_bytes")
+    print(f"real-model LoRA: {merge['bit_identical']}/{len(merge['served'])} served tensors bit-identical to "
+          f"merge_and_unload(); run {first_s:.1f} s, resumed run {time.perf_counter() - start - first_s:.1f} s; "
+          f"steps: {[{k: round(v, 4) for k, v in h.items() if k in shown} for h in history]}")

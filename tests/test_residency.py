@@ -157,3 +157,21 @@ def test_gpu_memory_actually_drops_and_comes_back():
     assert len(on_gpu) == 16 and all(s.host.is_pinned() for s in on_gpu)
     res.onload()
     assert torch.cuda.memory_allocated() == before
+
+
+def test_a_model_loaded_from_safetensors_offloads(tmp_path):
+    """from_pretrained maps the checkpoint file: its storages cannot be resized until the manager copies them."""
+    from transformers import AutoModelForCausalLM
+
+    from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(write_tiny_model(tmp_path / "m", TinyModelSpec(seed=1)),
+                                                 dtype=torch.float32)
+    assert not all(p.untyped_storage().resizable() for p in model.parameters())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    manager = ResidencyManager(model)
+    manager.offload(["params"])
+    assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+    manager.onload(["params"])
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight or not model.config.tie_word_embeddings

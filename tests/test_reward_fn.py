@@ -246,3 +246,40 @@ def test_row_columns_reach_the_reward_except_reserved_names():
     info = reward_info({"level": 3, "config": "x", "answer": "7", "response": "r", "prompt": "raw"}, "rendered", True, 5)
     assert info == {"level": 3, "prompt": "rendered", "finished": True, "num_tokens": 5}
     assert math_reward("\\boxed{7}", "7", **info)["correct"]
+
+
+# the format rate: responses whose final answer the reward function found (parsed), right or wrong
+MATH_FORMAT = [  # (response, reference, parsed, correct)
+    ("2 + 2 = \\boxed{4}", "4", True, True),
+    ("6 * 7 = 42\n#### 41", "42", True, False),  # GSM8K's answer line, wrong
+    ("so the Answer: 7", "7", True, True),
+    ("it is 4, I think", "4", False, False),  # a right number, but no final-answer format
+    ("\\boxed{4", "4", False, False),  # never closes
+]
+RG_FORMAT = [  # reasoning_gym: the <answer> tag, else what math would extract
+    ("<answer>9</answer>", "9", True, True),
+    ("<answer>8</answer>", "9", True, False),
+    ("nine", "9", False, False),
+]
+
+
+@pytest.mark.parametrize("fn,cases,info", [
+    ("math", MATH_FORMAT, {}),
+    ("reasoning_gym", RG_FORMAT, {"metadata": {"source_dataset": "chain_sum"}}),
+])
+def test_format_rate_is_the_share_of_responses_with_a_parsed_answer(fn, cases, info):
+    """eval_metrics reads `SampleScore.formatted`, which each built-in sets where its extractor found an answer:
+    one definition of "parsed" for the held-out evaluation and the training steps' train_format_rate."""
+    from rlinf_like.runners.phases import eval_metrics
+
+    if fn == "reasoning_gym":
+        pytest.importorskip("reasoning_gym")
+    config = RewardConfig(fn=fn)
+    groups = [[score_sample(load_reward_fn(config), config, f"r{i}", response, answer, **info)]
+              for i, (response, answer, _, _) in enumerate(cases)]
+    assert [g[0].formatted for g in groups] == [parsed for *_, parsed, _ in cases]
+    assert [g[0].correct for g in groups] == [correct for *_, correct in cases]
+    n = len(cases)
+    assert eval_metrics(groups) == {"eval_accuracy": sum(c for *_, c in cases) / n,
+                                    "eval_format_rate": sum(p for *_, p, _ in cases) / n}
+    assert eval_metrics(groups)["eval_format_rate"] == {"math": 3 / 5, "reasoning_gym": 2 / 3}[fn]

@@ -58,12 +58,22 @@ def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
+def _own_storages(model: nn.Module) -> None:
+    """Give every parameter and buffer a storage of its own that `resize_` accepts. transformers'
+    `from_pretrained` leaves a plain (unsharded) module's tensors on the mapped safetensors file, which
+    cannot be resized: those are copied once (the Parameter objects stay; FSDP's shards are already owned)."""
+    for t in (*model.parameters(), *model.buffers()):
+        if not local_tensor(t.data).untyped_storage().resizable():
+            t.data = t.data.clone()
+
+
 class ResidencyManager:
     """Moves the parts of one model (and optionally its optimizer) between device and host."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, pin_memory: bool | None = None):
         self.model, self.optimizer = model, optimizer
         self.pin_memory = pin_memory
+        _own_storages(model)
         self._parts = {p: _Part() for p in PARTS}
         self.history: deque[MoveStats] = deque(maxlen=HISTORY)  # recent moves, for the step log
 

@@ -38,6 +38,7 @@ class Scored:
     batch: Batch  # model inputs: input_ids, attention_mask, response_mask, old_logprobs, advantages (zero)
     rewards: torch.Tensor  # [rows] float32
     correct: torch.Tensor  # [rows] 1.0 where the answer was right
+    formatted: torch.Tensor  # [rows] 1.0 where the reward function found a final answer (`SampleScore.formatted`)
     versions: torch.Tensor  # [rows] the policy version that generated the row
     seconds: float  # time spent scoring
     extras: dict[str, float]  # the reward function's own numbers, as step metrics (`extra_metrics`)
@@ -73,6 +74,15 @@ def extra_metrics(samples: Sequence[SampleScore]) -> dict[str, float]:
     return {f"reward/{name}": sum(v) / len(v) for name, v in values.items()}
 
 
+def eval_metrics(groups: Sequence[Sequence[SampleScore]]) -> dict[str, float]:
+    """Held-out metrics over each problem's first (greedy) response: accuracy, and the format rate, the share
+    of responses in which the reward function found a final answer (`SampleScore.formatted`, the flag that
+    `train_format_rate` averages over a step's samples)."""
+    first = [group[0] for group in groups]
+    return {"eval_accuracy": sum(s.correct for s in first) / len(first),
+            "eval_format_rate": sum(s.formatted for s in first) / len(first)}
+
+
 def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
     """One right-padded row per sample (prompt + response, the rollout's logprobs)."""
     rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
@@ -85,6 +95,7 @@ def score(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Probl
     return Scored(batch=rl_batch(results, pad_id),
                   rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
                   correct=torch.tensor([float(s.correct) for s in samples]),
+                  formatted=torch.tensor([float(s.formatted) for s in samples]),
                   versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
                   seconds=time.perf_counter() - start, extras=extra_metrics(samples))
 
@@ -163,6 +174,7 @@ def batch_metrics(scored: Scored, version: int, rollout_s: float) -> dict[str, f
     """What a step reports about its samples: reward, accuracy, staleness, lengths, rollout throughput."""
     tokens = float(scored.batch["response_mask"].sum())
     return {"reward": float(scored.rewards.mean()), "train_accuracy": float(scored.correct.mean()),
+            "train_format_rate": float(scored.formatted.mean()),
             "staleness": float(version - scored.versions.min()), "response_tokens": tokens / len(scored.rewards),
             "reward_s": scored.seconds, "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
             **scored.extras}

@@ -25,7 +25,7 @@ from rlinf_like.runners.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import launch_reference, launch_workers
-from rlinf_like.runners.phases import score_groups
+from rlinf_like.runners.phases import eval_metrics, score_groups
 from rlinf_like.scheduler import Cluster, Placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
@@ -102,7 +102,7 @@ class ReasoningRun:
                 self._restore()
             else:
                 self._warm_start()
-                self.history.append({"step": 0, "eval_accuracy": self.evaluate()})
+                self.history.append({"step": 0, **self.evaluate()})
             start = self.out / REFERENCE_MODEL if self.cfg.runner.sft_steps > 0 else Path(self.model_path)
             launch_reference(self.cfg, self.cluster, self.workers, start, self.out)
         except BaseException:
@@ -140,13 +140,12 @@ class ReasoningRun:
         # what the step's sync moved (under LoRA, after the first round: the adapted weights only)
         self.sync_metrics = {"sync_bytes": float(sum(sent)), "sync_s": time.perf_counter() - start}
 
-    def evaluate(self) -> float:
-        """Greedy accuracy on the held-out set."""
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy and format rate on the held-out set (`eval_accuracy`, `eval_format_rate`)."""
         w, test = self.workers, self.tasks.test
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
         reqs = [RolloutRequest(f"eval-{i}", self.prompts.prompt_ids(p), greedy) for i, p in enumerate(test)]
-        scores = score_groups(w, self.generate(reqs), test)
-        return sum(group[0].correct for group in scores) / len(scores)
+        return eval_metrics(score_groups(w, self.generate(reqs), test))
 
     def _generate(self, requests: list[RolloutRequest]) -> list:
         return gather_results(self.workers.rollout.generate(requests).wait(), requests)
@@ -171,10 +170,12 @@ class ReasoningRun:
         metrics["elapsed_s"] = self._clock
         metrics.update(self.sync_metrics)
         if self.step % r.eval_every == 0 or self.step == r.max_steps:
-            metrics["eval_accuracy"] = self.evaluate()
+            metrics.update(self.evaluate())
         self.trackers.log({f"grpo/{k}": v for k, v in metrics.items()}, self.step)
         self.history.append({"step": self.step, **metrics})
-        self._bar.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('eval_accuracy', float('nan')):.2f}")
+        nan = float("nan")
+        self._bar.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('eval_accuracy', nan):.2f}",
+                              fmt=f"{metrics.get('eval_format_rate', nan):.2f}")
         if self.step % r.save_every == 0 or self.step == r.max_steps:
             self._checkpoint()
 
@@ -200,11 +201,15 @@ class ReasoningRun:
         """Export the final model, plot, write summary.json and print the table."""
         self.workers.actor.export_hf(str(self.out / "final_model")).wait()
         evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
+        formats = [(h["step"], h["eval_format_rate"]) for h in self.history if "eval_format_rate" in h]
         rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
         plot_series(self.out / "curves.png", [("mean reward (train samples)", rewards, {"alpha": 0.6}),
-                                              ("held-out accuracy (greedy)", evals, {"marker": "o"})],
+                                              ("held-out accuracy (greedy)", evals, {"marker": "o"}),
+                                              ("held-out format rate", formats, {"marker": "x"})],
                     "GRPO step", ylim=(0, 1.05))
         summary = {"steps": self.step, "eval_accuracy_start": evals[0][1], "eval_accuracy_end": evals[-1][1],
+                   "eval_format_rate_start": formats[0][1] if formats else None,
+                   "eval_format_rate_end": formats[-1][1] if formats else None,
                    "reward_first": rewards[0][1] if rewards else None, "reward_last": rewards[-1][1] if rewards else None,
                    "output_dir": str(self.out)}
         (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
@@ -214,9 +219,10 @@ class ReasoningRun:
         return RunResult(summary=summary, history=self.history, extras=extras)
 
 
-# the closing table's columns beyond the step: held-out accuracy, and the rollout-vs-trainer mismatch
+# the closing table's columns beyond the step: held-out accuracy and format rate, and the rollout-vs-trainer mismatch
 # when the trainer recomputes logprobs (a column is shown when some row has it)
-TABLE_COLUMNS = (("eval_accuracy", "eval_accuracy", ".3f"), ("mismatch/kl_k3", "mismatch_kl", ".2e"),
+TABLE_COLUMNS = (("eval_accuracy", "eval_accuracy", ".3f"), ("eval_format_rate", "eval_format_rate", ".3f"),
+                 ("mismatch/kl_k3", "mismatch_kl", ".2e"),
                  ("mismatch/masked_fraction", "masked", ".3f"))
 
 

@@ -18,27 +18,32 @@ from rlinf_like.workers.rollout.worker import gather_results
 
 def train(cfg: ReasoningConfig) -> RunResult:
     with ReasoningRun(cfg) as run:
-        w = run.workers
         for step in run.steps():
-            requests, problems = make_requests(cfg, run.tasks, step, run.prompts.prompt_ids)
-
-            wait_all([trainer.offload() for trainer in w.trainers])  # the devices go to the rollout
-            w.rollout.onload().wait()
-            start = time.perf_counter()
-            results = gather_results(w.rollout.generate(requests).wait(), requests)
-            rollout_s = time.perf_counter() - start
-            w.rollout.offload().wait()
-
-            scored = score(w, results, problems, run.pad_id)
-
-            start = time.perf_counter()
-            wait_all([trainer.onload() for trainer in w.trainers])  # and back to the trainers
-            batch, prepared = prepare(w, run.estimator, cfg, scored)
-            updated = update(w, cfg, batch, step)
-            metrics = {**updated, **prepared, **batch_metrics(scored, run.version, rollout_s),
-                       "train_s": time.perf_counter() - start}
-
-            w.rollout.onload().wait()
-            run.sync_weights()
-            run.end_step(step, metrics)
+            run_step(run, step)
         return run.finish()
+
+
+def run_step(run: ReasoningRun, step: int) -> None:
+    """One collocated step of an open run, ending with `run.end_step` (a test can stop between steps)."""
+    cfg, w = run.cfg, run.workers
+    requests, problems = make_requests(cfg, run.tasks, step, run.prompts.prompt_ids)
+
+    wait_all([trainer.offload() for trainer in w.trainers])  # the devices go to the rollout
+    w.rollout.onload().wait()
+    start = time.perf_counter()
+    results = gather_results(w.rollout.generate(requests).wait(), requests)
+    rollout_s = time.perf_counter() - start
+    w.rollout.offload().wait()
+
+    scored = score(w, results, problems, run.pad_id)
+
+    start = time.perf_counter()
+    wait_all([trainer.onload() for trainer in w.trainers])  # and back to the trainers
+    batch, prepared = prepare(w, run.estimator, cfg, scored)
+    updated = update(w, cfg, batch, step)
+    metrics = {**updated, **prepared, **batch_metrics(scored, run.version, rollout_s),
+               "train_s": time.perf_counter() - start}
+
+    w.rollout.onload().wait()
+    run.sync_weights()
+    run.end_step(step, metrics)

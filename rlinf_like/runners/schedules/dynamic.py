@@ -120,6 +120,7 @@ def sample_metrics(ordered: list[RolloutResult], groups: dict, version: int, rol
     tokens = sum(len(t) for res in ordered for t in res.response_ids)
     return {"reward": sum(s.reward for s in samples) / len(samples),
             "train_accuracy": sum(s.correct for s in samples) / len(samples),
+            "train_format_rate": sum(s.formatted for s in samples) / len(samples),
             "staleness": float(version - min(r.version for r in ordered)), "response_tokens": tokens / len(samples),
             "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9), **extra_metrics(samples)}
 
