@@ -6,8 +6,8 @@ training loop, AdamW, fp32 on CPU) in a fresh subprocess (one gloo rank, one thr
 that process's own. One subprocess per side and repetition, sides alternated (full, lora, full, lora, ...);
 each does a warm-up step (Adam state, first-call costs), then times one step (forward + backward +
 optimizer step) on the same saved batch. Sync bytes are the actor's `SyncPlan` to the native rollout
-engine's layouts: every tensor each step for full fine-tuning, the plan's delta (the adapted weights,
-merged) after the first round under LoRA. The defaults follow the `grpo_smollm2` preset as one of its two
+engine's layouts: every tensor each step for full fine-tuning, the plan's delta (the adapters, which the
+rollout merges) after the first round under LoRA. The defaults follow the `grpo_smollm2` preset as one of its two
 actor ranks sees a step: 16 rows (2 prompts x 8 samples, chat-templated arithmetic prompts, responses of
 up to 48 tokens), micro-batches of 8, LoRA rank 16, alpha 32, every linear layer.
 Step time is the step's CPU seconds (user + system) of the one-thread actor process, the wall seconds
@@ -74,10 +74,12 @@ def actor_config(spec: dict):
 
 def sync_bytes(worker, model_path: str) -> tuple[int, int]:
     """(first round, each later round) of the actor's plan to a native rollout engine (tp=1, fp32)."""
+    from rlinf_like.hybrid_engines.lora_sync import with_adapters
     from rlinf_like.hybrid_engines.reshard import SyncPlan
     from rlinf_like.workers.rollout.native.model import model_config, weight_layouts
 
-    targets = weight_layouts(model_config(model_path), 1, torch.float32)
+    # the rollout's layouts, with the adapters it receives and merges under LoRA (as RolloutWorker.weight_layouts)
+    targets = with_adapters(weight_layouts(model_config(model_path), 1, torch.float32), worker.adapter_spec())
     plan = SyncPlan.build(worker.weight_layouts(), targets, "actor", "rollout", changing=worker.changing_tensors())
     return plan.nbytes, (plan.delta or plan).nbytes
 
