@@ -2,11 +2,11 @@
 the driver's staleness policies (wait, drop), and end-to-end runs (k=0 equals the synchronous schedule;
 resume continues from the saved buffer)."""
 
-import copy
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
-import torch
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.async_stream import GroupStream, may_start, staleness_metrics
@@ -161,8 +161,9 @@ def test_drop_takes_the_first_to_finish_and_drops_stale_groups():
     assert all(len(got.results) == 2 for got, _ in taken)
 
 
-@pytest.mark.slow
-def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_path):
+def staleness_0_runs(tmp: str) -> tuple[list, list, list]:
+    """The synchronous (pipelined, k = 0) run, the async run with k = 0, and the async run resumed from its
+    step-2 checkpoint to step 3: in a spawned process, since a run owns its Ray."""
     from rlinf_like.runners.reasoning import train
 
     def config(out, schedule):
@@ -171,15 +172,20 @@ def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_
         cfg.runner.schedule, cfg.rollout.logprobs, cfg.runner.eval_every = schedule, "rescored", 2
         return cfg
 
-    sync = train(config(tmp_path / "sync", "pipelined"))
-    asyn = train(config(tmp_path / "async", "async"))
-    keys = ("reward", "policy_loss", "grad_norm", "response_tokens", "eval_accuracy")
-    assert all(k in h for h in asyn.history[1:] for k in keys[:-1]) and "eval_accuracy" in asyn.history[2]
-    for a, b in zip(sync.history, asyn.history, strict=True):
-        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["step"]
-    assert [h["staleness_max"] for h in asyn.history[1:]] == [0.0, 0.0]
-
-    resumed = config(tmp_path / "async", "async")
+    sync = train(config(Path(tmp) / "sync", "pipelined")).history
+    asyn = train(config(Path(tmp) / "async", "async")).history
+    resumed = config(Path(tmp) / "async", "async")
     resumed.runner.max_steps, resumed.runner.resume = 3, True
-    more = train(resumed)
-    assert [h["step"] for h in more.history] == [0, 1, 2, 3] and more.history[3]["staleness_max"] == 0.0
+    return sync, asyn, train(resumed).history
+
+
+@pytest.mark.slow
+def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_path):
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        sync, asyn, more = pool.submit(staleness_0_runs, str(tmp_path)).result()
+    keys = ("reward", "policy_loss", "grad_norm", "response_tokens", "eval_accuracy")
+    assert all(k in h for h in asyn[1:] for k in keys[:-1]) and "eval_accuracy" in asyn[2]
+    for a, b in zip(sync, asyn, strict=True):
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["step"]
+    assert [h["staleness_max"] for h in asyn[1:]] == [0.0, 0.0]
+    assert [h["step"] for h in more] == [0, 1, 2, 3] and more[3]["staleness_max"] == 0.0
