@@ -3,7 +3,7 @@
 With LoRA the actor's base weights never change, so after one full round (the base weights and the adapters)
 each later round sends only the adapters, A [r, in] and B [out, r] per adapted weight W [out, in]: for rank 16
 on SmolLM2-135M's linear layers, ~3% of the model's bytes instead of ~79% for the merged weights. The rollout
-keeps its own copy of each adapted base weight (the part its rank holds) and serves
+keeps its own copy of each adapted base weight (the part its rank holds, in host memory) and serves
 
     W = W_base + (B @ A) * scaling
 
@@ -75,7 +75,10 @@ class AdapterMerger:
                 box = layout.boxes[rank]
                 self.buffers[layout.name] = torch.zeros([hi - lo for lo, hi in box], dtype=weight.dtype,
                                                         device=weight.device)
-        self.base = {t: weights[t].detach().clone() for t in spec.targets}
+        # on the host: on a GPU shared with the actor the copy must not hold device memory while the actor trains
+        self.base = {t: weights[t].detach().to("cpu", copy=True) for t in spec.targets}
+        if any(w.is_cuda for w in weights.values()):
+            self.base = {t: b.pin_memory() for t, b in self.base.items()}
 
     def after_round(self, full: bool) -> None:
         """A full round wrote the (unmerged) base weights into the served tensors: keep them as the base. Then
@@ -87,5 +90,5 @@ class AdapterMerger:
                     self.base[target].copy_(served)
                 a_name, b_name = adapter_names(target)
                 delta = self.buffers[b_name] @ self.buffers[a_name]
-                served.copy_(self.base[target] + delta * self.spec.scaling)
+                served.copy_(self.base[target].to(served.device, non_blocking=True) + delta * self.spec.scaling)
 
