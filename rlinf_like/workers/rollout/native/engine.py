@@ -385,7 +385,7 @@ class NativeEngine(RolloutEngine):
         return _Live(index, sample_index, len(request.prompt_ids), frozenset(stop_ids), tuple(s.stop_strings),
                      s.max_new_tokens, list(progress.tokens) if progress else [],
                      list(progress.logprobs) if progress else [], seed=self._seed(request, sample_index),
-                     order=order)
+                     order=order, versions=[self.version] * len(progress.tokens) if progress else [])
 
     def _resume(self, slot: int, seq: _Live, request: RolloutRequest, state: _SlotState) -> tuple[int, float] | None:
         """Put a migrated or preempted sample where it left off: the prompt and all but its last token in
