@@ -67,7 +67,7 @@ def test_scheduler_protocol_static_waits_dynamic_hands_over_per_unit():
 
 def test_bad_schedule_values_are_refused_by_name(tmp_path):
     cfg = small_config(tmp_path, "elastic")
-    with pytest.raises(ValueError, match=r"runner.schedule='elastic' is not one of \['static', 'collocated', 'dynamic', 'pipelined'\]"):
+    with pytest.raises(ValueError, match=r"runner.schedule='elastic' is not one of \['static', 'async', 'collocated', 'dynamic', 'pipelined'\]"):
         check_config(cfg)
     cfg = small_config(tmp_path, "static")
     with pytest.raises(ValueError, match=r"runner.migrate_at=0.5 must be in \[0, 1\), and > 0 only with "
