@@ -1,0 +1,9 @@
+"""Text environments (multi-turn, tools): the `TextEnv` interface and its registry, `agent.env`."""
+
+from rlinf_like.envs.text.base import Message, TextEnv, TextStep
+from rlinf_like.utils.registry import Registry
+
+TEXT_ENVS: Registry[type[TextEnv]] = Registry("text environment", key="agent.env")
+TEXT_ENVS.register("tools", "rlinf_like.envs.text.tool_env:ToolEnv")  # tool calls in the model's chat format
+
+__all__ = ["TEXT_ENVS", "Message", "TextEnv", "TextStep"]

@@ -1,0 +1,43 @@
+"""Text environments for multi-turn rollouts: the model writes an assistant message, the environment answers
+with new messages (tool results, a user's reply) or ends the episode.
+
+An environment sees text only: the rollout keeps the trajectory as token ids, renders what `step` returns
+through the model's chat template and appends those tokens, so the model's own tokens are never re-tokenized
+(`workers/rollout/agent_loop.py`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
+
+
+@dataclass
+class TextStep:
+    """What the environment answers to one assistant message."""
+
+    messages: list[Message] | None  # appended to the conversation (None or [] when the episode ends)
+    reward: float = 0.0  # a per-turn reward, added to the task's final reward
+    done: bool = False
+    info: dict[str, float] = field(default_factory=dict)  # counters the run logs (tool_calls, malformed_calls, ...)
+    end_reason: str = ""  # why it ended, when done ("answer", "tool_timeout", ...)
+
+
+class TextEnv(ABC):
+    """One episode at a time; the rollout builds one instance per sample (`TEXT_ENVS.get(kind)(**options)`)."""
+
+    tools: tuple[dict, ...] = ()  # the tools' JSON schemas, passed to the chat template as `tools=`
+
+    @abstractmethod
+    def reset(self, row: dict[str, Any]) -> list[Message]:
+        """The opening messages for a task row (`Problem.fields` plus its `prompt`)."""
+
+    @abstractmethod
+    def step(self, assistant_message: str) -> TextStep:
+        """The environment's answer to the model's latest message (its decoded text)."""
+
+    def close(self) -> None:
+        """Release what the episode holds (processes, files)."""
