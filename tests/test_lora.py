@@ -7,7 +7,6 @@ on the real SmolLM2-135M-Instruct (`real_model`: skipped, naming the command, wi
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig, check_targets_of
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.launch import connect_weight_sync
+from rlinf_like.runners.common import connect_weight_sync
 from rlinf_like.scheduler import wait_all
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.rollout.base import RolloutConfig

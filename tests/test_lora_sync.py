@@ -4,7 +4,7 @@ every rank's merge equals its slice of W + (B @ A) * scaling, for row- and colum
 import torch
 
 from rlinf_like.hybrid_engines.lora_sync import AdapterMerger, AdapterSpec, adapter_layouts, with_adapters
-from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, box_slices, sharded
+from rlinf_like.hybrid_engines.reshard.layout import box_slices, sharded
 
 OUT, IN, R, SCALING = 8, 6, 2, 1.5
 COLUMN = sharded("m.q_proj.weight", (OUT, IN), 2, dim=0, mode="chunk")  # column-parallel: output rows split

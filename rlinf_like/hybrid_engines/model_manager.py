@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from rlinf_like.data.batch import shard_rows
+from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import PARTS, MoveStats, ResidencyManager
@@ -193,6 +194,10 @@ class ModelManager(ABC):
         """Names (as in `shard_layouts`) of the tensors a training step can change, when that is fewer than
         all of them (LoRA: the adapted weights); None: every tensor. A weight sync after the first sends only
         these."""
+        return None
+
+    def adapter_spec(self) -> AdapterSpec | None:
+        """Under LoRA, what the rollout needs to merge the adapters it receives; None: full weights are sent."""
         return None
 
     @abstractmethod

@@ -1,5 +1,5 @@
-"""Helpers both runners use: checkpoint directories with an atomic runner-state file, the workers'
-pid file, a crash hook for fault tests, and the closing plot."""
+"""Helpers both runners use: the actor -> rollout weight sync's connection, checkpoint directories with an
+atomic runner-state file, the workers' pid file, a crash hook for fault tests, and the closing plot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,25 @@ import shutil
 import signal
 from pathlib import Path
 
+from rlinf_like.hybrid_engines.reshard import SyncPlan
+from rlinf_like.scheduler import WorkerGroup, connect_groups, wait_all
+
 CRASH_ENV = "RLINF_LIKE_CRASH_AT"
+
+
+def connect_weight_sync(actor: WorkerGroup, rollout: WorkerGroup, name: str, backend: str | None = None,
+                        transport: str = "group") -> SyncPlan:
+    """The actor -> rollout weight sync over peer group `name`: its plan from both sides' layouts, each side's
+    endpoint connected. Under LoRA the first round sends the base weights and the adapters, later rounds the
+    adapters only, and the rollout merges them (`hybrid_engines/lora_sync.py`)."""
+    connect_groups(actor, rollout, name, backend=backend)
+    [adapters] = actor.on_ranks(0).adapter_spec().wait()
+    [src] = actor.on_ranks(0).weight_layouts().wait()
+    [dst] = rollout.on_ranks(0).weight_layouts(adapters).wait()
+    [changing] = actor.on_ranks(0).changing_tensors().wait()
+    plan = SyncPlan.build(src, dst, actor.name, rollout.name, changing=changing)
+    wait_all([actor.connect_weights(name, plan, transport), rollout.connect_weights(name, plan, transport, adapters)])
+    return plan
 
 
 def write_json_atomic(path: Path, state: dict) -> None:

@@ -34,9 +34,8 @@ from rlinf_like.data.trajectory import Trajectory
 from rlinf_like.envs import EnvConfig, check_env_config, make_env
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
-from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models.policies import check_policy_fits, policy_class
-from rlinf_like.runners.common import Checkpoints, crash_point, plot_series, write_worker_pids
+from rlinf_like.runners.common import Checkpoints, connect_weight_sync, crash_point, plot_series, write_worker_pids
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
 from rlinf_like.utils.tracking import make_trackers
@@ -145,13 +144,7 @@ class EmbodiedRunner:
             wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
                      [self.rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll)))
                       for r in range(n_roll)])
-        backend, transport = placement.weight_link("actor", "rollout")
-        connect_groups(self.actor, self.rollout, "weights", backend=backend)
-        [src] = self.actor.on_ranks(0).weight_layouts().wait()
-        [dst] = self.rollout.on_ranks(0).weight_layouts().wait()
-        plan = SyncPlan.build(src, dst, "actor", "rollout")
-        wait_all([self.actor.connect_weights("weights", plan, transport),
-                  self.rollout.connect_weights("weights", plan, transport)])
+        connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
         self.channel = trajectory_channel(cluster)
         action = specs.action_spec
         chunk = (cfg.policy.chunk,) if policy_class(cfg.policy.kind).action_chunks and cfg.policy.chunk > 1 else ()

@@ -11,13 +11,12 @@ from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
-from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
 from rlinf_like.runners.actor_setup import actor_config, actor_replicas, reference_in_actor
 from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
-from rlinf_like.runners.common import write_worker_pids
+from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
-from rlinf_like.scheduler import Cluster, Placement, PlacementMode, WorkerGroup, connect_groups, wait_all
+from rlinf_like.scheduler import Cluster, Placement, PlacementMode, WorkerGroup
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
@@ -115,21 +114,6 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
     write_worker_pids(out, workers.all_groups())
     return workers
-
-
-def connect_weight_sync(actor: WorkerGroup, rollout: WorkerGroup, name: str, backend: str | None = None,
-                        transport: str = "group") -> SyncPlan:
-    """The actor -> rollout weight sync over peer group `name`: its plan from both sides' layouts, each side's
-    endpoint connected. Under LoRA the first round sends the base weights and the adapters, later rounds the
-    adapters only, and the rollout merges them (`hybrid_engines/lora_sync.py`)."""
-    connect_groups(actor, rollout, name, backend=backend)
-    [adapters] = actor.on_ranks(0).adapter_spec().wait()
-    [src] = actor.on_ranks(0).weight_layouts().wait()
-    [dst] = rollout.on_ranks(0).weight_layouts(adapters).wait()
-    [changing] = actor.on_ranks(0).changing_tensors().wait()
-    plan = SyncPlan.build(src, dst, actor.name, rollout.name, changing=changing)
-    wait_all([actor.connect_weights(name, plan, transport), rollout.connect_weights(name, plan, transport, adapters)])
-    return plan
 
 
 def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: Path, out: Path) -> None:

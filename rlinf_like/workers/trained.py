@@ -4,6 +4,7 @@ embodied actor. One base class over Worker, no mixins."""
 
 from __future__ import annotations
 
+from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.model_manager import ModelManager
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
 from rlinf_like.scheduler import Worker
@@ -17,10 +18,9 @@ class TrainedWorker(Worker):
     def weight_layouts(self) -> list[TensorLayout]:
         return self.manager.shard_layouts()
 
-    def adapter_spec(self):
+    def adapter_spec(self) -> AdapterSpec | None:
         """Under LoRA, the `AdapterSpec` the rollout merges received adapters with; else None."""
-        spec = getattr(self.manager, "adapter_spec", None)
-        return spec() if spec is not None else None
+        return self.manager.adapter_spec()
 
     def changing_tensors(self) -> list[str] | None:
         """The synced tensors training can change, when fewer than all (LoRA); for `SyncPlan.build(changing=)`."""

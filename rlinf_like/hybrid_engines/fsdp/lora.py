@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from rlinf_like.config.validate import bounded
-from rlinf_like.hybrid_engines.tensors import local_tensor
 
 ALL_LINEAR = "all-linear"  # peft's name for every nn.Linear of the blocks (the output head excluded)
 ADAPTER = "default"  # peft's adapter name; one adapter per model

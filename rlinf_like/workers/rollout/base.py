@@ -61,7 +61,6 @@ class RolloutEngine(ABC):
     needs_gpu = False
     serves_continuously = False  # `serve`: requests join while others decode, weights change between steps
 
-
     @classmethod
     def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> RolloutEngine:
         """Build from config; engines whose constructor takes fewer of these override it."""

@@ -52,10 +52,12 @@ class PolicyRolloutWorker(Worker):
         self._links: list[Link | LocalEnvLink] = []
 
     # --- weights ----------------------------------------------------------------------------------
-    def weight_layouts(self) -> list[TensorLayout]:
+    def weight_layouts(self, adapters: None = None) -> list[TensorLayout]:
+        """Every parameter, whole on each rank. (No LoRA here: `adapters` is the reasoning rollout's
+        argument, always None for a policy.)"""
         return [replicated(n, tuple(p.shape), self.world_size, str(p.dtype)) for n, p in self.policy.named_parameters()]
 
-    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
+    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group", adapters: None = None) -> None:
         self._receiver = WeightReceiver(self.peer_group(peer_group), plan, self.rank,
                                         dict(self.policy.named_parameters()), transport)
 

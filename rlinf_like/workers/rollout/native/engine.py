@@ -175,16 +175,16 @@ class NativeEngine(RolloutEngine):
         self._run([], [], deque(), on_result, source, between_steps)
 
     def _accept(self, request: RolloutRequest, results: list[RolloutResult], queue: deque[int],
-                on_result: ResultCallback | None) -> None:
-        """Check `request` and add its result slot: queued when it has samples to generate, answered at once
-        when it is rejected or already done."""
+                on_result: ResultCallback | None) -> bool:
+        """Check `request` and add its result slot: queued when it has samples to generate (returns True),
+        answered at once when it is rejected or already done."""
         i = len(results)
         error = request_error(request, self.max_context, self.slots) or self._budget_error(request)
         if error is not None:
             results.append(rejected(request, error, self.version))
             if on_result is not None:
                 on_result(results[-1])
-            return
+            return False
         n = request.n
         results.append(RolloutResult(request.request_id, list(request.prompt_ids), [[] for _ in range(n)],
                                      [[] for _ in range(n)], [""] * n, self.version, token_versions=[[] for _ in range(n)]))
@@ -195,8 +195,10 @@ class NativeEngine(RolloutEngine):
                 results[-1].token_versions[j] = [self.version] * len(progress.tokens)  # made elsewhere: unknown
         if request.unfinished():
             queue.append(i)
-        elif on_result is not None:
+            return True
+        if on_result is not None:
             on_result(results[-1])
+        return False
 
     def _admission_blocks(self, request: RolloutRequest) -> int:
         """Blocks a request takes when admitted: a fresh one's prompt blocks (full ones shared by its samples),
@@ -349,8 +351,7 @@ class NativeEngine(RolloutEngine):
                     open_ = False
                 for request in more or ():
                     requests.append(request)
-                    self._accept(request, results, queue, on_result)
-                    if queue and queue[-1] == len(results) - 1:
+                    if self._accept(request, results, queue, on_result):
                         remaining[queue[-1]] = len(request.unfinished())
             if between_steps is not None:
                 between_steps()
