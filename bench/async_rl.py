@@ -37,7 +37,8 @@ from rlinf_like.runners.config import ReasoningConfig  # noqa: E402
 from rlinf_like.runners.reasoning import train  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 
-ASYNC = ["runner.schedule=async", "cluster.component_placement.actor=0", "cluster.component_placement.rollout=1"]
+ASYNC = ["runner.schedule=async", "cluster.component_placement.actor=0", "cluster.component_placement.rollout=1",
+         "cluster.component_placement.reward=1"]  # the reward with the rollout: its slot has room, the actor's has none
 
 
 def run(overrides: list[str], out: Path) -> list[dict]:

@@ -10,6 +10,7 @@ import pytest
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.async_stream import GroupStream, may_start, staleness_metrics
+from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
 from small_runs import small_reasoning_config
 
@@ -120,7 +121,10 @@ class Finishing:
         self.rollout, self.order, self.sent = rollout, order, set()
 
     def get(self, key, timeout=None):
-        request, version = self.order([s for s in self.rollout.submitted if s[0].request_id not in self.sent])
+        todo = [s for s in self.rollout.submitted if s[0].request_id not in self.sent]
+        if not todo:
+            raise ChannelTimeout("nothing generating")
+        request, version = self.order(todo)
         self.sent.add(request.request_id)
         return RolloutResult(request.request_id, request.prompt_ids, [[1, 2]], [[0.0, 0.0]], ["stop"], version,
                              token_versions=[[version, version]])
@@ -159,6 +163,21 @@ def test_drop_takes_the_first_to_finish_and_drops_stale_groups():
     assert sum(m["dropped_groups"] for _, m in taken) > 0
     assert all(m["staleness_max"] <= 1 for _, m in taken)
     assert all(len(got.results) == 2 for got, _ in taken)
+
+
+def test_groups_that_finish_while_the_trainer_works_are_scored_on_arrival():
+    rollout = Rollout()
+    scored_on_arrival = []
+    stream = GroupStream(rollout=rollout, channel=Finishing(rollout, lambda todo: todo[0]), draw=draw, per_step=2,
+                         max_staleness=1, policy="wait",
+                         scorer=lambda results, problems: scored_on_arrival.append(problems) or len(scored_on_arrival))
+    stream.top_up(0)  # draws 0 and 1 start; replica 0 gets groups 0 and 2 (problems 0.0, 1.0), replica 1 the others
+    first = stream.take(0, 0)  # groups finish in submission order: 0.0, 1.0, 0.1
+    assert first.scoring == [1, 3] and scored_on_arrival == [["problem 0.0"], ["problem 1.0"], ["problem 0.1"]]
+    stream.pump(0.01)  # while step 0 trains: the last group of draw 1 finishes and its reward call starts
+    assert scored_on_arrival[3:] == [["problem 1.1"]]
+    stream.pump(0.01)  # nothing more is generating: returns after its time
+    assert stream.take(1, 1).scoring == [2, 4]
 
 
 def staleness_0_runs(tmp: str) -> tuple[list, list, list]:

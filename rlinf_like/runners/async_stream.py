@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import ray
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup, wait_all
+from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup
 from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
 
@@ -39,16 +39,30 @@ def may_start(policy: str, group: int, steps_done: int, outstanding: int, per_st
     return outstanding < (max_staleness + 1) * per_step
 
 
-def receive(channel: Channel, key: str, serving: GroupResult | None) -> RolloutResult:
-    """The next result under `key`. While waiting, checks that the rollout's serve loops still run: a replica
-    that died or raised surfaces as its error, naming it, instead of a hang."""
+def receive(channel: Channel, key: str, serving: GroupResult | None, timeout: float | None = None) -> RolloutResult | None:
+    """The next result under `key` (None if `timeout` seconds pass first). While waiting, checks that the rollout's
+    serve loops still run: a replica that died or raised surfaces as its error, naming it, instead of a hang."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        wait = POLL_S if deadline is None else min(POLL_S, max(deadline - time.monotonic(), 0.0))
         try:
-            return channel.get(key=key, timeout=POLL_S)
+            return channel.get(key=key, timeout=wait)
         except ChannelTimeout:
             if serving is not None and ray.wait(serving.refs, timeout=0)[0]:
                 serving.wait()  # raises the replica's error
                 raise RuntimeError(f"the rollout's serve loop ended while the driver waited for {key!r} results")
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+
+def submit_round_robin(rollout: WorkerGroup, requests: list[RolloutRequest], numbers: list[int], key: str) -> None:
+    """Hand request i to replica numbers[i] % replicas, one `submit` call per replica, and wait until all are
+    queued (the serve loops take them from there)."""
+    by_replica: dict[int, list[RolloutRequest]] = {}
+    for request, n in zip(requests, numbers, strict=True):
+        by_replica.setdefault(n % rollout.world_size, []).append(request)
+    for call in [rollout.on_ranks(r).submit(reqs, key) for r, reqs in by_replica.items()]:
+        call.wait()
 
 
 def staleness(result: RolloutResult, version: int) -> int:
@@ -64,13 +78,18 @@ class Taken:
     problems: list[Problem]
     dropped: int  # groups dropped as too stale while collecting these
     wait_s: float  # the trainer's wait for them
+    scoring: list[GroupResult | None]  # per group, its reward call when it was started on arrival (`scorer`)
 
 
 class GroupStream:
     def __init__(self, *, rollout: WorkerGroup, channel: Channel, draw: Callable[[int], tuple[list, list]],
-                 per_step: int, max_staleness: int, policy: str, serving: GroupResult | None = None):
-        """`draw(step)` gives step `step`'s (requests, problems); `serving` is the rollout's running serve call."""
-        self.rollout, self.channel, self.draw, self.serving = rollout, channel, draw, serving
+                 per_step: int, max_staleness: int, policy: str, serving: GroupResult | None = None,
+                 scorer: Callable[[list[RolloutResult], list[Problem]], GroupResult] | None = None):
+        """`draw(step)` gives step `step`'s (requests, problems); `serving` is the rollout's running serve call;
+        `scorer`, when given, starts a group's reward call as the group arrives (`pump` lets groups arrive while
+        the trainer works, so scoring leaves the step's critical path)."""
+        self.rollout, self.channel, self.draw, self.serving, self.scorer = rollout, channel, draw, serving, scorer
+        self.scoring: dict[int, GroupResult] = {}  # group -> its reward call, started on arrival
         self.per_step, self.max_staleness, self.policy = per_step, max_staleness, policy
         self.next_group = 0
         self.out: dict[str, int] = {}  # request id -> group, for groups submitted and not yet trained on
@@ -87,13 +106,9 @@ class GroupStream:
         return requests[i], problems[i]
 
     def _submit(self, groups: list[int]) -> None:
-        by_replica: dict[int, list[RolloutRequest]] = {}
-        for g in groups:
-            request, _ = self._group(g)
-            self.out[request.request_id] = g
-            by_replica.setdefault(g % self.rollout.world_size, []).append(request)
-        for call in [self.rollout.on_ranks(r).submit(reqs, TRAIN) for r, reqs in by_replica.items()]:
-            call.wait()
+        requests = [self._group(g)[0] for g in groups]
+        self.out.update({request.request_id: g for request, g in zip(requests, groups)})
+        submit_round_robin(self.rollout, requests, groups, TRAIN)
 
     def top_up(self, steps_done: int) -> None:
         """Start every group the policy allows with the trainer `steps_done` steps in."""
@@ -105,11 +120,23 @@ class GroupStream:
         if start:
             self._submit(start)
 
-    def _receive(self) -> None:
-        result = receive(self.channel, TRAIN, self.serving)
+    def _receive(self, timeout: float | None = None) -> bool:
+        """Take the next finished group (False if none came within `timeout`)."""
+        result = receive(self.channel, TRAIN, self.serving, timeout)
+        if result is None:
+            return False
         group = self.out.get(result.request_id)
         if group is not None:  # groups aborted at a shutdown or resubmitted after a resume are not ours
             self.finished[group] = result
+            if self.scorer is not None:
+                self.scoring[group] = self.scorer([result], [self._group(group)[1]])
+        return True
+
+    def pump(self, seconds: float) -> None:
+        """Take the groups that finish within `seconds` (the driver calls it while the trainer works)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and self._receive(timeout=left):
+            pass
 
     def take(self, step: int, version: int) -> Taken:
         """The groups step `step` trains on, the trainer holding weights `version` (blocks until they are in)."""
@@ -127,6 +154,7 @@ class GroupStream:
                     continue
                 if staleness(self.finished[waiting[0]], version) > self.max_staleness:
                     self.out.pop(self.finished.pop(waiting[0]).request_id)
+                    self.scoring.pop(waiting[0], None)
                     dropped += 1
                     self.top_up(step)  # a fresh group in its place
                     continue
@@ -135,7 +163,7 @@ class GroupStream:
         for result in results:
             del self.out[result.request_id]
         return Taken(results=results, problems=[self._group(g)[1] for g in chosen], dropped=dropped,
-                     wait_s=time.perf_counter() - start)
+                     wait_s=time.perf_counter() - start, scoring=[self.scoring.pop(g, None) for g in chosen])
 
     # --- checkpoints -------------------------------------------------------------------------------------
     def state(self) -> dict:
@@ -168,10 +196,7 @@ def staleness_metrics(taken: Taken, version: int) -> dict[str, float]:
 def served_generate(rollout: WorkerGroup, channel: Channel, requests: list[RolloutRequest],
                     serving: GroupResult | None = None) -> list[RolloutResult]:
     """`requests` served by the running `serve` loops (evaluation while the schedule runs), in request order."""
-    by_replica: dict[int, list[RolloutRequest]] = {}
-    for i, request in enumerate(requests):
-        by_replica.setdefault(i % rollout.world_size, []).append(request)
-    wait_all([rollout.on_ranks(r).submit(reqs, EVAL) for r, reqs in by_replica.items()])
+    submit_round_robin(rollout, requests, list(range(len(requests))), EVAL)
     results = {}
     while len(results) < len(requests):
         result = receive(channel, EVAL, serving)

@@ -25,6 +25,7 @@ from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.checks import is_thresholds
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import Workers
+from rlinf_like.scheduler import GroupResult
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, SamplingParams
 
@@ -58,10 +59,15 @@ def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
     return requests, problems
 
 
+def submit_scores(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem]) -> GroupResult:
+    """The reward worker's call scoring each sample against its problem's answer (the reward function also gets
+    the problem's row as keyword arguments); `.wait()[0]` is, per request, per sample, a `SampleScore`."""
+    return w.reward.score(list(results), [p.answer for p in problems], [p.fields for p in problems])
+
+
 def score_groups(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem]) -> list[list[SampleScore]]:
-    """Per request, per sample: the reward worker's score against the problem's answer (the reward function
-    also gets the problem's row as keyword arguments)."""
-    return w.reward.score(list(results), [p.answer for p in problems], [p.fields for p in problems]).wait()[0]
+    """Per request, per sample: the reward worker's score."""
+    return submit_scores(w, results, problems).wait()[0]
 
 
 def extra_metrics(samples: Sequence[SampleScore]) -> dict[str, float]:
@@ -91,13 +97,19 @@ def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
 
 def score(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem], pad_id: int) -> Scored:
     start = time.perf_counter()
-    samples = [s for group in score_groups(w, results, problems) for s in group]
+    return scored(results, score_groups(w, results, problems), pad_id, time.perf_counter() - start)
+
+
+def scored(results: Sequence[RolloutResult], groups: Sequence[Sequence[SampleScore]], pad_id: int,
+           seconds: float) -> Scored:
+    """`results` and their scores (per request, per sample) as one training batch; `seconds` spent scoring."""
+    samples = [s for group in groups for s in group]
     return Scored(batch=rl_batch(results, pad_id),
                   rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
                   correct=torch.tensor([float(s.correct) for s in samples]),
                   formatted=torch.tensor([float(s.formatted) for s in samples]),
                   versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
-                  seconds=time.perf_counter() - start, extras=extra_metrics(samples))
+                  seconds=seconds, extras=extra_metrics(samples))
 
 
 def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: torch.Tensor,

@@ -4,19 +4,27 @@ The rollout (its own devices, tp_size 1 per replica) runs one long `serve` call.
 prompt groups as `runner.stale_policy` and `runner.max_staleness` allow (`runners/async_stream.py`), takes a
 step's groups as they finish, trains, and announces the new weights: each replica receives them before its
 next decode step, without draining, so samples in flight finish under the new weights (a partial rollout;
-every token's version is kept). Evaluation goes through the same serve loop.
+every token's version is kept). While the trainer works, the driver takes the groups that finish and starts
+their reward calls, so the next step's scoring is off the critical path. Evaluation goes through the same
+serve loop.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from rlinf_like.runners.async_stream import GroupStream, served_generate, staleness_metrics
+from rlinf_like.runners.async_stream import GroupStream, Taken, served_generate, staleness_metrics
 from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.phases import batch_metrics, make_requests, prepare, score, update
+from rlinf_like.runners.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.run import ReasoningRun, RunResult
 from rlinf_like.scheduler import Channel, wait_all
 from rlinf_like.workers.rollout import RolloutResult
+
+T = TypeVar("T")
+PUMP_S = 0.02  # how long each wait for a finished group lasts while the trainer works
 
 
 def train(cfg: ReasoningConfig) -> RunResult:
@@ -26,7 +34,8 @@ def train(cfg: ReasoningConfig) -> RunResult:
         serving = w.rollout.serve(channel.name)  # runs until close_serving
         stream = GroupStream(rollout=w.rollout, channel=channel, per_step=r.prompts_per_step,
                              max_staleness=r.max_staleness, policy=r.stale_policy, serving=serving,
-                             draw=lambda step: make_requests(cfg, run.tasks, step, run.prompts.prompt_ids))
+                             draw=lambda step: make_requests(cfg, run.tasks, step, run.prompts.prompt_ids),
+                             scorer=lambda results, problems: submit_scores(w, results, problems))
         run.generate = lambda requests: served_generate(w.rollout, channel, requests, serving)
         run.receive_weights = w.rollout.update_weights
         run.extra_state = stream.state
@@ -36,12 +45,11 @@ def train(cfg: ReasoningConfig) -> RunResult:
             for step in run.steps():
                 stream.top_up(step)
                 taken = stream.take(step, run.version)
-                scored = score(w, taken.results, taken.problems, run.pad_id)
+                graded = score_taken(w, taken, run.pad_id)
 
                 start = time.perf_counter()
-                batch, prepared = prepare(w, run.estimator, cfg, scored)
-                updated = update(w, cfg, batch, step)
-                metrics = {**updated, **prepared, **batch_metrics(scored, run.version, taken.wait_s),
+                batch, prepared, updated = while_pumping(stream, lambda: train_on(w, run, graded, step))
+                metrics = {**updated, **prepared, **batch_metrics(graded, run.version, taken.wait_s),
                            **staleness_metrics(taken, run.version), "train_s": time.perf_counter() - start}
 
                 run.sync_weights()  # the serve loops pick the new version up between decode steps
@@ -52,6 +60,30 @@ def train(cfg: ReasoningConfig) -> RunResult:
             raise
         stop_serving(w, serving, channel, failing=False)
         return result
+
+
+def score_taken(w, taken: Taken, pad_id: int) -> Scored:
+    """The step's groups scored: most were scored as they arrived; the rest (restored from a checkpoint) now."""
+    start = time.perf_counter()
+    calls = [call or submit_scores(w, [res], [problem])
+             for call, res, problem in zip(taken.scoring, taken.results, taken.problems, strict=True)]
+    groups = [group for call in calls for group in call.wait()[0]]
+    return scored(taken.results, groups, pad_id, time.perf_counter() - start)
+
+
+def train_on(w, run: ReasoningRun, graded: Scored, step: int) -> tuple:
+    batch, prepared = prepare(w, run.estimator, run.cfg, graded)
+    return batch, prepared, update(w, run.cfg, batch, step)
+
+
+def while_pumping(stream: GroupStream, work: Callable[[], T]) -> T:
+    """`work()` (the trainer's calls) in a thread while this one takes the groups that finish meanwhile and
+    starts their reward calls: scoring the next step overlaps training this one."""
+    with ThreadPoolExecutor(1, thread_name_prefix="train") as pool:
+        done = pool.submit(work)
+        while not done.done():
+            stream.pump(PUMP_S)
+        return done.result()
 
 
 def stop_serving(w, serving, channel: Channel, failing: bool) -> None:
