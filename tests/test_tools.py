@@ -80,7 +80,7 @@ def test_python_runs_code_and_returns_its_output():
 def test_python_infinite_loop_times_out_and_its_process_group_is_killed():
     python = tool("python", timeout_s=1.0)
     code = ("import os, time\nprint(os.getpid(), flush=True)\n"
-            "try:\n    if os.fork() == 0:\n        time.sleep(60)\n    else:\n        print(os.getpid(), flush=True)\n"
+            "try:\n    child = os.fork()\n    if child == 0:\n        time.sleep(60)\n    print(child, flush=True)\n"
             "except OSError:\n    pass  # RLIMIT_NPROC refuses the fork (not for root)\nwhile True:\n    pass\n")
     start = time.monotonic()
     result = python.call({"code": code})
@@ -131,7 +131,8 @@ def test_python_sees_no_inherited_environment(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws_secret_value")
     monkeypatch.setenv("PYTHONPATH", "/nowhere")  # -I ignores PYTHON* anyway
-    text = tool("python").call({"code": "import os, sys\nprint(sorted(os.environ))\nprint('/nowhere' in sys.path)"}).text
+    code = "import os, sys\nprint(sorted(os.environ))\nprint('/nowhere' in sys.path)"
+    text = tool("python").call({"code": code}).text
     assert text == ("['HOME', 'LANG', 'LC_ALL', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', "
                     "'PATH', 'TMPDIR']\nFalse\n")
 

@@ -56,7 +56,8 @@ KINDS = {
     "lake": ("Lake {name}",
              "Lake {name} is a cold lake in {region} whose deepest point lies {n} metres below the surface. Its "
              "largest island is called {a}, and a ferry named the {b} crosses it twice a day.",
-             [("How deep is Lake {name}, in metres?", "{n}"), ("What is the largest island in Lake {name} called?", "{a}"),
+             [("How deep is Lake {name}, in metres?", "{n}"),
+              ("What is the largest island in Lake {name} called?", "{a}"),
               ("What is the name of the ferry that crosses Lake {name}?", "{b}")]),
 }
 NUMBER_RANGE = {"town": (1100, 1899), "river": (40, 990), "mountain": (1200, 4800), "astronomer": (12, 999),
