@@ -7,6 +7,7 @@ setup(
     version="0.1.0",
     description="Reinforcement-learning post-training for LLMs and embodied policies on Ray",
     packages=find_packages(include=["rlinf_like", "rlinf_like.*"]),
+    package_data={"rlinf_like.envs.tools": ["data/*.jsonl"]},  # the search tool's shipped corpus
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",
