@@ -120,7 +120,7 @@ def test_completions_from_text_or_ids_and_stop_strings(setup):
 
 
 def test_sessions_are_isolated_and_closed_by_pop(setup):
-    server, _, tokenizer = setup
+    server, engine, tokenizer = setup
     questions = {f"s{i}": [{"role": "user", "content": f"question {i}"}] for i in range(4)}
 
     def ask(session_id):
@@ -137,6 +137,11 @@ def test_sessions_are_isolated_and_closed_by_pop(setup):
     with pytest.raises(openai.NotFoundError, match="session 's0' is not open"):
         api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
     assert [m.id for m in api.models.list().data] == [MODEL]
+    bare = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0)
+    reply = bare.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
+    greedy = engine_sample(engine, render(tokenizer, HELLO), SamplingParams(max_new_tokens=3, temperature=0.0))
+    assert reply.choices[0].message.content == tokenizer.decode(greedy.response_ids[0], skip_special_tokens=True)
+    assert all(len(server.calls(s)) == 2 for s in ("s1", "s2", "s3"))  # served, recorded in no session
 
 
 @pytest.mark.parametrize("kwargs, param, words", [
@@ -270,14 +275,18 @@ def test_failing_and_slow_programs_get_reward_zero_and_their_error(setup):
     server, _, _ = setup
 
     def mixed(base_url, row):
-        return {"fail": failing_program, "slow": slow_program, "ok": two_turn_program}[row["kind"]](base_url, row)
+        programs = {"fail": failing_program, "slow": slow_program, "ok": two_turn_program,
+                    "no number": lambda base_url, row: "yes"}
+        return programs[row["kind"]](base_url, row)
 
-    rows = [{"kind": "fail", "question": "Q1"}, {"kind": "slow", "question": "Q2"}, {"kind": "ok", "question": "Q3"}]
+    rows = [{"kind": kind, "question": f"Q{i}"} for i, kind in enumerate(["fail", "slow", "ok", "no number"])]
     began = time.monotonic()
     results = run_programs(mixed, server, rows, samples_per_row=1, timeout_s=2)
     assert time.monotonic() - began < 4
-    assert [(r.reward, r.error) for r in results] == [(0.0, "ValueError: no tool for Q1"),
-                                                      (0.0, "timed out after 2 s"), (0.5, None)]
+    assert [(r.reward, r.error) for r in results] == [
+        (0.0, "ValueError: no tool for Q0"), (0.0, "timed out after 2 s"), (0.5, None),
+        (0.0, "TypeError: the program must return a finite number (the reward), got 'yes'")]
+    assert len(results[2].calls) == 2 and results[0].calls == []
 
 
 def test_resolve_program_names_the_key():
