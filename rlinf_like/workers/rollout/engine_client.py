@@ -62,8 +62,9 @@ class EngineClient:
         with self._wake:
             self._closed = True
             self._wake.notify()
-        if abort:
+        while abort and self._thread.is_alive():  # again until it ends: a serve starting up clears an abort
             self.engine.abort()
+            self._thread.join(0.1)
         self._thread.join()
 
     def __enter__(self) -> EngineClient:
