@@ -61,10 +61,11 @@ class RecordingClient(EngineClient):
         super().__init__(engine)
         self.turns = {}
 
-    def submit(self, request):
-        future = super().submit(request)
-        future.add_done_callback(lambda f: self.turns.__setitem__(request.request_id, (request, f.result())))
-        return future
+    def submit_many(self, requests):
+        futures = super().submit_many(requests)
+        for request, future in zip(requests, futures):
+            future.add_done_callback(lambda f, r=request: self.turns.__setitem__(r.request_id, (r, f.result())))
+        return futures
 
 
 @pytest.fixture(scope="module")

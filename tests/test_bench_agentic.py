@@ -19,9 +19,9 @@ def test_quick_run_ends_with_the_json_line():
     lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1])
     assert set(result) == {"bench", "throughput_ratio", "ours_tokens_per_s", "lockstep_tokens_per_s", "episodes",
-                           "turns", "latency_ms"}
+                           "turns", "latency_ms", "lockstep_engine_idle_share"}
     assert result["bench"] == "agentic" and result["throughput_ratio"] > 0 and result["episodes"] == 8
     tokens = {side: int(re.search(rf"rep 0 {side}\s*: [\d.]+ s, (\d+) model tokens", done.stdout).group(1))
               for side in ("ours", "lockstep")}
     assert tokens["ours"] == tokens["lockstep"] > 0  # the same episodes, the same per-turn seeds
-    assert "end reasons ['answer']" in done.stdout
+    assert "{'end reasons': ['answer']}" in done.stdout and 0 < result["lockstep_engine_idle_share"] < 1

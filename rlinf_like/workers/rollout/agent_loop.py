@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 
 from rlinf_like.config.validate import structure
@@ -70,17 +70,23 @@ class AgentLoop:
                 list(pool.map(lambda job: start(*job), jobs))
                 for request, group in zip(requests, groups):
                     common_prompt(request, group)
-                list(pool.map(lambda job: self._drive(job[0]), jobs))
+                episodes = [episode for episode, _ in jobs]
+                first = [episode.next_request() for episode in episodes]  # first turns go in together, one batch
+                futures = iter(self.client.submit_many([request for request in first if request is not None]))
+                firsts = [None if request is None else next(futures) for request in first]
+                list(pool.map(self._drive, episodes, firsts))
             finally:
                 for episode, _ in jobs:
                     episode.close_env()
         return [group_result(request, group, self.client.engine.version) for request, group in zip(requests, groups)]
 
-    def _drive(self, episode: Episode) -> None:
-        """Turns until the episode ends: the engine's turn, then the environment's answer."""
-        while (request := episode.next_request()) is not None:
+    def _drive(self, episode: Episode, first: Future[RolloutResult] | None) -> None:
+        """Turns until the episode ends: the engine's turn (the first one already submitted), then the
+        environment's answer."""
+        pending = first
+        while pending is not None:
             try:
-                result = self.client.submit(request).result()
+                result = pending.result()
             except Exception as error:  # noqa: BLE001 - the engine failed: this episode ends, as all will
                 episode.end("error", f"engine: {error!r}")
                 return
@@ -95,6 +101,12 @@ class AgentLoop:
                 episode.end("error", f"env.step: {error!r}")
                 return
             episode.record_env(step, time.perf_counter() - began)
+            request = episode.next_request()
+            try:
+                pending = None if request is None else self.client.submit(request)
+            except RuntimeError as error:  # closed under it
+                episode.end("error", f"engine: {error!r}")
+                return
 
 
 def start(episode: Episode, row: dict) -> None:

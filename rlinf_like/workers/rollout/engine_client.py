@@ -43,18 +43,27 @@ class EngineClient:
     def submit(self, request: RolloutRequest) -> Future[RolloutResult]:
         """Thread-safe: the request's result, when all its samples are done. Request ids must be unique among
         the requests in flight."""
-        future: Future[RolloutResult] = Future()
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: list[RolloutRequest]) -> list[Future[RolloutResult]]:
+        """`submit` for several requests at once: the engine takes them together (one admission round)."""
+        futures: list[Future[RolloutResult]] = [Future() for _ in requests]
         with self._wake:
             if self._error is not None:
-                future.set_exception(self._error)
-                return future
+                for future in futures:
+                    future.set_exception(self._error)
+                return futures
             if self._closed:
                 raise RuntimeError("EngineClient.submit after close()")
-            if request.request_id in self._pending or any(r.request_id == request.request_id for r, _ in self._inbox):
-                raise ValueError(f"request {request.request_id!r} is already in flight; request ids must be unique")
-            self._inbox.append((request, future))
+            in_flight = set(self._pending) | {r.request_id for r, _ in self._inbox}
+            for request in requests:
+                if request.request_id in in_flight:
+                    raise ValueError(f"request {request.request_id!r} is already in flight; request ids must be "
+                                     f"unique")
+                in_flight.add(request.request_id)
+            self._inbox.extend(zip(requests, futures))
             self._wake.notify()
-        return future
+        return futures
 
     def close(self, abort: bool = False) -> None:
         """End the serve loop once what was submitted is done (with `abort`, at once: unfinished samples come
