@@ -211,3 +211,19 @@ def test_an_engine_failure_fails_every_episode_instead_of_hanging(engine):
         assert [e.error for e in results[0].episodes] == ["engine: RuntimeError('weights did not arrive')"] * 3
         with pytest.raises(RuntimeError, match="weights did not arrive"):
             client.submit(RolloutRequest("later", [5, 6], SamplingParams())).result(timeout=5)
+
+
+def test_samples_of_a_request_must_share_their_prompt_and_limits_are_checked_by_key(engine):
+    counter = iter(range(100))
+
+    class Drifting(ToolEnv):
+        def reset(self, row):
+            return [{"role": "user", "content": f"{row['q']} #{next(counter)}"}]
+
+    with EngineClient(engine) as client:
+        loop = AgentLoop(client, char_tokenizer(), TEMPLATE, Drifting, LIMITS)
+        with pytest.raises(ValueError, match="request 'q': the environment's reset gave its samples different "
+                                             "prompts \\(2 of them\\)"):
+            loop.run([RolloutRequest("q", [], SamplingParams(seed=1), n=2)], [{"q": "1+1?"}])
+        with pytest.raises(ValueError, match="agent.max_turns must be >= 1, got 0"):
+            AgentLoop(client, char_tokenizer(), TEMPLATE, ToolEnv, AgentLimits(max_turns=0))
