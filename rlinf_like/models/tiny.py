@@ -107,3 +107,20 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     tokenizer.save_pretrained(path)
     marker.write_text(json.dumps(asdict(spec)))
     return path
+
+
+def end_turns_like(path: str | Path, char: str = "z", scale: float = 1.3) -> Path:
+    """Make the saved tiny model at `path` end its turn (write EOS) where it would have written `char`: EOS's
+    output row becomes `scale` times that character's. A random model then stops after a dozen or so tokens, as a
+    chat model ends its turns, which multi-turn rollouts need (the random one mostly runs to its token limit)."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(path)
+    tokenizer = char_tokenizer()
+    weights = load_file(path / "model.safetensors")
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    rows = weights[head].clone()
+    rows[tokenizer.eos_token_id] = scale * rows[tokenizer.convert_tokens_to_ids(char)]
+    save_file({**weights, head: rows}, path / "model.safetensors", metadata={"format": "pt"})
+    (path / "tiny_spec.json").unlink(missing_ok=True)  # no longer the spec's model: write_tiny_model rewrites it
+    return path

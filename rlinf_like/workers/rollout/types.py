@@ -50,6 +50,21 @@ class RolloutRequest:
         return [j for j in range(self.n) if not (self.progress and self.progress[j].done)]
 
 
+@dataclass(kw_only=True)
+class EpisodeInfo:
+    """How one multi-turn sample went (`workers/rollout/agent_loop.py`)."""
+
+    turns: int = 0  # model turns generated
+    # answer (the env ended it, or the env's own TextStep.end_reason), max_turns, max_total_tokens, length (a turn
+    # hit max_new_tokens_per_turn without its end-of-turn token), context (the engine's max context), error
+    end_reason: str = ""
+    env_reward: float = 0.0  # the sum of the env's per-turn rewards
+    tool_calls: int = 0  # summed from the env's TextStep.info counters of these names
+    malformed_calls: int = 0
+    env_wait_s: float = 0.0  # seconds spent in env.step
+    error: str = ""  # what went wrong, when end_reason is error
+
+
 @dataclass
 class RolloutResult:
     """All `n` samples of one request. `logprobs[i][t]` is log p(token t | prefix) of sample i under
@@ -65,6 +80,10 @@ class RolloutResult:
     # per sample, the version of each token's weights; differs from `version` only when the weights changed while
     # it decoded (runner.schedule=async). Empty where an engine does not track it.
     token_versions: list[list[int]] = field(default_factory=list)
+    # multi-turn rollouts only (empty otherwise): per sample, 1 on the model's tokens and 0 on the ones the
+    # environment's messages added (their logprobs are 0.0); and how each sample's episode went
+    response_masks: list[list[int]] = field(default_factory=list)
+    episodes: list[EpisodeInfo] = field(default_factory=list)
 
     def oldest_version(self) -> int:
         """The oldest weights any of its tokens came from."""

@@ -1,0 +1,168 @@
+"""Multi-turn rollout throughput with tools that take a fixed time: the agent loop (every episode on its own,
+turns of different episodes overlapping in the engine's continuous batch) against the same engine driven turn by
+turn in lock-step (turn t of every episode as one `engine.generate` batch, then every tool at once in a thread
+pool, then turn t+1).
+
+    python bench/agentic.py                          # 64 episodes x 3 turns, 50 ms tools, 3 repetitions a side
+    python bench/agentic.py --episodes 16 --turns 6  # fewer episodes, more turns each
+    python bench/agentic.py --quick                  # 8 episodes, one repetition a side: checks the script runs
+
+Both sides run the same episodes (`workers/rollout/episode.py`: the same prompts, per-turn seeds, limits and
+token bookkeeping) on one native engine, so they sample the same tokens: the throughput is model tokens per
+second of wall time. Model: the tiny char-level model (`--model`, default) made to end its turns
+(`end_turns_like`), with examples/agentic/chat_template.jinja; or a checkpoint folder with its own template. The
+sides alternate (lock-step first in even repetitions). Last line: {"bench": "agentic", "throughput_ratio":
+median ours / median lock-step tokens per second, "lockstep_engine_idle_share": the share of the lock-step wall time
+the engine sat idle while tools ran (hiding all of it gives at most 1 / (1 - share)), ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlinf_like.envs.text import TextEnv, TextStep  # noqa: E402
+from rlinf_like.models import load_tokenizer  # noqa: E402
+from rlinf_like.models.tiny import TinyModelSpec, end_turns_like, write_tiny_model  # noqa: E402
+from rlinf_like.utils.threads import limit_threads  # noqa: E402
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine  # noqa: E402
+from rlinf_like.workers.rollout.agent_loop import AgentLimits, AgentLoop, start  # noqa: E402
+from rlinf_like.workers.rollout.engine_client import EngineClient  # noqa: E402
+
+CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expr": {}}}}}
+
+
+class SleepyTool(TextEnv):
+    """Every turn is a tool call that takes `latency_s` and answers; the episode ends after `turns` turns."""
+
+    tools = (CALC,)
+
+    def __init__(self, latency_s: float, turns: int):
+        self.latency_s, self.turns, self.calls = latency_s, turns, 0
+
+    def reset(self, row):
+        return [{"role": "system", "content": "Use calc."}, {"role": "user", "content": row["q"]}]
+
+    def step(self, assistant_message):
+        time.sleep(self.latency_s)
+        self.calls += 1
+        if self.calls >= self.turns:
+            return TextStep(None, reward=1.0, done=True)
+        return TextStep([{"role": "tool", "content": f"={self.calls * 7}"}], info={"tool_calls": 1})
+
+
+def workload(args) -> tuple[list[RolloutRequest], list[dict]]:
+    requests = [RolloutRequest(f"q{i}", [], SamplingParams(temperature=1.0, seed=i), n=args.n)
+                for i in range(args.episodes // args.n)]
+    return requests, [{"q": f"What is {i}*{i + 3}?"} for i in range(len(requests))]
+
+
+def model_tokens(results) -> int:
+    return sum(sum(mask) for r in results for mask in r.response_masks)
+
+
+def ours(engine, loop_args, args) -> tuple[float, int, dict]:
+    requests, rows = workload(args)
+    began = time.perf_counter()
+    with EngineClient(engine) as client:
+        results = AgentLoop(client, *loop_args).run(requests, rows)
+    wall = time.perf_counter() - began
+    reasons = sorted({e.end_reason for r in results for e in r.episodes})
+    return wall, model_tokens(results), {"end reasons": reasons}
+
+
+def lockstep(engine, loop_args, args) -> tuple[float, int, dict]:
+    """Turn t of every live episode as one generate batch, then all their tools at once."""
+    from rlinf_like.workers.rollout.episode import group_result
+
+    requests, rows = workload(args)
+    began = time.perf_counter()
+    with EngineClient(engine) as client:  # only to build the episodes (max_context); it serves nothing here
+        groups = AgentLoop(client, *loop_args).episodes(requests)
+    jobs = [(episode, row) for group, row in zip(groups, rows) for episode in group]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        list(pool.map(lambda job: start(*job), jobs))
+        live = [episode for episode, _ in jobs]
+        generating = 0.0
+        while live:
+            turn = [(episode, request) for episode in live if (request := episode.next_request()) is not None]
+            t0 = time.perf_counter()
+            results = engine.generate([request for _, request in turn])
+            generating += time.perf_counter() - t0
+            stepping = [(episode, text) for (episode, _), result in zip(turn, results)
+                        if (text := episode.record_turn(result)) is not None]
+
+            def tool(item):
+                episode, text = item
+                t0 = time.perf_counter()
+                return episode.env.step(text), time.perf_counter() - t0
+
+            for (episode, _), (step, wait) in zip(stepping, pool.map(tool, stepping)):
+                episode.record_env(step, wait)
+            live = [episode for episode, _ in stepping if not episode.done]
+    wall = time.perf_counter() - began
+    tokens = model_tokens([group_result(q, g, engine.version) for q, g in zip(requests, groups)])
+    return wall, tokens, {"idle_share": round(1 - generating / wall, 3)}  # the engine's, while tools ran
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--n", type=int, default=4, help="samples per request")
+    p.add_argument("--turns", type=int, default=3, help="model turns per episode (a tool call after each but the last)")
+    p.add_argument("--latency-ms", type=float, default=50.0)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
+    p.add_argument("--slots", type=int, default=64, help="rollout.max_batch_size")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--model", default="", help="a checkpoint folder (its own chat template); default: tiny")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.episodes, args.n, args.reps = 8, 2, 1
+    limit_threads()
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model:
+            path, template = args.model, None
+        else:
+            path = str(end_turns_like(write_tiny_model(tmp, TinyModelSpec(max_position_embeddings=1024))))
+            template = str(ROOT / "examples" / "agentic" / "chat_template.jinja")
+        engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=args.slots,
+                                           kv_cache_memory_gb=0.5))
+        limits = AgentLimits(max_turns=args.turns, max_total_tokens=args.turns * (args.max_new_tokens + 32),
+                             max_new_tokens_per_turn=args.max_new_tokens)
+        loop_args = (load_tokenizer(path), template, lambda: SleepyTool(args.latency_ms / 1000, args.turns), limits)
+        print(f"settings: {vars(args)}; model {path if args.model else 'tiny (ends turns like z)'}")
+        print(f"machine: {os.cpu_count()} cores, load average at start {load_start}")
+        ours(engine, loop_args, args)  # warm-up: allocate the cache, fill the caches of both paths
+        times: dict[str, list[float]] = {"ours": [], "lockstep": []}
+        idle: list[float] = []
+        for rep in range(args.reps):
+            order = [("lockstep", lockstep), ("ours", ours)]
+            for name, side in order if rep % 2 == 0 else order[::-1]:
+                wall, tokens, notes = side(engine, loop_args, args)
+                times[name].append(tokens / wall)
+                idle.extend([notes["idle_share"]] if "idle_share" in notes else [])
+                print(f"rep {rep} {name:8s}: {wall:.3f} s, {tokens} model tokens, {tokens / wall:.0f} tokens/s {notes}")
+    print(f"machine: load average at end {os.getloadavg()}")
+    ours_tps, lock_tps = statistics.median(times["ours"]), statistics.median(times["lockstep"])
+    # hiding every second the lock-step engine sits idle would give at most 1 / (1 - idle share)
+    print(json.dumps({"bench": "agentic", "throughput_ratio": round(ours_tps / lock_tps, 3),
+                      "lockstep_engine_idle_share": statistics.median(idle),
+                      "ours_tokens_per_s": round(ours_tps, 1), "lockstep_tokens_per_s": round(lock_tps, 1),
+                      "episodes": args.episodes, "turns": args.turns, "latency_ms": args.latency_ms}))
+
+
+if __name__ == "__main__":
+    main()

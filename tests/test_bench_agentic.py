@@ -1,0 +1,27 @@
+"""`bench/agentic.py --quick` runs end to end (the tiny model, one repetition per side), both sides sample the same
+tokens, and its last line is the benchmark's JSON object."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_run_ends_with_the_json_line():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "agentic.py"), "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result) == {"bench", "throughput_ratio", "ours_tokens_per_s", "lockstep_tokens_per_s", "episodes",
+                           "turns", "latency_ms", "lockstep_engine_idle_share"}
+    assert result["bench"] == "agentic" and result["throughput_ratio"] > 0 and result["episodes"] == 8
+    tokens = {side: int(re.search(rf"rep 0 {side}\s*: [\d.]+ s, (\d+) model tokens", done.stdout).group(1))
+              for side in ("ours", "lockstep")}
+    assert tokens["ours"] == tokens["lockstep"] > 0  # the same episodes, the same per-turn seeds
+    assert "{'end reasons': ['answer']}" in done.stdout and 0 < result["lockstep_engine_idle_share"] < 1
