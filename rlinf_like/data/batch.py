@@ -24,9 +24,14 @@ def build_rl_batch(
     logprobs: Sequence[Sequence[float]],
     advantages: Sequence[float],
     pad_id: int = 0,
+    masks: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
+    """One right-padded row per sequence. `masks` (per sequence, per response token; None: all ones) marks the
+    tokens the loss covers: a multi-turn response holds tool and user tokens the model did not write."""
     if not len(prompts) == len(responses) == len(logprobs) == len(advantages):
         raise ValueError("prompts, responses, logprobs and advantages need one entry per sequence")
+    if masks is not None and len(masks) != len(prompts):
+        raise ValueError(f"{len(masks)} masks for {len(prompts)} sequences")
     rows = len(prompts)
     width = max(len(p) + len(r) for p, r in zip(prompts, responses))
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
@@ -41,15 +46,22 @@ def build_rl_batch(
         input_ids[i, : p + r] = torch.tensor(list(prompt) + list(response), dtype=torch.long)
         attention[i, : p + r] = 1
         # token_logprobs position t predicts token t+1: the response occupies positions p-1 .. p+r-2
-        response_mask[i, p - 1 : p + r - 1] = 1
+        if masks is None or not masks[i]:
+            response_mask[i, p - 1 : p + r - 1] = 1
+        elif len(masks[i]) != r:
+            raise ValueError(f"sequence {i}: {r} response tokens but a mask of {len(masks[i])}")
+        else:
+            response_mask[i, p - 1 : p + r - 1] = torch.tensor(masks[i], dtype=torch.float32)
         old[i, p - 1 : p + r - 1] = torch.tensor(lp, dtype=torch.float32)
         adv[i, p - 1 : p + r - 1] = a
     return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
             "old_logprobs": old, "advantages": adv}
 
 
-def build_sft_batch(prompts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_id: int = 0) -> Batch:
-    """Supervised rows: loss only on the target tokens (`loss_mask`, aligned with input_ids)."""
+def build_sft_batch(prompts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_id: int = 0,
+                    target_masks: Sequence[Sequence[int]] | None = None) -> Batch:
+    """Supervised rows: loss only on the target tokens (`loss_mask`, aligned with input_ids); `target_masks`
+    (per row, per target token) leaves out tokens the model is not to learn, e.g. a demonstration's tool output."""
     rows = len(prompts)
     width = max(len(p) + len(t) for p, t in zip(prompts, targets))
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
@@ -59,7 +71,7 @@ def build_sft_batch(prompts: Sequence[Sequence[int]], targets: Sequence[Sequence
         p, t = len(prompt), len(target)
         input_ids[i, : p + t] = torch.tensor(list(prompt) + list(target), dtype=torch.long)
         attention[i, : p + t] = 1
-        loss_mask[i, p : p + t] = 1
+        loss_mask[i, p : p + t] = 1 if target_masks is None else torch.tensor(target_masks[i], dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 

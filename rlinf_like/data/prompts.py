@@ -30,16 +30,7 @@ class PromptFormat:
             self.template = Path(cfg.chat_template).read_text()
 
     def user_message(self, p: Problem) -> str:
-        try:
-            return self.cfg.prompt_template.format(**{**p.fields, "prompt": p.prompt})
-        except KeyError as e:
-            raise ValueError(f"data.prompt_template={self.cfg.prompt_template!r} names {e}, which is neither "
-                             f"{{prompt}} nor a column of the data ({sorted(p.fields)}); write a literal brace "
-                             f"as {{{{ or }}}}") from e
-        except (IndexError, ValueError) as e:  # `{}` or `{0}`, an unmatched brace
-            raise ValueError(f"data.prompt_template={self.cfg.prompt_template!r}: {e}; placeholders are {{prompt}} "
-                             f"and the data's columns ({sorted(p.fields)}) by name; write a literal brace as "
-                             f"{{{{ or }}}}") from e
+        return user_message(self.cfg, p)
 
     def messages(self, p: Problem) -> list[dict]:
         history = [dict(m) for m in p.messages[:-1]] if p.messages else []
@@ -108,3 +99,17 @@ class PromptFormat:
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def user_message(cfg, p: Problem) -> str:
+    """`data.prompt_template` filled with the problem's prompt and its row's columns (`cfg`: the data section)."""
+    try:
+        return cfg.prompt_template.format(**{**p.fields, "prompt": p.prompt})
+    except KeyError as e:
+        raise ValueError(f"data.prompt_template={cfg.prompt_template!r} names {e}, which is neither "
+                         f"{{prompt}} nor a column of the data ({sorted(p.fields)}); write a literal brace "
+                         f"as {{{{ or }}}}") from e
+    except (IndexError, ValueError) as e:  # `{}` or `{0}`, an unmatched brace
+        raise ValueError(f"data.prompt_template={cfg.prompt_template!r}: {e}; placeholders are {{prompt}} "
+                         f"and the data's columns ({sorted(p.fields)}) by name; write a literal brace as "
+                         f"{{{{ or }}}}") from e

@@ -9,6 +9,7 @@ from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES, ISThresholds
 from rlinf_like.runners.actor_setup import check_actor_section
+from rlinf_like.runners.agent_checks import check_agent
 from rlinf_like.runners.async_stream import STALE_POLICIES
 from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
@@ -120,6 +121,7 @@ def check_config(cfg: ReasoningConfig) -> None:
         check_dynamic(cfg)
     if r.schedule == "async":
         check_async(cfg)
+    check_agent(cfg)
     check_schedule_placement(cfg)
 
 

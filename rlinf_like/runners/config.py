@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
+from rlinf_like.envs.text.config import AgentConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.utils.tracking import LoggerConfig
@@ -30,6 +31,7 @@ class ModelConfig:
     num_heads: int = bounded(4, ge=1)  # tiny model: attention heads
     num_kv_heads: int = bounded(2, ge=1)  # tiny model: key/value heads (grouped-query attention)
     init_std: float = bounded(0.02, gt=0)  # tiny model: initial weights' standard deviation
+    max_positions: int = bounded(256, ge=16)  # tiny model: its context (multi-turn agents need more)
     seed: int = 0  # seeds the tiny model's initial weights
 
 
@@ -128,6 +130,7 @@ class ReasoningConfig:
     # the generation engine (the engine's own config; model_path empty: the run's model)
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(tp_size=1, max_batch_size=128))
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
+    agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: a text environment or agent program
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console
 
     # keys that moved: an old name is refused with its new one (config/validate.py)

@@ -22,6 +22,7 @@ from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
+from rlinf_like.workers.rollout.agent_rollout import AgentSetup
 from rlinf_like.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,11 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         critic_cfg = CriticConfig(model_path=model_path, fsdp=FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop=loop,
                                   value_clip=a.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
+    serving = cfg.runner.schedule == "async" or cfg.agent.multi_turn
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path,
-                          # async: every rank serves on its own (tp 0 would make the group one engine)
-                          tp_size=cfg.rollout.tp_size or (1 if cfg.runner.schedule == "async" else 0))
-    rollout = RolloutWorker.create_group(rollout_cfg).launch(cluster, placement, "rollout")
+                          # serving continuously: every rank on its own (tp 0 would make the group one engine)
+                          tp_size=cfg.rollout.tp_size or (1 if serving else 0))
+    rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(cluster, placement, "rollout")
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
                                                                       init_process_group=False)
     connect_weight_sync(actor, rollout, "weights", *placement.weight_link("actor", "rollout"))
@@ -114,6 +116,15 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
     write_worker_pids(out, workers.all_groups())
     return workers
+
+
+def agent_setup(cfg: ReasoningConfig) -> AgentSetup | None:
+    """Multi-turn mode's settings for the rollout (None: single turn)."""
+    if not cfg.agent.multi_turn:
+        return None
+    template = cfg.data.chat_template
+    return AgentSetup(agent=cfg.agent, chat_template=None if template == "auto" else Path(template).read_text(),
+                      system_prompt=cfg.data.system_prompt)
 
 
 def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: Path, out: Path) -> None:

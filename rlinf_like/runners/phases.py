@@ -22,6 +22,7 @@ from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.data.batch import Batch, build_rl_batch
 from rlinf_like.data.sources import Tasks
 from rlinf_like.data.tasks import Problem
+from rlinf_like.runners.agent_format import episode_metrics, task_row
 from rlinf_like.runners.checks import is_thresholds
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import Workers
@@ -54,8 +55,8 @@ def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
     problems = tasks.draw(step, r.prompts_per_step, rng, cfg.data.seed)
     params = [SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=rng.getrandbits(31))
               for _ in problems]
-    requests = [RolloutRequest(f"s{step}-{i}", prompt_ids(p), sp, cfg.algorithm.samples_per_prompt)
-                for i, (p, sp) in enumerate(zip(problems, params))]
+    requests = [RolloutRequest(f"s{step}-{i}", prompt_ids(p), sp, cfg.algorithm.samples_per_prompt,
+                               row=task_row(cfg, p)) for i, (p, sp) in enumerate(zip(problems, params))]
     return requests, problems
 
 
@@ -90,9 +91,11 @@ def eval_metrics(groups: Sequence[Sequence[SampleScore]]) -> dict[str, float]:
 
 
 def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
-    """One right-padded row per sample (prompt + response, the rollout's logprobs)."""
+    """One right-padded row per sample (prompt + response, the rollout's logprobs); a multi-turn sample's
+    tool and user tokens are outside the loss (`RolloutResult.response_masks`)."""
     rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
-    return build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=pad_id)
+    masks = [mask for res in results for mask in (res.response_masks or [[]] * len(res.response_ids))]
+    return build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=pad_id, masks=masks)
 
 
 def score(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem], pad_id: int) -> Scored:
@@ -109,7 +112,7 @@ def scored(results: Sequence[RolloutResult], groups: Sequence[Sequence[SampleSco
                   correct=torch.tensor([float(s.correct) for s in samples]),
                   formatted=torch.tensor([float(s.formatted) for s in samples]),
                   versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
-                  seconds=seconds, extras=extra_metrics(samples))
+                  seconds=seconds, extras={**extra_metrics(samples), **episode_metrics(results)})
 
 
 def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: torch.Tensor,

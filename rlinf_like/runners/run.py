@@ -25,6 +25,7 @@ from rlinf_like.runners.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import launch_reference, launch_workers
+from rlinf_like.runners.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.phases import eval_metrics, score_groups
 from rlinf_like.scheduler import Cluster, Placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
@@ -44,7 +45,7 @@ def model_path(cfg: ReasoningConfig, out: Path) -> str:
         return m.path
     spec = TinyModelSpec(arch=m.arch, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                          num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                         init_std=m.init_std, seed=m.seed)
+                         init_std=m.init_std, seed=m.seed, max_position_embeddings=m.max_positions)
     return str(write_tiny_model(out / "init_model", spec))
 
 
@@ -75,7 +76,7 @@ class ReasoningRun:
         self.model_path = model_path(cfg, self.out)
         self.tokenizer = load_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
-        self.prompts = PromptFormat(self.tokenizer, cfg.data)
+        self.prompts = AgentFormat(self.tokenizer, cfg) if cfg.agent.multi_turn else PromptFormat(self.tokenizer, cfg.data)
         first = self.tasks.test[0]  # where users debug their templates: the first prompt as the model sees it
         log.info(f"first prompt {self.prompts.describe(first)}")
         self.estimator = build_estimator(cfg.algorithm.advantage, cfg.algorithm)
@@ -124,7 +125,9 @@ class ReasoningRun:
         w.actor.set_lr(r.sft_lr).wait()
         for _ in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
             items = [rng.choice(self.tasks.sft) for _ in range(r.sft_batch_size)]
-            batch = build_sft_batch(*zip(*(self.prompts.sft_ids(p) for p in items)))
+            rows = [self.prompts.sft_ids(p) for p in items]  # (prompt, target[, target mask: multi-turn])
+            batch = build_sft_batch([r[0] for r in rows], [r[1] for r in rows],
+                                    target_masks=[r[2] for r in rows] if len(rows[0]) == 3 else None)
             w.actor.sft_step(batch).wait()
         w.actor.set_lr(self.cfg.algorithm.lr).wait()
         self.sync_weights()
@@ -144,8 +147,13 @@ class ReasoningRun:
         """Greedy accuracy and format rate on the held-out set (`eval_accuracy`, `eval_format_rate`)."""
         w, test = self.workers, self.tasks.test
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
-        reqs = [RolloutRequest(f"eval-{i}", self.prompts.prompt_ids(p), greedy) for i, p in enumerate(test)]
-        return eval_metrics(score_groups(w, self.generate(reqs), test))
+        reqs = [RolloutRequest(f"eval-{i}", self.prompts.prompt_ids(p), greedy, row=task_row(self.cfg, p))
+                for i, p in enumerate(test)]
+        results = self.generate(reqs)
+        if self.cfg.agent.multi_turn:  # what the agent does, for people: the first held-out episode
+            tqdm.write(f"held-out episode at step {self.step}:\n{self.prompts.trajectory(results[0])}")
+        return {**eval_metrics(score_groups(w, results, test)),
+                **{f"eval_{k}": v for k, v in episode_metrics(results).items()}}
 
     def _generate(self, requests: list[RolloutRequest]) -> list:
         return gather_results(self.workers.rollout.generate(requests).wait(), requests)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlinf_like.envs.text.config import AgentConfig
 
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
 
@@ -30,6 +33,11 @@ class TextEnv(ABC):
     """One episode at a time; the rollout builds one instance per sample (`TEXT_ENVS.get(kind)(**options)`)."""
 
     tools: tuple[dict, ...] = ()  # the tools' JSON schemas, passed to the chat template as `tools=`
+
+    @classmethod
+    def from_config(cls, cfg: AgentConfig, system_prompt: str = "") -> TextEnv:
+        """One episode's environment from the `agent` section (and `data.system_prompt`)."""
+        raise NotImplementedError(f"{cls.__name__} does not say how to build itself from the agent section")
 
     @abstractmethod
     def reset(self, row: dict[str, Any]) -> list[Message]:

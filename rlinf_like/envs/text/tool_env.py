@@ -31,6 +31,10 @@ class ToolEnv(TextEnv):
         self.tools = tuple(tool.schema() for tool in self._tools.values())
         self.totals = dict.fromkeys(COUNTERS, 0.0)  # over the episode; each step's info holds that step's counts
 
+    @classmethod
+    def from_config(cls, cfg, system_prompt: str = "") -> ToolEnv:
+        return cls(tools=list(cfg.tools), options=cfg.tool_options, system_prompt=system_prompt)
+
     def reset(self, row: dict[str, Any]) -> list[Message]:
         if self.prompt_key not in row:
             raise KeyError(f"agent.prompt_key={self.prompt_key!r} is not a field of the task row; it has "

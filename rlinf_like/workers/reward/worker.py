@@ -28,6 +28,12 @@ def reward_info(row: dict, prompt: str, finished: bool, num_tokens: int) -> dict
             "num_tokens": num_tokens}
 
 
+def final_turn(tokens: Sequence[int], mask: Sequence[int]) -> list[int]:
+    """The model's last turn of a multi-turn response: the tokens after the last one it did not write."""
+    last_env = max((t for t, m in enumerate(mask) if not m), default=-1)
+    return list(tokens[last_env + 1 :])
+
+
 class RewardWorker(Worker):
     def __init__(self, tokenizer_path: str, config: RewardConfig = RewardConfig()):
         check_reward_config(config)
@@ -48,10 +54,20 @@ class RewardWorker(Worker):
         for i, (result, answer) in enumerate(zip(results, answers)):
             prompt = self.tokenizer.decode(result.prompt_ids, skip_special_tokens=True)
             row = row_extras[i] if row_extras else {}
-            for tokens, reason in zip(result.response_ids, result.finish_reasons):
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            for j, (tokens, reason) in enumerate(zip(result.response_ids, result.finish_reasons)):
+                # a multi-turn sample is judged by the model's last turn, plus what its environment awarded
+                final = final_turn(tokens, result.response_masks[j]) if result.response_masks else tokens
+                text = self.tokenizer.decode(final, skip_special_tokens=True)
                 info = reward_info(row, prompt, reason == "stop", len(tokens))
-                samples.append(score_sample(self.reward_fn, self.config, result.request_id, text, answer, **info))
+                episode = result.episodes[j] if result.episodes else None
+                if episode is not None and episode.program_reward is not None:  # an agent program scored itself
+                    sample = SampleScore(reward=episode.program_reward, correct=episode.program_reward >= 1.0,
+                                         formatted=not episode.error)
+                else:
+                    sample = score_sample(self.reward_fn, self.config, result.request_id, text, answer, **info)
+                if episode is not None and episode.env_reward:
+                    sample = replace(sample, reward=sample.reward + episode.env_reward)
+                samples.append(sample)
                 rows.append(list(result.prompt_ids) + list(tokens))
                 finished.append(reason == "stop")
                 lengths.append(len(tokens))

@@ -44,6 +44,8 @@ class RolloutRequest:
     sampling: SamplingParams = SamplingParams()
     n: int = 1  # samples per prompt (a GRPO group)
     progress: tuple[SampleProgress, ...] = ()  # a migrated request: each sample's progress (see `continuation`)
+    # multi-turn rollouts (the `agent` section): the task's row, which the environment or agent program starts from
+    row: dict | None = None
 
     def unfinished(self) -> list[int]:
         """Indices of the samples an engine still has to generate."""
@@ -63,6 +65,7 @@ class EpisodeInfo:
     malformed_calls: int = 0
     env_wait_s: float = 0.0  # seconds spent in env.step
     error: str = ""  # what went wrong, when end_reason is error
+    program_reward: float | None = None  # agent.program: the reward the program returned, which is the sample's
 
 
 @dataclass

@@ -13,12 +13,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec, with_adapters
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
 from rlinf_like.scheduler import Channel, Worker, control
 from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
+
+if TYPE_CHECKING:
+    from rlinf_like.workers.rollout.agent_rollout import AgentSetup
 
 
 def gather_results(per_rank: Sequence[list[RolloutResult] | None], requests: Sequence[RolloutRequest]):
@@ -28,7 +32,8 @@ def gather_results(per_rank: Sequence[list[RolloutResult] | None], requests: Seq
 
 
 class RolloutWorker(Worker):
-    def __init__(self, config: RolloutConfig):
+    def __init__(self, config: RolloutConfig, agent: AgentSetup | None = None):
+        """`agent`: multi-turn mode (the `agent` section): each sample is an episode (`agent_rollout.py`)."""
         import torch.distributed as dist
 
         tp = config.tp_size or self.world_size
@@ -42,6 +47,12 @@ class RolloutWorker(Worker):
             groups = [dist.new_group(list(range(r * tp, (r + 1) * tp))) for r in range(self.replicas)]
             group = groups[self.replica]
         self.engine = make_engine(config, process_group=group, device=self.torch_device)
+        self.agent = None
+        if agent is not None:
+            from rlinf_like.models import load_tokenizer
+            from rlinf_like.workers.rollout.agent_rollout import AgentRollout
+
+            self.agent = AgentRollout(self.engine, agent, load_tokenizer(config.model_path))
         # serving continuously (runner.schedule=async): what `submit` handed over, under the result key it names
         self._inbox: deque[tuple[RolloutRequest, str]] = deque()
         self._wake = threading.Condition()
@@ -57,8 +68,11 @@ class RolloutWorker(Worker):
 
     def generate(self, requests: Sequence[RolloutRequest]) -> list[RolloutResult] | None:
         """This replica's share of `requests`, served; its leader returns the results (see `gather_results`)."""
-        results = self.engine.generate(self._mine(requests))
+        results = self._generate(self._mine(requests))
         return results if self.is_leader else None
+
+    def _generate(self, requests: Sequence[RolloutRequest]) -> list[RolloutResult]:
+        return self.agent.generate(requests) if self.agent is not None else self.engine.generate(requests)
 
     def generate_to(self, channel_name: str, requests: Sequence[RolloutRequest]) -> int:
         """Serve this replica's share, its leader putting each request's result on the channel as soon as
@@ -72,7 +86,11 @@ class RolloutWorker(Worker):
             self.engine.generate(requests)
             return 0
         channel: Channel[RolloutResult] = Channel.connect(channel_name)
-        self.engine.generate(requests, on_result=channel.put)
+        if self.agent is not None:  # episodes end together: their groups go out as one
+            for result in self.agent.generate(requests):
+                channel.put(result)
+        else:
+            self.engine.generate(requests, on_result=channel.put)
         return len(requests)
 
     # --- serving continuously (runner.schedule=async; tp_size 1: every rank is a replica) -------------------

@@ -1,0 +1,29 @@
+"""The `agent` section: multi-turn rollouts against a text environment, or an agent program trained through
+the OpenAI-compatible endpoint. Empty `env` and `program`: one prompt, one completion (the default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_like.config.validate import bounded
+from rlinf_like.envs.tools.base import ToolOptions
+
+
+@dataclass(kw_only=True)
+class AgentConfig:
+    # a text environment in envs/text (TEXT_ENVS): tools (tool calls in the model's chat format); "": single turn
+    env: str = ""
+    tools: list[str] = field(default_factory=list)  # agent.env=tools: the tools offered, from calculator | python | search
+    tool_options: ToolOptions = field(default_factory=ToolOptions)  # time, memory and output limits of the tools
+    max_turns: int = bounded(4, gt=0)  # assistant turns per episode; more ends it (end reason max_turns)
+    # the response side's context budget: the model's tokens plus tool and user tokens; more ends the episode
+    max_total_tokens: int = bounded(256, gt=0)
+    # an agent program `module:function(base_url, row) -> reward`, driven through the OpenAI-compatible endpoint
+    # the rollout serves (`workers/rollout/openai_server.py`); "" for none
+    program: str = ""
+    program_timeout_s: float = bounded(120.0, gt=0)  # a program running longer scores 0 (logged, named)
+    demo_key: str = "demo"  # the data column holding a worked episode (the assistant's messages) for the SFT warm-start
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(self.env or self.program)

@@ -1,0 +1,43 @@
+"""The `agent` section checked before any worker starts, each refusal naming its key and the allowed values."""
+
+from __future__ import annotations
+
+from rlinf_like.envs.text import TEXT_ENVS
+from rlinf_like.envs.tools import TOOLS
+from rlinf_like.workers.rollout.engine import engine_class, engines_with
+
+SCHEDULES = ("static", "collocated", "pipelined")  # the loops multi-turn rollouts run under
+
+
+def check_agent(cfg) -> None:
+    a = cfg.agent
+    if not a.multi_turn:
+        if a.tools:
+            raise ValueError(f"agent.tools={a.tools} is read by agent.env=tools only; agent.env is empty")
+        return
+    if a.env and a.program:
+        raise ValueError(f"agent.env={a.env!r} and agent.program={a.program!r}: set one (an environment the "
+                         f"rollout runs, or an agent program driven through the endpoint)")
+    if a.env:
+        TEXT_ENVS.get(a.env)  # unknown: names agent.env and the choices
+        for name in a.tools:
+            TOOLS.get(name)  # unknown: names agent.tools and the choices
+        if a.env == "tools" and not a.tools:
+            raise ValueError(f"agent.env=tools needs agent.tools, some of {TOOLS.names()}")
+    else:
+        from rlinf_like.workers.rollout.agent_program import resolve_program
+
+        resolve_program(a.program)  # a module or function that is not there: named now, not in a worker
+    if cfg.data.chat_template == "none":
+        raise ValueError("agent.env / agent.program render every turn through a chat template: data.chat_template "
+                         "must be auto (the tokenizer's own) or a Jinja file, not none")
+    if not engine_class(cfg.rollout.engine).serves_continuously:
+        raise ValueError(f"multi-turn rollouts (agent.env / agent.program) need rollout.engine in "
+                         f"{engines_with('serves_continuously')} (turns join the running batch); "
+                         f"got {cfg.rollout.engine!r}")
+    if cfg.rollout.tp_size > 1:
+        raise ValueError(f"multi-turn rollouts need rollout.tp_size=1 (each rank serves on its own); "
+                         f"got {cfg.rollout.tp_size}")
+    if cfg.runner.schedule not in SCHEDULES:
+        raise ValueError(f"multi-turn rollouts run under runner.schedule in {list(SCHEDULES)}; "
+                         f"got {cfg.runner.schedule!r}")

@@ -1,0 +1,108 @@
+"""The rollout's multi-turn mode (the `agent` section): a request's samples are episodes against a text
+environment (`AgentLoop`), or runs of the user's agent program through the OpenAI-compatible endpoint
+(`openai_server.py`, `agent_program.py`). Either way the engine serves every turn of every sample continuously
+(`EngineClient`), only for the length of one `generate` call: between calls the rollout may be offloaded and
+take new weights as in single-turn mode.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlinf_like.envs.text import TEXT_ENVS
+from rlinf_like.envs.text.config import AgentConfig
+from rlinf_like.workers.rollout.agent_loop import AgentLimits, AgentLoop
+from rlinf_like.workers.rollout.base import RolloutEngine
+from rlinf_like.workers.rollout.engine_client import EngineClient
+from rlinf_like.workers.rollout.openai_sessions import SessionTrajectory
+from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult
+
+
+@dataclass(kw_only=True)
+class AgentSetup:
+    """What the rollout needs for multi-turn mode; the driver builds it from the config."""
+
+    agent: AgentConfig
+    chat_template: str | None  # Jinja text; None: the tokenizer's own
+    system_prompt: str = ""
+
+
+class AgentRollout:
+    def __init__(self, engine: RolloutEngine, setup: AgentSetup, tokenizer):
+        self.engine, self.setup, self.tokenizer = engine, setup, tokenizer
+        env = TEXT_ENVS.get(setup.agent.env) if setup.agent.env else None
+        self.make_env = (lambda: env.from_config(setup.agent, setup.system_prompt)) if env else None
+        self.program = None
+        if setup.agent.program:
+            from rlinf_like.workers.rollout.agent_program import resolve_program
+
+            self.program = resolve_program(setup.agent.program)
+
+    def generate(self, requests: Sequence[RolloutRequest]) -> list[RolloutResult]:
+        """Every sample of every request as one episode, all of them at once."""
+        if not requests:
+            return []
+        missing = [r.request_id for r in requests if r.row is None]
+        if missing:
+            raise ValueError(f"multi-turn rollout: requests {missing[:3]} carry no task row (RolloutRequest.row)")
+        client = EngineClient(self.engine)
+        try:
+            if self.program is not None:
+                return self._programs(client, list(requests))
+            a = self.setup.agent
+            limits = AgentLimits(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
+                                 max_new_tokens_per_turn=requests[0].sampling.max_new_tokens)
+            loop = AgentLoop(client, self.tokenizer, self.setup.chat_template, self.make_env, limits)
+            return loop.run(list(requests), [r.row for r in requests])
+        finally:
+            client.close()
+
+    def _programs(self, client: EngineClient, requests: list[RolloutRequest]) -> list[RolloutResult]:
+        from rlinf_like.workers.rollout.agent_program import run_programs
+        from rlinf_like.workers.rollout.openai_server import OpenAIServer
+
+        server = OpenAIServer(client.submit, self.tokenizer, self.setup.chat_template,
+                              model_name=os.path.basename(str(self.tokenizer.name_or_path)) or "policy",
+                              max_context=client.max_context)
+        server.start()
+        try:
+            out = []
+            for request in requests:  # each request's samples concurrently (eval requests have n=1)
+                runs = run_programs(self.program, server, [request.row], request.n, self.setup.agent.program_timeout_s,
+                                    session_prefix=request.request_id)
+                out.append(program_result(request, runs, self.engine.version))
+            return out
+        finally:
+            server.close()
+
+
+def program_result(request: RolloutRequest, runs, version: int) -> RolloutResult:
+    """A request's samples from its program runs. Each sample trains on the trajectory holding the run's last
+    call (a run whose calls do not extend one another leaves earlier, separate trajectories out). The samples'
+    shared prompt is their trajectories' common prefix; the rest of each is response with mask 0."""
+    chosen: list[SessionTrajectory | None] = [run.trajectories[-1] if run.trajectories else None for run in runs]
+    prompts = [t.prompt_ids for t in chosen if t is not None]
+    common = prompts[0][: common_prefix(prompts)] if prompts else list(request.prompt_ids)
+    result = RolloutResult(request.request_id, list(common), version=min((t.version for t in chosen if t), default=version))
+    for run, t in zip(runs, chosen):
+        info = EpisodeInfo(turns=t.num_calls if t else 0, end_reason="error" if run.error else "answer",
+                           error=run.error or "", program_reward=run.reward)
+        extra = t.prompt_ids[len(common):] if t else []
+        result.response_ids.append(extra + (t.response_ids if t else []))
+        result.logprobs.append([0.0] * len(extra) + (t.logprobs if t else []))
+        result.response_masks.append([0] * len(extra) + (t.response_mask if t else []))
+        result.finish_reasons.append(t.finish_reason if t else "error")
+        result.token_versions.append([t.version if t else version] * len(result.response_ids[-1]))
+        result.episodes.append(info)
+    return result
+
+
+def common_prefix(sequences: list[list[int]]) -> int:
+    """The length of the longest prefix all `sequences` share."""
+    n = min(len(s) for s in sequences)
+    for i in range(n):
+        if any(s[i] != sequences[0][i] for s in sequences):
+            return i
+    return n

@@ -1,0 +1,174 @@
+"""Multi-turn runs in the reasoning runner (the `agent` section): refusals before launch, the SFT warm-start's
+demonstrations laid out exactly as the rollout lays out an episode, the loss masks, what the reward sees, the
+episode metrics, and an agent program's samples. The presets' end-to-end runs are the docs-command runs of
+examples/agentic/main_agent.py (tests/test_docs_commands.py) and the resume run here."""
+
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlinf_like.data.batch import build_rl_batch, build_sft_batch
+from rlinf_like.data.tasks import Problem
+from rlinf_like.envs.text.config import AgentConfig
+from rlinf_like.models.tiny import char_tokenizer
+from rlinf_like.runners.agent_format import AgentFormat, episode_metrics
+from rlinf_like.runners.checks import check_config
+from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.workers.reward.worker import final_turn
+from rlinf_like.workers.rollout.agent_rollout import program_result
+from rlinf_like.workers.rollout.chat_tokens import ChatTokens
+from rlinf_like.workers.rollout.openai_sessions import SessionTrajectory
+from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult
+from small_runs import small_reasoning_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = str(ROOT / "examples/agentic/chat_template.jinja")
+CALL = '<tool_call>{"name":"calculator","arguments":{"expression":"722*93"}}</tool_call>'
+
+
+def agent_config(**agent) -> ReasoningConfig:
+    cfg = ReasoningConfig()
+    cfg.data.chat_template = TEMPLATE
+    cfg.agent = AgentConfig(**{"env": "tools", "tools": ["calculator"], **agent})
+    return cfg
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: setattr(c.agent, "env", "shell"), "agent.env='shell' is not one of"),
+    (lambda c: setattr(c.agent, "tools", ["calculator", "abacus"]), "agent.tools='abacus' is not one of"),
+    (lambda c: setattr(c.agent, "tools", []), "agent.env=tools needs agent.tools"),
+    (lambda c: setattr(c.data, "chat_template", "none"), "data.chat_template must be auto"),
+    (lambda c: setattr(c.runner, "schedule", "async"), "runner.schedule in"),
+    (lambda c: setattr(c.rollout, "tp_size", 2), "rollout.tp_size=1"),
+    (lambda c: setattr(c.rollout, "engine", "hf"), "rollout.engine in"),
+    (lambda c: setattr(c.agent, "program", "examples.agentic.openai_agent:solve"), "set one"),
+    (lambda c: (setattr(c.agent, "env", ""), setattr(c.agent, "tools", []),
+                setattr(c.agent, "program", "no_such_module:solve")), "agent.program"),
+    (lambda c: (setattr(c.agent, "env", ""), ), "agent.tools=['calculator'] is read by agent.env=tools only"),
+])
+def test_a_bad_agent_section_is_refused_before_launch_by_key(change, message):
+    cfg = agent_config()
+    check_config(cfg)  # the preset's own section passes
+    change(cfg)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        check_config(cfg)
+
+
+def test_a_demonstration_is_laid_out_as_the_rollout_lays_out_the_episode():
+    """The warm-start's target is the model's turns (text + end-of-turn, mask 1) and the calculator's real answer
+    rendered through the template (mask 0): token for token what a rollout appends when the model writes them."""
+    cfg = agent_config()
+    tok = char_tokenizer()
+    fmt = AgentFormat(tok, cfg)
+    p = Problem(prompt="What is 722*93?", answer="67146", fields={"demo": [CALL, "\\boxed{67146}"]})
+    prompt, target, mask = fmt.sft_ids(p)
+    assert tok.decode(prompt) == "S:tools: calculator(expression)<eos>U:What is 722*93?<eos>A:"
+    chat = ChatTokens(tok, open(TEMPLATE).read(), fmt.env().tools)
+    call = tok(CALL, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    tool = chat.env_ids([{"role": "tool", "name": "calculator", "content": "67146"}])
+    answer = tok("\\boxed{67146}", add_special_tokens=False).input_ids + [tok.eos_token_id]
+    assert tok.decode(tool) == "T:67146<eos>A:"
+    assert target == call + tool + answer
+    assert mask == [1] * len(call) + [0] * len(tool) + [1] * len(answer)
+    assert prompt == fmt.prompt_ids(p)  # what the rollout's episodes start from
+    batch = build_sft_batch([prompt], [target], target_masks=[mask])
+    assert batch["loss_mask"][0].tolist() == [0] * len(prompt) + mask
+
+    with pytest.raises(ValueError, match="agent.demo_key='demo'"):
+        fmt.sft_ids(Problem(prompt="What is 1*2?", answer="2"))
+    with pytest.raises(ValueError, match="after the environment ended the episode"):  # an answer, then more
+        fmt.sft_ids(Problem(prompt="What is 1*2?", answer="2", fields={"demo": ["\\boxed{2}", CALL]}))
+
+
+def multi_turn_result() -> RolloutResult:
+    """Two samples: one called the tool then answered; the other answered at once."""
+    return RolloutResult("r", [1, 2, 3], response_ids=[[10, 11, 2, 20, 21, 12, 13, 2], [14, 2]],
+                         logprobs=[[-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5, -0.6], [-0.7, -0.8]],
+                         finish_reasons=["stop", "stop"], response_masks=[[1, 1, 1, 0, 0, 1, 1, 1], [1, 1]],
+                         episodes=[EpisodeInfo(turns=2, end_reason="answer", tool_calls=1, env_reward=0.5),
+                                   EpisodeInfo(turns=1, end_reason="answer")])
+
+
+def test_the_loss_covers_the_models_tokens_and_the_reward_reads_its_last_turn():
+    result = multi_turn_result()
+    batch = build_rl_batch([result.prompt_ids] * 2, result.response_ids, result.logprobs, [0.0, 0.0],
+                           masks=result.response_masks)
+    # position t predicts token t + 1: the response starts at position 2 (the prompt's last token)
+    assert batch["response_mask"][0].tolist() == [0, 0, 1, 1, 1, 0, 0, 1, 1, 1]
+    assert batch["response_mask"][1].tolist() == [0, 0, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert torch.equal(batch["old_logprobs"][0][2:], torch.tensor(result.logprobs[0]))
+    assert final_turn(result.response_ids[0], result.response_masks[0]) == [12, 13, 2]
+    assert final_turn(result.response_ids[1], result.response_masks[1]) == [14, 2]
+    with pytest.raises(ValueError, match="a mask of 2"):
+        build_rl_batch([[1]], [[5, 6, 7]], [[0.0] * 3], [0.0], masks=[[1, 1]])
+
+
+def test_episode_metrics():
+    metrics = episode_metrics([multi_turn_result(), RolloutResult("s", [1], [[5]], [[0.0]], ["length"], episodes=[
+        EpisodeInfo(turns=3, end_reason="max_turns", tool_calls=2, malformed_calls=2)])])
+    assert metrics == {"agent/turns": 2.0, "agent/tool_calls": 1.0, "agent/tool_call_rate": 2 / 3,
+                       "agent/malformed_rate": 2 / 5, "agent/env_wait_s": 0.0, "agent/end/answer": 2 / 3,
+                       "agent/end/max_turns": 1 / 3}
+    assert episode_metrics([RolloutResult("t", [1], [[2]], [[0.0]], ["stop"])]) == {}  # single turn: none
+
+
+class Run:
+    """What `run_programs` returns per sample (the fields `program_result` reads)."""
+
+    def __init__(self, trajectories, reward=1.0, error=None):
+        self.trajectories, self.reward, self.error = trajectories, reward, error
+
+
+def test_a_programs_samples_share_their_common_prompt_and_keep_their_own_tokens():
+    def traj(prompt, response, mask):
+        return SessionTrajectory(prompt_ids=prompt, response_ids=response, response_mask=mask,
+                                 logprobs=[-1.0 if m else 0.0 for m in mask], finish_reason="stop", version=3,
+                                 num_calls=2)
+    request = RolloutRequest("q", [1, 2], n=3, row={"prompt": "x"})
+    runs = [Run([traj([1, 2, 7], [8, 9], [1, 1])]), Run([traj([1, 2, 6, 5], [4], [1])], reward=0.0),
+            Run([], reward=0.0, error="ValueError: boom")]
+    result = program_result(request, runs, version=3)
+    assert result.prompt_ids == [1, 2]  # the common prefix; each sample's rest is response with mask 0
+    assert result.response_ids == [[7, 8, 9], [6, 5, 4], []]
+    assert result.response_masks == [[0, 1, 1], [0, 0, 1], []]
+    assert result.logprobs == [[0.0, -1.0, -1.0], [0.0, 0.0, -1.0], []]
+    assert [e.program_reward for e in result.episodes] == [1.0, 0.0, 0.0]
+    assert [e.end_reason for e in result.episodes] == ["answer", "answer", "error"]
+    assert result.finish_reasons == ["stop", "stop", "error"]
+
+
+def calculator_runs(tmp: str) -> tuple[list, list]:
+    """A 2-step calculator run saving every step, then the same run resumed to step 3, in a spawned process."""
+    from rlinf_like.runners.reasoning import train
+
+    def config(steps):
+        cfg = small_reasoning_config(Path(tmp), max_steps=steps, save_every=1, samples_per_prompt=2)
+        cfg.data.source, cfg.data.chat_template = "files", TEMPLATE
+        cfg.data.train_files = [str(ROOT / "examples/agentic/data/calculator_train.jsonl")]
+        cfg.data.test_files = [str(ROOT / "examples/agentic/data/calculator_test.jsonl")]
+        cfg.model.max_positions = 320
+        cfg.agent = AgentConfig(env="tools", tools=["calculator"], max_turns=3, max_total_tokens=192)
+        cfg.runner.sft_steps, cfg.runner.sft_batch_size, cfg.runner.max_new_tokens = 2, 4, 96
+        cfg.runner.eval_every, cfg.runner.resume = 2, steps > 2
+        return cfg
+
+    first = train(config(2)).history
+    return first, train(config(3)).history
+
+
+@pytest.mark.slow
+def test_a_calculator_run_trains_on_episodes_and_resumes(tmp_path):
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        first, resumed = pool.submit(calculator_runs, str(tmp_path)).result()
+    assert [h["step"] for h in first] == [0, 1, 2] and [h["step"] for h in resumed] == [0, 1, 2, 3]
+    assert resumed[:3] == first  # the history up to the checkpoint is kept as it was
+    for h in first[1:] + resumed[3:]:
+        assert h["agent/turns"] >= 1 and 0 <= h["agent/tool_call_rate"] <= 1 and "agent/malformed_rate" in h
+        assert abs(sum(v for k, v in h.items() if k.startswith("agent/end/")) - 1) < 1e-9
+    assert "eval_agent/turns" in first[2] and "eval_accuracy" in resumed[3]
+    log = json.loads((tmp_path / "runner.json").read_text()) if (tmp_path / "runner.json").exists() else None
+    assert log is None or log["step"] == 3
