@@ -43,7 +43,7 @@ _GENERATED = "data.sft_problems=8 data.test_problems=4"  # the generated data's 
 _EMBODIED = ("runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
              "algorithm.epochs=1 algorithm.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
 # script -> what makes its run one step long and writes under the scratch directory
-CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/embodied/main_embodied.py": _EMBODIED,
+CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/agentic/main_agent.py": _REASONING, "examples/embodied/main_embodied.py": _EMBODIED,
        "examples/embodied/bc_warmstart.py": "--steps 2 --epochs 1 --num-envs 2 --batch 4",
        "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
        "rlinf_like.config.show": ""}

@@ -252,7 +252,7 @@ def test_multi_turn_program_gives_one_trajectory_with_exact_ids(setup):
 def test_example_agent_runs_end_to_end(setup):
     server, _, _ = setup
     program = resolve_program("examples.agentic.openai_agent:solve")
-    rows = [{"question": "What is 6*7?", "answer": "42"}, {"question": "What is 2+3?", "answer": "5"}]
+    rows = [{"prompt": "What is 6*7?", "answer": "42"}, {"prompt": "What is 2+3?", "answer": "5"}]
     results = run_programs(program, server, rows, samples_per_row=2, timeout_s=20)
     assert [(r.row_index, r.sample_index, r.error) for r in results] == [(0, 0, None), (0, 1, None), (1, 0, None),
                                                                          (1, 1, None)]

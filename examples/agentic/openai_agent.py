@@ -1,7 +1,10 @@
 """A small agent written against the plain `openai` client, trained with
-`agent.program=examples.agentic.openai_agent:solve`.
+`agent.program=openai_agent:solve` (`--config-name openai_agent` of main_agent.py).
 
-It asks the model the row's question. When a reply holds a line `CALC: <arithmetic>`, the agent computes
+A task row has the user message under `prompt` (the runner fills in `data.prompt_template`) and the reference
+answer under `answer`.
+
+It asks the model the row's prompt. When a reply holds a line `CALC: <arithmetic>`, the agent computes
 it with its own calculator and sends `RESULT: <value>` back as the next user message; when a reply holds
 `ANSWER: <x>` (or the turns run out), the episode ends and the reward is 1 if the answer equals
 `row["answer"]`, else 0. The agent knows nothing of the trainer: it only gets a base URL.
@@ -63,7 +66,7 @@ def next_step(reply: str) -> tuple[str, str]:
 def solve(base_url: str, row: dict) -> float:
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(row["question"])}]
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(row["prompt"])}]
     answer = ""
     for _ in range(MAX_TURNS):
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,

@@ -6,7 +6,7 @@ from rlinf_like.envs.text import TEXT_ENVS
 from rlinf_like.envs.tools import TOOLS
 from rlinf_like.workers.rollout.engine import engine_class, engines_with
 
-SCHEDULES = ("static", "collocated", "pipelined")  # the loops multi-turn rollouts run under
+SCHEDULES = ("static", "collocated", "pipelined", "async")  # the loops multi-turn rollouts run under
 
 
 def check_agent(cfg) -> None:
@@ -38,6 +38,9 @@ def check_agent(cfg) -> None:
     if cfg.rollout.tp_size > 1:
         raise ValueError(f"multi-turn rollouts need rollout.tp_size=1 (each rank serves on its own); "
                          f"got {cfg.rollout.tp_size}")
+    if cfg.runner.schedule == "async" and a.program:
+        raise ValueError("runner.schedule=async runs agent.env episodes; agent.program is not built for it "
+                         "(its endpoint serves one generate call at a time): use collocated or pipelined")
     if cfg.runner.schedule not in SCHEDULES:
         raise ValueError(f"multi-turn rollouts run under runner.schedule in {list(SCHEDULES)}; "
                          f"got {cfg.runner.schedule!r}")

@@ -5,7 +5,8 @@ its head but can get right by calling the calculator tool and copying its result
 
 Each row: `prompt` ("What is 347*28?"), `answer` ("9716") and `demo`, the assistant's side of a worked
 episode for the SFT warm-start (a calculator call, then the answer); the tool's reply comes from running the
-tool itself during the warm-start. Held-out products never appear in train.
+tool itself during the warm-start. `solution` is the bare answer (`\boxed{9716}`), for the no-tool baseline's
+warm-start (`agent.env='' data.solution_key=solution`). Held-out products never appear in train.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def rows(n: int, rng: random.Random, taken: set[tuple[int, int]]) -> list[dict]:
         taken.add((a, b))
         expression = f"{a}*{b}"
         out.append({"prompt": f"What is {expression}?", "answer": str(a * b),
-                    "demo": [tool_call("calculator", {"expression": expression}), f"\\boxed{{{a * b}}}"]})
+                    "demo": [tool_call("calculator", {"expression": expression}), f"\\boxed{{{a * b}}}"],
+                    "solution": f"\\boxed{{{a * b}}}"})
     return out
 
 

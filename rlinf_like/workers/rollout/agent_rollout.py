@@ -8,7 +8,8 @@ take new weights as in single-turn mode.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rlinf_like.envs.text import TEXT_ENVS
@@ -18,6 +19,8 @@ from rlinf_like.workers.rollout.base import RolloutEngine
 from rlinf_like.workers.rollout.engine_client import EngineClient
 from rlinf_like.workers.rollout.openai_sessions import SessionTrajectory
 from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult
+
+SERVING_THREADS = 256  # requests whose episodes run at once while serving (each waits on its episodes' threads)
 
 
 @dataclass(kw_only=True)
@@ -44,20 +47,48 @@ class AgentRollout:
         """Every sample of every request as one episode, all of them at once."""
         if not requests:
             return []
-        missing = [r.request_id for r in requests if r.row is None]
-        if missing:
-            raise ValueError(f"multi-turn rollout: requests {missing[:3]} carry no task row (RolloutRequest.row)")
+        check_rows(requests)
         client = EngineClient(self.engine)
         try:
             if self.program is not None:
                 return self._programs(client, list(requests))
-            a = self.setup.agent
-            limits = AgentLimits(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
-                                 max_new_tokens_per_turn=requests[0].sampling.max_new_tokens)
-            loop = AgentLoop(client, self.tokenizer, self.setup.chat_template, self.make_env, limits)
-            return loop.run(list(requests), [r.row for r in requests])
+            return self._loop(client, requests[0]).run(list(requests), [r.row for r in requests])
         finally:
             client.close()
+
+    def serve(self, take: Callable[[], list[tuple[RolloutRequest, str]] | None],
+              put: Callable[[RolloutResult, str], None], between_steps: Callable[[], None]) -> int:
+        """The asynchronous schedule's serving: `take()` hands over (request, key) pairs as they are submitted
+        (blocking a little; None once closed); each request's episodes start at once and its result is `put` under
+        its key when all are done. `between_steps` runs before every decode step, so new weights arrive mid-episode
+        (each token's version is kept). Returns the requests served."""
+        client = EngineClient(self.engine)
+        client.between_steps = between_steps
+        served: list[Future] = []
+        try:
+            with ThreadPoolExecutor(max_workers=SERVING_THREADS, thread_name_prefix="agent-request") as pool:
+                while (batch := take()) is not None:
+                    check_rows([request for request, _ in batch])
+                    for request, key in batch:
+                        served.append(pool.submit(self._serve_one, client, request, key, put))
+                for future in served:
+                    future.result()  # the first failure is raised, naming its request
+        finally:
+            client.close(abort=any(f.exception() for f in served if f.done()))
+        return len(served)
+
+    def _serve_one(self, client: EngineClient, request: RolloutRequest, key: str,
+                   put: Callable[[RolloutResult, str], None]) -> None:
+        if self.program is not None:
+            raise ValueError("runner.schedule=async with agent.program is not built: the endpoint serves one "
+                             "generate call at a time")
+        put(self._loop(client, request).run([request], [request.row])[0], key)
+
+    def _loop(self, client: EngineClient, request: RolloutRequest) -> AgentLoop:
+        a = self.setup.agent
+        limits = AgentLimits(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
+                             max_new_tokens_per_turn=request.sampling.max_new_tokens)
+        return AgentLoop(client, self.tokenizer, self.setup.chat_template, self.make_env, limits)
 
     def _programs(self, client: EngineClient, requests: list[RolloutRequest]) -> list[RolloutResult]:
         from rlinf_like.workers.rollout.agent_program import run_programs
@@ -76,6 +107,12 @@ class AgentRollout:
             return out
         finally:
             server.close()
+
+
+def check_rows(requests: Sequence[RolloutRequest]) -> None:
+    missing = [r.request_id for r in requests if r.row is None]
+    if missing:
+        raise ValueError(f"multi-turn rollout: requests {missing[:3]} carry no task row (RolloutRequest.row)")
 
 
 def program_result(request: RolloutRequest, runs, version: int) -> RolloutResult:

@@ -124,6 +124,16 @@ class RolloutWorker(Worker):
 
         with self._wake:
             self._closed = False
+        if self.agent is not None:  # each request's samples are episodes; the groups go out as they finish
+            def take() -> list[tuple[RolloutRequest, str]] | None:
+                with self._wake:
+                    if not self._inbox and not self._closed:
+                        self._wake.wait(0.05)
+                    taken = list(self._inbox)
+                    self._inbox.clear()
+                    return None if not taken and self._closed else taken
+
+            return self.agent.serve(take, lambda result, key: channel.put(result, key=key), between_steps)
         self.engine.serve(source, on_result, between_steps)
         return served
 
