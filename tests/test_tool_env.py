@@ -112,7 +112,7 @@ def test_malformed_calls_errors_and_timeouts_are_shown_to_the_model_and_counted(
         {"role": "tool", "name": "", "content": "error: malformed tool call: invalid JSON in <tool_call>: Expecting "
                                                 "property name enclosed in double quotes: line 1 column 2 (char 1)"}]
     assert step.info == {"tool_calls": 2, "malformed_calls": 2, "tool_errors": 1, "tool_timeouts": 1}
-    assert not step.done
+    assert step.done and step.end_reason == "tool_timeout"  # the per-tool time limit ends the episode, named
     env.step(hermes("calculator", {"expression": "2+2"}))
     assert env.totals == {"tool_calls": 3, "malformed_calls": 2, "tool_errors": 1, "tool_timeouts": 1}
     env.reset({"question": "q"})

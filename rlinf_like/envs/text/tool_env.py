@@ -2,7 +2,8 @@
 
 Each assistant message is parsed for Hermes tool calls (`tool_calls.py`). With none, the episode ends: the message
 is the answer. Otherwise every call runs and its result comes back as one `tool` message, in order; a malformed
-call's message says what is wrong, so the model can fix it next turn.
+call's message says what is wrong, so the model can fix it next turn. A call that runs past the per-tool time
+limit (`agent.tool_options.timeout_s`) ends the episode (end reason `tool_timeout`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class ToolEnv(TextEnv):
             messages.append({"role": "tool", "name": name, "content": content})
         for key, value in info.items():
             self.totals[key] += value
+        if info["tool_timeouts"]:  # the per-tool time limit is an episode limit: it ends here, named
+            return TextStep(messages=messages, info=info, done=True, end_reason="tool_timeout")
         return TextStep(messages=messages, info=info)
 
     def close(self) -> None:
