@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlinf_like.envs.text import TEXT_ENVS
 from rlinf_like.envs.tools import TOOLS
-from rlinf_like.workers.rollout.engine import engine_class, engines_with
+from rlinf_like.workers.rollout.engine import check_serves_continuously
 
 SCHEDULES = ("static", "collocated", "pipelined", "async")  # the loops multi-turn rollouts run under
 
@@ -31,13 +31,7 @@ def check_agent(cfg) -> None:
     if cfg.data.chat_template == "none":
         raise ValueError("agent.env / agent.program render every turn through a chat template: data.chat_template "
                          "must be auto (the tokenizer's own) or a Jinja file, not none")
-    if not engine_class(cfg.rollout.engine).serves_continuously:
-        raise ValueError(f"multi-turn rollouts (agent.env / agent.program) need rollout.engine in "
-                         f"{engines_with('serves_continuously')} (turns join the running batch); "
-                         f"got {cfg.rollout.engine!r}")
-    if cfg.rollout.tp_size > 1:
-        raise ValueError(f"multi-turn rollouts need rollout.tp_size=1 (each rank serves on its own); "
-                         f"got {cfg.rollout.tp_size}")
+    check_serves_continuously(cfg.rollout, "multi-turn rollouts (agent.env / agent.program)")  # turns join the batch
     if cfg.runner.schedule == "async" and a.program:
         raise ValueError("runner.schedule=async runs agent.env episodes; agent.program is not built for it "
                          "(its endpoint serves one generate call at a time): use collocated or pipelined")

@@ -23,7 +23,7 @@ from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, b
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.fn import AUTO
 from rlinf_like.workers.reward.rules import RewardConfig
-from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class, engines_with
+from rlinf_like.workers.rollout.engine import check_rollout_config, check_serves_continuously, engine_class, engines_with
 
 def estimators_where(**declared: bool) -> list[str]:
     """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
@@ -191,13 +191,7 @@ def check_dynamic(cfg: ReasoningConfig) -> None:
 
 def check_async(cfg: ReasoningConfig) -> None:
     """The asynchronous schedule needs an engine that serves continuously, one rank per replica."""
-    if not engine_class(cfg.rollout.engine).serves_continuously:
-        raise ValueError(f"runner.schedule=async needs rollout.engine in {engines_with('serves_continuously')} "
-                         f"(it serves requests as they come and takes weights between decode steps); "
-                         f"got {cfg.rollout.engine!r}")
-    if cfg.rollout.tp_size > 1:
-        raise ValueError(f"runner.schedule=async needs rollout.tp_size=1 (every rollout rank a replica); "
-                         f"got {cfg.rollout.tp_size}")
+    check_serves_continuously(cfg.rollout, "runner.schedule=async")
 
 
 def runner_loop(cfg: ReasoningConfig) -> LoopConfig:

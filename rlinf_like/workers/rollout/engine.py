@@ -44,6 +44,17 @@ def engines_with(capability: str) -> list[str]:
     return [name for name in engine_names() if getattr(engine_class(name), capability)]
 
 
+def check_serves_continuously(config: RolloutConfig, needed_by: str) -> None:
+    """What serving requests as they come needs (the async schedule, multi-turn rollouts): an engine declaring
+    `serves_continuously`, and every rollout rank a replica of its own."""
+    if not engine_class(config.engine).serves_continuously:
+        raise ValueError(f"{needed_by} needs rollout.engine in {engines_with('serves_continuously')} (it serves "
+                         f"requests as they come and takes weights between decode steps); got {config.engine!r}")
+    if config.tp_size > 1:
+        raise ValueError(f"{needed_by} needs rollout.tp_size=1 (every rollout rank serves on its own); "
+                         f"got {config.tp_size}")
+
+
 def check_rollout_config(config: RolloutConfig, tp_size: int = 1) -> type[RolloutEngine]:
     """What the chosen engine cannot do, refused by key before it is built; returns its class.
     `tp_size`: ranks the engine would span (rollout.tp_size, resolved against the group)."""
