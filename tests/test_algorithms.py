@@ -55,6 +55,11 @@ def test_reinforce_pp_returns_to_go_whitened_over_valid_tokens():
     assert close(adv, [[-0.816497, -0.816497, -0.816497], [1.224745, 1.224745, 0.0]], 1e-4)
     half = reinforce_pp_advantages(torch.tensor([[0.0, 1.0]]), torch.ones(1, 2), gamma=0.5)
     assert close(half, [[-1.0, 1.0]], 1e-3)  # returns 0.5, 1 -> whitened -1, 1
+    # a multi-turn response: tool tokens (mask 0) between two model turns pass the return through undiscounted
+    turns = reinforce_pp_advantages(torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]]),
+                                    gamma=0.5)
+    # returns 0.25, -, -, 0.5, 1 (a reset at the gap would give the first turn 0): whitened over the valid three
+    assert close(turns, [[-1.069045, 0.0, 0.0, -0.267261, 1.336306]], 1e-4)
 
 
 def test_gae_by_hand_and_padding_changes_nothing():

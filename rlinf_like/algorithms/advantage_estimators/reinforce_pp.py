@@ -16,12 +16,15 @@ from rlinf_like.algorithms.masked import masked_whiten
 
 def reinforce_pp_advantages(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """Discounted return-to-go of token rewards (outcome on the last token, plus any per-token KL
-    penalty), whitened over every valid token of the batch."""
+    penalty), whitened over every valid token of the batch. A masked step (padding; a multi-turn response's
+    tool tokens) adds nothing and passes the return through undiscounted, so an earlier turn's tokens get the
+    return of the turns after them."""
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = (token_rewards[:, t] + gamma * running) * mask[:, t]  # padding adds nothing
-        returns[:, t] = running
+        valid = mask[:, t] > 0
+        running = torch.where(valid, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running * mask[:, t]
     return masked_whiten(returns, mask)
 
 
