@@ -126,6 +126,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=64, help="rollout.max_batch_size")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--model", default="", help="a checkpoint folder (its own chat template); default: tiny")
+    p.add_argument("--no-prefix-cache", action="store_true", help="rollout.prefix_cache=false")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
@@ -139,7 +140,7 @@ def main() -> None:
             path = str(end_turns_like(write_tiny_model(tmp, TinyModelSpec(max_position_embeddings=1024))))
             template = str(ROOT / "examples" / "agentic" / "chat_template.jinja")
         engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=args.slots,
-                                           kv_cache_memory_gb=0.5))
+                                           kv_cache_memory_gb=0.5, prefix_cache=not args.no_prefix_cache))
         limits = AgentLimits(max_turns=args.turns, max_total_tokens=args.turns * (args.max_new_tokens + 32),
                              max_new_tokens_per_turn=args.max_new_tokens)
         loop_args = (load_tokenizer(path), template, lambda: SleepyTool(args.latency_ms / 1000, args.turns), limits)
@@ -151,7 +152,11 @@ def main() -> None:
         for rep in range(args.reps):
             order = [("lockstep", lockstep), ("ours", ours)]
             for name, side in order if rep % 2 == 0 else order[::-1]:
+                engine.reset_prefix_cache()  # cold: the same episodes ran before, and would find all their turns
+                counted = engine.prefilled_tokens, engine.prefix_hit_tokens
                 wall, tokens, notes = side(engine, loop_args, args)
+                notes["prefilled"] = engine.prefilled_tokens - counted[0]
+                notes["prefix_hits"] = engine.prefix_hit_tokens - counted[1]
                 times[name].append(tokens / wall)
                 idle.extend([notes["idle_share"]] if "idle_share" in notes else [])
                 print(f"rep {rep} {name:8s}: {wall:.3f} s, {tokens} model tokens, {tokens / wall:.0f} tokens/s {notes}")
@@ -161,7 +166,8 @@ def main() -> None:
     print(json.dumps({"bench": "agentic", "throughput_ratio": round(ours_tps / lock_tps, 3),
                       "lockstep_engine_idle_share": statistics.median(idle),
                       "ours_tokens_per_s": round(ours_tps, 1), "lockstep_tokens_per_s": round(lock_tps, 1),
-                      "episodes": args.episodes, "turns": args.turns, "latency_ms": args.latency_ms}))
+                      "episodes": args.episodes, "turns": args.turns, "latency_ms": args.latency_ms,
+                      "prefix_cache": not args.no_prefix_cache}))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -136,6 +138,18 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.transpose(0, 1).reshape(b, heads, 1, d)
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """The part of one sequence a prefill computes: tokens `ids` at positions start, start + 1, ..., after
+    `start` tokens whose keys/values are already in the cache at `context_rows` [start] (a cached prefix)."""
+
+    ids: list[int]
+    start: int
+    context_rows: torch.Tensor | None  # cache rows of positions 0 .. start - 1; None when start is 0
+    write_rows: torch.Tensor | None  # where the new keys/values go: cache rows [W] ...
+    write_index: torch.Tensor | None  # ... of the tokens ids[write_index[w]] (a token may go to several rows)
+
+
 def kv_bytes_per_token(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
     """Bytes of keys + values one token takes in one TP rank's cache, over all layers."""
     return 2 * cfg.num_layers * (cfg.num_kv_heads // tp) * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
@@ -239,19 +253,36 @@ class Decoder:
         return torch.cat([part[..., : hi - lo] for part, (lo, hi) in zip(parts, self.vocab_bounds)], dim=-1)
 
     # --- passes -----------------------------------------------------------------------------------------
-    def _forward_prefix(self, ids: torch.Tensor, rows: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
-        """Run ids [L] in one causal pass, storing the keys/values of `positions` [m] at cache token
-        `rows` [m] (if given; a position may go to several rows: a sequence's own copy of a block);
-        hidden states [L, hidden]."""
-        length = ids.shape[0]
-        rope = self._rope(torch.arange(length, device=ids.device)[None], self.w["model.norm.weight"].dtype)
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk],
+                 writes: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Run the tokens of several sequences' chunks, concatenated in ids [M] at `positions` [M], in one pass:
+        the linear layers over all M together, attention chunk by chunk (causal, after the chunk's cached
+        prefix). `writes` (cache rows [W], token indices [W]): store each layer's keys/values of token
+        index[w] at row rows[w] first, so a chunk may read rows another chunk of this pass writes. Hidden
+        states [M, hidden]."""
+        rope = self._rope(positions[None], self.w["model.norm.weight"].dtype)
+        gqa = self.heads != self.kv_heads
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
-            if rows is not None:
-                self.k_cache[layer][:, rows] = k[0][:, positions]
-                self.v_cache[layer][:, rows] = v[0][:, positions]
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
+            if writes is not None:
+                self.k_cache[layer][:, writes[0]] = k[0][:, writes[1]]
+                self.v_cache[layer][:, writes[0]] = v[0][:, writes[1]]
+            if len(chunks) == 1 and chunks[0].start == 0:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out, offset = [], 0
+            for chunk in chunks:
+                m = len(chunk.ids)
+                qc, kc, vc = (t[:, :, offset:offset + m] for t in (q, k, v))
+                offset += m
+                if chunk.start == 0:
+                    out.append(F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=gqa))
+                    continue
+                kc = torch.cat([self.k_cache[layer][:, chunk.context_rows][None], kc], dim=2)
+                vc = torch.cat([self.v_cache[layer][:, chunk.context_rows][None], vc], dim=2)
+                mask = torch.ones(m, chunk.start + m, dtype=torch.bool, device=q.device).tril(chunk.start)
+                out.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=gqa))
+            return torch.cat(out, dim=2)
 
         x = self._embed(ids)[None]
         for layer in range(self.cfg.num_layers):
@@ -259,16 +290,27 @@ class Decoder:
         return x[0]
 
     @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Run prompt [L] once, storing the keys/values of `positions` at cache token `rows` (see
-        `_forward_prefix`); logits of the last token [V]."""
-        return self._logits(self._forward_prefix(prompt, rows, positions)[-1])
+    def prefill(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """Prefill several sequences in one pass, each from where its cached prefix ends (see `Chunk`), storing
+        the new tokens' keys/values; logits of each chunk's last token [len(chunks), V]."""
+        device = self.k_cache.device
+        ids = torch.tensor([t for c in chunks for t in c.ids], device=device)
+        positions = torch.cat([torch.arange(c.start, c.start + len(c.ids), device=device) for c in chunks])
+        rows, index, last, offset = [], [], [], 0
+        for chunk in chunks:
+            rows.append(chunk.write_rows)
+            index.append(chunk.write_index + offset)
+            offset += len(chunk.ids)
+            last.append(offset - 1)
+        hidden = self._forward(ids, positions, chunks, (torch.cat(rows), torch.cat(index)))
+        return self._logits(hidden[torch.tensor(last, device=device)])
 
     @torch.inference_mode()
     def score(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [L, V] at every position of ids [L], touching no cache: a function of the weights and
         these tokens only, whatever else the engine is decoding."""
-        return self._logits(self._forward_prefix(ids, None, None))
+        whole = Chunk(ids=ids.tolist(), start=0, context_rows=None, write_rows=None, write_index=None)
+        return self._logits(self._forward(ids, torch.arange(len(ids), device=ids.device), [whole], None))
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
