@@ -141,13 +141,13 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 @dataclass(frozen=True)
 class Chunk:
     """The part of one sequence a prefill computes: tokens `ids` at positions start, start + 1, ..., after
-    `start` tokens whose keys/values are already in the cache at `context_rows` [start] (a cached prefix)."""
+    `start` tokens whose keys/values are already in the cache (a cached prefix)."""
 
     ids: list[int]
     start: int
-    context_rows: torch.Tensor | None  # cache rows of positions 0 .. start - 1; None when start is 0
-    write_rows: torch.Tensor | None  # where the new keys/values go: cache rows [W] ...
-    write_index: torch.Tensor | None  # ... of the tokens ids[write_index[w]] (a token may go to several rows)
+    rows: list[int]  # cache rows of positions 0 .. start + len(ids) - 1 (read when start > 0)
+    write_rows: list[int]  # where the new keys/values go: cache rows ...
+    write_index: list[int]  # ... of the tokens ids[write_index[w]] (a token may go to several rows: copies)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
@@ -257,31 +257,39 @@ class Decoder:
                  writes: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Run the tokens of several sequences' chunks, concatenated in ids [M] at `positions` [M], in one pass:
         the linear layers over all M together, attention chunk by chunk (causal, after the chunk's cached
-        prefix). `writes` (cache rows [W], token indices [W]): store each layer's keys/values of token
-        index[w] at row rows[w] first, so a chunk may read rows another chunk of this pass writes. Hidden
-        states [M, hidden]."""
+        prefix, read from the cache). `writes` (cache rows [W], token indices [W]): store each layer's
+        keys/values of token index[w] at row rows[w] first, so a chunk reads the rows it (or another chunk
+        of this pass) writes. Hidden states [M, hidden]."""
         rope = self._rope(positions[None], self.w["model.norm.weight"].dtype)
         gqa = self.heads != self.kv_heads
+        cached = [c for c in chunks if c.start > 0]  # read from the cache: one gather per layer for all of them
+        gather = torch.tensor([r for c in cached for r in c.rows], device=ids.device) if cached else None
+        masks = [torch.ones(len(c.ids), len(c.rows), dtype=torch.bool, device=ids.device).tril(c.start)
+                 for c in cached]
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
             if writes is not None:
                 self.k_cache[layer][:, writes[0]] = k[0][:, writes[1]]
                 self.v_cache[layer][:, writes[0]] = v[0][:, writes[1]]
-            if len(chunks) == 1 and chunks[0].start == 0:
+            if not cached and len(chunks) == 1:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-            out, offset = [], 0
+            if cached:
+                keys = self.k_cache[layer].index_select(1, gather)[None]
+                values = self.v_cache[layer].index_select(1, gather)[None]
+            out, offset, read, masks_left = [], 0, 0, iter(masks)
             for chunk in chunks:
                 m = len(chunk.ids)
-                qc, kc, vc = (t[:, :, offset:offset + m] for t in (q, k, v))
-                offset += m
+                qc = q[:, :, offset:offset + m]
                 if chunk.start == 0:
+                    kc, vc = k[:, :, offset:offset + m], v[:, :, offset:offset + m]
                     out.append(F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=gqa))
-                    continue
-                kc = torch.cat([self.k_cache[layer][:, chunk.context_rows][None], kc], dim=2)
-                vc = torch.cat([self.v_cache[layer][:, chunk.context_rows][None], vc], dim=2)
-                mask = torch.ones(m, chunk.start + m, dtype=torch.bool, device=q.device).tril(chunk.start)
-                out.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=gqa))
+                else:
+                    n = len(chunk.rows)
+                    kc, vc = keys[:, :, read:read + n], values[:, :, read:read + n]
+                    out.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=next(masks_left), enable_gqa=gqa))
+                    read += n
+                offset += m
             return torch.cat(out, dim=2)
 
         x = self._embed(ids)[None]
@@ -294,22 +302,22 @@ class Decoder:
         """Prefill several sequences in one pass, each from where its cached prefix ends (see `Chunk`), storing
         the new tokens' keys/values; logits of each chunk's last token [len(chunks), V]."""
         device = self.k_cache.device
-        ids = torch.tensor([t for c in chunks for t in c.ids], device=device)
-        positions = torch.cat([torch.arange(c.start, c.start + len(c.ids), device=device) for c in chunks])
-        rows, index, last, offset = [], [], [], 0
+        ids, positions, rows, index, last = [], [], [], [], []
         for chunk in chunks:
-            rows.append(chunk.write_rows)
-            index.append(chunk.write_index + offset)
-            offset += len(chunk.ids)
-            last.append(offset - 1)
-        hidden = self._forward(ids, positions, chunks, (torch.cat(rows), torch.cat(index)))
-        return self._logits(hidden[torch.tensor(last, device=device)])
+            index += [i + len(ids) for i in chunk.write_index]
+            rows += chunk.write_rows
+            positions += range(chunk.start, chunk.start + len(chunk.ids))
+            ids += chunk.ids
+            last.append(len(ids) - 1)
+        tensors = [torch.tensor(x, device=device) for x in (ids, positions, rows, index, last)]
+        hidden = self._forward(tensors[0], tensors[1], chunks, (tensors[2], tensors[3]))
+        return self._logits(hidden[tensors[4]])
 
     @torch.inference_mode()
     def score(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [L, V] at every position of ids [L], touching no cache: a function of the weights and
         these tokens only, whatever else the engine is decoding."""
-        whole = Chunk(ids=ids.tolist(), start=0, context_rows=None, write_rows=None, write_index=None)
+        whole = Chunk(ids=ids.tolist(), start=0, rows=[], write_rows=[], write_index=[])
         return self._logits(self._forward(ids, torch.arange(len(ids), device=ids.device), [whole], None))
 
     @torch.inference_mode()

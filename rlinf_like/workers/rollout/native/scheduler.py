@@ -142,10 +142,10 @@ class BatchLoop:
                 self._finish(None, self.engine._new_sequence(i, j, self.requests[i], 0), "abort")
 
     # --- admission and prefill ---------------------------------------------------------------------------
-    def _rows(self, blocks: list[int], start: int, stop: int) -> torch.Tensor:
+    def _rows(self, blocks: list[int], start: int, stop: int) -> list[int]:
         """Cache token rows of positions start..stop-1 in a sequence with these blocks."""
-        pos = torch.arange(start, stop, device=self.device)
-        return torch.tensor(blocks, dtype=torch.int64, device=self.device)[pos // self.bs] * self.bs + pos % self.bs
+        bs = self.bs
+        return [blocks[p // bs] * bs + p % bs for p in range(start, stop)]
 
     def _place(self, tokens: list[int], copies: int, headroom: int) -> tuple[Chunk, list[list[int]]] | None:
         """Block tables for `copies` sequences holding `tokens` in the cache, and the chunk that computes them:
@@ -167,14 +167,13 @@ class BatchLoop:
         # indexed now: this round's prefill writes them, at every layer before any chunk reads them
         self.pool.insert(tokens[:full * bs], shared, self.pool.generation)
         start = len(hits) * bs
-        rows, index = [self._rows(shared, start, full * bs)], [torch.arange(full * bs - start, device=self.device)]
-        for table in tables if partial else ():
-            rows.append(self._rows(table, full * bs, length))
-            index.append(torch.arange(full * bs - start, length - start, device=self.device))
-        context = self._rows(hits, 0, start) if start else None
-        chunk = Chunk(ids=list(tokens[start:]), start=start, context_rows=context, write_rows=torch.cat(rows),
-                      write_index=torch.cat(index))
-        return chunk, tables
+        rows = self._rows(tables[0], 0, length)
+        write_rows, write_index = rows[start:], list(range(length - start))
+        for table in tables[1:] if partial else ():  # every other copy's own last block
+            write_rows += self._rows(table, full * bs, length)
+            write_index += range(full * bs - start, length - start)
+        return Chunk(ids=list(tokens[start:]), start=start, rows=rows, write_rows=write_rows,
+                     write_index=write_index), tables
 
     def _seat(self, slots: list[int], seqs: list[LiveSample], tables: list[list[int]]) -> None:
         for slot, seq, table in zip(slots, seqs, tables):
