@@ -19,7 +19,8 @@ def test_quick_run_ends_with_the_json_line():
     lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1])
     assert set(result) == {"bench", "throughput_ratio", "ours_tokens_per_s", "lockstep_tokens_per_s", "episodes",
-                           "turns", "latency_ms", "lockstep_engine_idle_share", "prefix_cache"}
+                           "turns", "latency_ms", "lockstep_engine_idle_share", "prefix_cache", "lockstep_turn_tokens",
+                           "longest_episode_tokens", "critical_path_s", "critical_path_ratio_bound"}
     assert result["bench"] == "agentic" and result["throughput_ratio"] > 0 and result["episodes"] == 8
     tokens = {side: int(re.search(rf"rep 0 {side}\s*: [\d.]+ s, (\d+) model tokens", done.stdout).group(1))
               for side in ("ours", "lockstep")}
@@ -29,4 +30,5 @@ def test_quick_run_ends_with_the_json_line():
     counts = {side: re.search(rf"rep 0 {side}\s*:.*'prefilled': (\d+), 'prefix_hits': (\d+)", done.stdout).groups()
               for side in ("ours", "lockstep")}
     assert counts["ours"] == counts["lockstep"] and int(counts["ours"][1]) > int(counts["ours"][0]) > 0
-    assert result["prefix_cache"] is True
+    assert result["prefix_cache"] is True and result["critical_path_s"] is None
+    assert result["lockstep_turn_tokens"] >= result["longest_episode_tokens"] > 0
