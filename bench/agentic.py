@@ -204,7 +204,8 @@ def main() -> None:
     ours_tps, lock_tps = statistics.median(times["ours"]), statistics.median(times["lockstep"])
     # hiding every second the lock-step engine sits idle would give at most 1 / (1 - idle share); the agent loop
     # takes at least its longest episode's turns: lockstep_turn_tokens / longest_episode_tokens bounds the ratio
-    # when decode steps are all the time there is, median lock-step wall / critical_path_s on this machine
+    # if decode steps are all the time there is and cost the same; median lock-step wall / critical_path_s does on
+    # this machine
     if floor is not None:
         print(f"critical path (the slowest request's episodes alone): {floor:.3f} s; lock-step median "
               f"{statistics.median(walls['lockstep']):.3f} s")
