@@ -131,6 +131,9 @@ class NativeEngine(RolloutEngine):
         self.decoder.free_cache()
         self._pool = None  # the prefix cache goes with the memory
 
+    def onload(self) -> None:
+        self._residency.onload(["params"])
+
     def _weights_changed(self) -> None:
         self._weight_syncs += 1
 
@@ -163,8 +166,6 @@ class NativeEngine(RolloutEngine):
             pool.clear()
             self._weights_seen = stamp
 
-    def onload(self) -> None:
-        self._residency.onload(["params"])
 
     # --- serving -----------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
