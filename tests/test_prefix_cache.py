@@ -71,7 +71,8 @@ def test_multi_turn_groups_give_the_same_tokens_with_the_cache_on_and_off(path, 
         results = []
         histories = [list(p) for p in prompts]
         for t in range(3):  # each turn's prompt: the whole trajectory of the previous one (sample 0) + the env
-            batch = [turn(f"p{i}/{t}", h, 6 + 5 * i, temperature, n=3, seed=i + 10 * t) for i, h in enumerate(histories)]
+            batch = [turn(f"p{i}/{t}", h, 6 + 5 * i, temperature, n=3, seed=i + 10 * t)
+                     for i, h in enumerate(histories)]
             results += engine.generate(batch)
             histories = [h + r.response_ids[0] + ENV for h, r in zip(histories, results[-len(batch):])]
         outputs.append(results)

@@ -66,7 +66,8 @@ class _Prefill:
 class BatchLoop:
     def __init__(self, engine: NativeEngine, requests: list[RolloutRequest], results: list[RolloutResult],
                  queue: deque[int], on_result: ResultCallback | None):
-        self.engine, self.requests, self.results, self.queue, self.on_result = engine, requests, results, queue, on_result
+        self.engine, self.requests, self.results, self.queue = engine, requests, results, queue
+        self.on_result = on_result
         self.pool = engine._block_pool()
         self.bs, self.device = self.pool.block_size, engine.device
         self.free = list(range(engine.slots))  # a min-heap of free slots
