@@ -237,7 +237,8 @@ class BatchLoop:
             return
         slots = [slot for _, slot, _ in firsts]
         lengths = torch.tensor([seq.prompt_len for _, _, seq in firsts], device=self.device)
-        tokens, logprobs = sample(logits[torch.tensor([k for k, _, _ in firsts])], self.state.params(slots))
+        picked = logits[torch.tensor([k for k, _, _ in firsts], device=self.device)]
+        tokens, logprobs = sample(picked, self.state.params(slots))
         self.state.after_prefill(slots, tokens, lengths)
         for (_, slot, seq), token, logprob in zip(firsts, tokens.tolist(), logprobs.tolist()):
             self._record(slot, seq, token, logprob)
