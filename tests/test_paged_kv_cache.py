@@ -140,6 +140,9 @@ class ShapedRollout(RolloutWorker):
     def tensor(self, name):
         return self.engine.weights[name].clone()
 
+    def prefix_hits(self):
+        return self.engine.prefix_hit_tokens
+
 
 class HFActor(Worker):
     """Holds a checkpoint whole (one rank) and publishes it."""
@@ -191,6 +194,11 @@ def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shar
         assert tied == ("lm_head.weight" not in shapes[0])
         rank0, rank1 = rollout.generate_all(reqs).wait()
         assert tokens_of(rank0) == tokens_of(rank1) == tokens_of(single_a)
+        assert rollout.prefix_hits().wait() == [0, 0]
+        again, _ = rollout.generate(reqs).wait()  # the same prompts: found in the prefix cache, on both ranks alike
+        hits = rollout.prefix_hits().wait()
+        assert hits[0] == hits[1] == sum((len(r.prompt_ids) - 1) // 4 * 4 for r in reqs) > 0
+        assert tokens_of(again) == tokens_of(single_a)
 
         connect_groups(actor, rollout, "weights")
         [src] = actor.on_ranks(0).layouts().wait()
@@ -210,6 +218,7 @@ def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shar
         assert torch.equal(got[0], whole[:half]) and torch.equal(got[1], whole[half:])
         after, _ = rollout.generate(reqs).wait()
         assert tokens_of(after) == tokens_of(single_b)
+        assert rollout.prefix_hits().wait() == hits  # the new weights recomputed every prompt
     finally:
         rollout.shutdown()
         actor.shutdown()

@@ -45,6 +45,10 @@ class RolloutConfig:
     # native, when kv_cache_memory_gb is 0: the share of the memory free at start-up (host RAM, or the GPU's) for the KV cache
     kv_cache_memory_fraction: float = bounded(0.1, gt=0, le=1)
     kv_block_size: int = bounded(16, ge=1)  # native: tokens per KV cache block (sequences take blocks as they grow)
+    # native: keep finished sequences' full KV blocks (keyed by their tokens) for later prompts that start with them
+    # (multi-turn: each turn prefills only what is new); dropped when the weights change. The same tokens and
+    # logprobs within float rounding (as batching already gives); false: every prompt prefilled whole
+    prefix_cache: bool = True
     # the rollout's weights; a weight sync converts to it once, at the sender
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)

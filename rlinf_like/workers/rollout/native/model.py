@@ -13,8 +13,9 @@ greedy decoding reproduces HF tokens.
 
 from __future__ import annotations
 
-import math
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
+from rlinf_like.workers.rollout.native.layers import decode_attention, rms_norm, rope_inv_freq, rotate_half
 
 
 def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
@@ -91,49 +93,16 @@ def fuse_projections(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     return fused
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE's inverse frequencies [head_dim / 2], as transformers computes them: the default RoPE, or
-    Llama-3's scaling (long wavelengths divided by the factor, short ones kept, the band between
-    interpolated)."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    r = cfg.rope_scaling
-    if r is None:
-        return inv_freq
-    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
-    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq)
-    smooth = ((r.original_max_position_embeddings / wavelen - r.low_freq_factor)
-              / (r.high_freq_factor - r.low_freq_factor))
-    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
+@dataclass(frozen=True)
+class Chunk:
+    """The part of one sequence a prefill computes: tokens `ids` at positions start, start + 1, ..., after
+    `start` tokens whose keys/values are already in the cache (a cached prefix)."""
 
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per sequence: q [B, H, 1, d], keys and values [KV, B, T, d] (each sequence's blocks
-    gathered), additive mask [B, 1, 1, T].
-    Plain batched matmuls with the query heads grouped under their key/value head: no copy of the
-    cache for GQA, and on CPU much faster than the fused kernel is for a single query row. Each
-    (key/value head, sequence) product has the shapes and memory layout the unpaged cache had."""
-    b, heads, _, d = q.shape
-    kv = keys.shape[0]
-    grouped = q.view(b, kv, heads // kv, d).transpose(0, 1).contiguous()  # [KV, B, G, d]
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * d**-0.5 + mask.view(1, b, 1, -1)  # [KV, B, G, T]
-    out = torch.matmul(scores.softmax(dim=-1), values)  # [KV, B, G, d]
-    return out.transpose(0, 1).reshape(b, heads, 1, d)
+    ids: list[int]
+    start: int
+    rows: list[int]  # cache rows of positions 0 .. start + len(ids) - 1 (read when start > 0)
+    write_rows: list[int]  # where the new keys/values go: cache rows ...
+    write_index: list[int]  # ... of the tokens ids[write_index[w]] (a token may go to several rows: copies)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> int:
@@ -147,7 +116,9 @@ class Decoder:
     The cache is `blocks` blocks of `block_size` token rows per layer and key/value head, kept as
     [layers, kv_heads, blocks * block_size, head_dim] for keys and for values: token row
     `block * block_size + offset`. Which blocks a sequence owns is the caller's block table; block 0
-    is the engine's scratch block (idle rows of a decode batch write and read it)."""
+    is the engine's scratch block, which no sequence owns. `prefill` runs several sequences' `Chunk`s in
+    one pass, each after its cached prefix (read from the cache); `decode` one token for each of a
+    batch of sequences; `score` a whole sequence without the cache."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], tp_group=None):
         self.cfg, self.w, self.tp_group = cfg, weights, tp_group
@@ -195,23 +166,23 @@ class Decoder:
         q, k, v = self._linear(x, p + "qkv").split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], -1)
         q, k = q.view(b, s, self.heads, hd), k.view(b, s, self.kv_heads, hd)
         if self.cfg.qk_norm:  # per head, over head_dim, before RoPE (Qwen3)
-            q = _rms_norm(q, self.w[p + "q_norm.weight"], self.cfg.rms_norm_eps)
-            k = _rms_norm(k, self.w[p + "k_norm.weight"], self.cfg.rms_norm_eps)
+            q = rms_norm(q, self.w[p + "q_norm.weight"], self.cfg.rms_norm_eps)
+            k = rms_norm(k, self.w[p + "k_norm.weight"], self.cfg.rms_norm_eps)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
         cos, sin = rope
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         return q, k, v
 
     def _block(self, x: torch.Tensor, layer: int, attend) -> torch.Tensor:
         p = f"model.layers.{layer}."
-        h = _rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_norm_eps)
+        h = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_norm_eps)
         attn = attend(h, layer)  # [B, heads, S, hd]
         b, _, s, _ = attn.shape
         attn = F.linear(attn.transpose(1, 2).reshape(b, s, -1), self.w[p + "self_attn.o_proj.weight"])
         x = x + self._reduce(attn)
-        h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)
+        h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)
         gate, up = self._linear(h, p + "mlp.gate_up").chunk(2, dim=-1)
         mlp = F.silu(gate) * up
         return x + self._reduce(F.linear(mlp, self.w[p + "mlp.down_proj.weight"]))
@@ -226,7 +197,7 @@ class Decoder:
         return self._reduce(x)  # every token's row comes from the one rank holding it, zeros elsewhere
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        x = _rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
+        x = rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
         head = self.w["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
         logits = F.linear(x, head).float()
         if self.tp_group is None:
@@ -239,19 +210,44 @@ class Decoder:
         return torch.cat([part[..., : hi - lo] for part, (lo, hi) in zip(parts, self.vocab_bounds)], dim=-1)
 
     # --- passes -----------------------------------------------------------------------------------------
-    def _forward_prefix(self, ids: torch.Tensor, rows: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
-        """Run ids [L] in one causal pass, storing the keys/values of `positions` [m] at cache token
-        `rows` [m] (if given; a position may go to several rows: a sequence's own copy of a block);
-        hidden states [L, hidden]."""
-        length = ids.shape[0]
-        rope = self._rope(torch.arange(length, device=ids.device)[None], self.w["model.norm.weight"].dtype)
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk],
+                 writes: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Run the tokens of several sequences' chunks, concatenated in ids [M] at `positions` [M], in one pass:
+        the linear layers over all M together, attention chunk by chunk (causal, after the chunk's cached
+        prefix, read from the cache). `writes` (cache rows [W], token indices [W]): store each layer's
+        keys/values of token index[w] at row rows[w] first, so a chunk reads the rows it (or another chunk
+        of this pass) writes. Hidden states [M, hidden]."""
+        rope = self._rope(positions[None], self.w["model.norm.weight"].dtype)
+        gqa = self.heads != self.kv_heads
+        cached = [c for c in chunks if c.start > 0]  # read from the cache: one gather per layer for all of them
+        gather = torch.tensor([r for c in cached for r in c.rows], device=ids.device) if cached else None
+        masks = [torch.ones(len(c.ids), len(c.rows), dtype=torch.bool, device=ids.device).tril(c.start)
+                 for c in cached]
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
-            if rows is not None:
-                self.k_cache[layer][:, rows] = k[0][:, positions]
-                self.v_cache[layer][:, rows] = v[0][:, positions]
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
+            if writes is not None:
+                self.k_cache[layer][:, writes[0]] = k[0][:, writes[1]]
+                self.v_cache[layer][:, writes[0]] = v[0][:, writes[1]]
+            if not cached and len(chunks) == 1:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            if cached:
+                keys = self.k_cache[layer].index_select(1, gather)[None]
+                values = self.v_cache[layer].index_select(1, gather)[None]
+            out, offset, read, masks_left = [], 0, 0, iter(masks)
+            for chunk in chunks:
+                m = len(chunk.ids)
+                qc = q[:, :, offset:offset + m]
+                if chunk.start == 0:
+                    kc, vc = k[:, :, offset:offset + m], v[:, :, offset:offset + m]
+                    out.append(F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=gqa))
+                else:
+                    n = len(chunk.rows)
+                    kc, vc = keys[:, :, read:read + n], values[:, :, read:read + n]
+                    out.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=next(masks_left), enable_gqa=gqa))
+                    read += n
+                offset += m
+            return torch.cat(out, dim=2)
 
         x = self._embed(ids)[None]
         for layer in range(self.cfg.num_layers):
@@ -259,16 +255,27 @@ class Decoder:
         return x[0]
 
     @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Run prompt [L] once, storing the keys/values of `positions` at cache token `rows` (see
-        `_forward_prefix`); logits of the last token [V]."""
-        return self._logits(self._forward_prefix(prompt, rows, positions)[-1])
+    def prefill(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """Prefill several sequences in one pass, each from where its cached prefix ends (see `Chunk`), storing
+        the new tokens' keys/values; logits of each chunk's last token [len(chunks), V]."""
+        device = self.k_cache.device
+        ids, positions, rows, index, last = [], [], [], [], []
+        for chunk in chunks:
+            index += [i + len(ids) for i in chunk.write_index]
+            rows += chunk.write_rows
+            positions += range(chunk.start, chunk.start + len(chunk.ids))
+            ids += chunk.ids
+            last.append(len(ids) - 1)
+        tensors = [torch.tensor(x, device=device) for x in (ids, positions, rows, index, last)]
+        hidden = self._forward(tensors[0], tensors[1], chunks, (tensors[2], tensors[3]))
+        return self._logits(hidden[tensors[4]])
 
     @torch.inference_mode()
     def score(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [L, V] at every position of ids [L], touching no cache: a function of the weights and
         these tokens only, whatever else the engine is decoding."""
-        return self._logits(self._forward_prefix(ids, None, None))
+        whole = Chunk(ids=ids.tolist(), start=0, rows=[], write_rows=[], write_index=[])
+        return self._logits(self._forward(ids, torch.arange(len(ids), device=ids.device), [whole], None))
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -294,7 +301,7 @@ class Decoder:
             v_layer[:, write] = v[:, :, 0].transpose(0, 1)
             keys = k_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
             values = v_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
-            return _decode_attention(q, keys, values, mask)
+            return decode_attention(q, keys, values, mask)
 
         x = self._embed(tokens)[:, None]
         for layer in range(self.cfg.num_layers):

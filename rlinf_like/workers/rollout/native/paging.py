@@ -87,6 +87,11 @@ class BlockPool:
     def available(self) -> int:
         return len(self._free)
 
+    @property
+    def in_use(self) -> int:
+        """Blocks some sequence holds (the scratch block excluded)."""
+        return len(self.refs) - 1 - self.available
+
     def take(self) -> int:
         block = self._free.pop()
         self.refs[block] = 1

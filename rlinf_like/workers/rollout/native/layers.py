@@ -1,0 +1,55 @@
+"""The native decoder's pure pieces, as transformers computes them: RoPE frequencies, RMSNorm, the rotation, and
+attention for one query per sequence over gathered cache rows."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlinf_like.models.families import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], as transformers computes them: the default RoPE, or
+    Llama-3's scaling (long wavelengths divided by the factor, short ones kept, the band between
+    interpolated)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    r = cfg.rope_scaling
+    if r is None:
+        return inv_freq
+    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
+    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq)
+    smooth = ((r.original_max_position_embeddings / wavelen - r.low_freq_factor)
+              / (r.high_freq_factor - r.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per sequence: q [B, H, 1, d], keys and values [KV, B, T, d] (each sequence's blocks
+    gathered), additive mask [B, 1, 1, T].
+    Plain batched matmuls with the query heads grouped under their key/value head: no copy of the
+    cache for GQA, and on CPU much faster than the fused kernel is for a single query row. Each
+    (key/value head, sequence) product has the shapes and memory layout the unpaged cache had."""
+    b, heads, _, d = q.shape
+    kv = keys.shape[0]
+    grouped = q.view(b, kv, heads // kv, d).transpose(0, 1).contiguous()  # [KV, B, G, d]
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * d**-0.5 + mask.view(1, b, 1, -1)  # [KV, B, G, T]
+    out = torch.matmul(scores.softmax(dim=-1), values)  # [KV, B, G, d]
+    return out.transpose(0, 1).reshape(b, heads, 1, d)
