@@ -71,6 +71,9 @@ class AgentRollout:
                     check_rows([request for request, _ in batch])
                     for request, key in batch:
                         served.append(pool.submit(self._serve_one, client, request, key, put))
+                    failed = next((f for f in served if f.done() and f.exception()), None)
+                    if failed is not None:  # at once: the driver waits on this serve call, not on the group
+                        failed.result()
                 for future in served:
                     future.result()  # the first failure is raised, naming its request
         finally:
@@ -99,12 +102,14 @@ class AgentRollout:
                               max_context=client.max_context)
         server.start()
         try:
-            out = []
-            for request in requests:  # each request's samples concurrently (eval requests have n=1)
-                runs = run_programs(self.program, server, [request.row], request.n, self.setup.agent.program_timeout_s,
-                                    session_prefix=request.request_id)
-                out.append(program_result(request, runs, self.engine.version))
-            return out
+            out: dict[str, RolloutResult] = {}
+            for n in sorted({r.n for r in requests}):  # every sample of every request at once, per group size
+                same = [r for r in requests if r.n == n]
+                runs = run_programs(self.program, server, [r.row for r in same], n, self.setup.agent.program_timeout_s,
+                                    session_prefix=f"v{self.engine.version}-n{n}")
+                for i, request in enumerate(same):
+                    out[request.request_id] = program_result(request, runs[i * n : (i + 1) * n], self.engine.version)
+            return [out[r.request_id] for r in requests]
         finally:
             server.close()
 
