@@ -15,7 +15,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -24,9 +24,6 @@ from rlinf_like.workers.rollout.native.model import Chunk
 from rlinf_like.workers.rollout.native.slots import SlotState
 from rlinf_like.workers.rollout.sampling import sample
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
-
-if TYPE_CHECKING:
-    from rlinf_like.workers.rollout.native.engine import NativeEngine
 
 
 @dataclass
@@ -64,8 +61,9 @@ class _Prefill:
 
 
 class BatchLoop:
-    def __init__(self, engine: NativeEngine, requests: list[RolloutRequest], results: list[RolloutResult],
+    def __init__(self, engine: Any, requests: list[RolloutRequest], results: list[RolloutResult],
                  queue: deque[int], on_result: ResultCallback | None):
+        """`engine`: the `NativeEngine` that runs this loop (not imported here: engine.py imports this module)."""
         self.engine, self.requests, self.results, self.queue = engine, requests, results, queue
         self.on_result = on_result
         self.pool = engine._block_pool()
