@@ -17,6 +17,12 @@ from rlinf_like.workers.rollout.chat_tokens import ChatTokens
 from rlinf_like.workers.rollout.types import RolloutResult
 
 
+def chat_template_text(data_cfg) -> str | None:
+    """The multi-turn chat template's Jinja text (`data.chat_template` a file), or None for the tokenizer's own
+    (`auto`): the text, not the path, so a rollout on another node renders with the same template."""
+    return None if data_cfg.chat_template == "auto" else Path(data_cfg.chat_template).read_text()
+
+
 def task_row(cfg, p: Problem) -> dict | None:
     """Multi-turn mode: what the environment or agent program starts from, the row's columns with `prompt` as
     the user's message (`data.prompt_template` applied) and `answer`; None in single-turn mode."""
@@ -29,8 +35,7 @@ class AgentFormat:
 
     def __init__(self, tokenizer, cfg):
         self.tokenizer, self.cfg = tokenizer, cfg
-        template = cfg.data.chat_template
-        self.template = None if template == "auto" else Path(template).read_text()
+        self.template = chat_template_text(cfg.data)
         self._chats: dict[str, ChatTokens] = {}
         self._prompts: dict[str, list[int]] = {}
 

@@ -13,6 +13,7 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
 from rlinf_like.runners.actor_setup import actor_config, actor_replicas, reference_in_actor
+from rlinf_like.runners.agent_format import chat_template_text
 from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
@@ -122,9 +123,7 @@ def agent_setup(cfg: ReasoningConfig) -> AgentSetup | None:
     """Multi-turn mode's settings for the rollout (None: single turn)."""
     if not cfg.agent.multi_turn:
         return None
-    template = cfg.data.chat_template
-    return AgentSetup(agent=cfg.agent, chat_template=None if template == "auto" else Path(template).read_text(),
-                      system_prompt=cfg.data.system_prompt)
+    return AgentSetup(agent=cfg.agent, chat_template=chat_template_text(cfg.data), system_prompt=cfg.data.system_prompt)
 
 
 def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: Path, out: Path) -> None:
