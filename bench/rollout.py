@@ -9,6 +9,7 @@ medians (target >= 1.5), and the ratio of each repetition.
 
     python bench/rollout.py [--quick]                      # a tiny random model written on the fly
     python bench/rollout.py --model models/smollm2-135m-instruct --prompts 8 --new-tokens 32
+    python bench/rollout.py --device cuda --dtype bfloat16 --prompts 64      # on a GPU (both engines on it)
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def requests_for(vocab_size: int, prompts: int, samples: int, new_tokens: int) -
             for i in range(prompts)]
 
 
-def machine() -> str:
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+def machine(device: str) -> str:
+    gpu = f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs{gpu}, torch {torch.__version__}, "
             f"{torch.get_num_threads()} thread")
 
 
@@ -52,13 +54,15 @@ def load() -> str:
     return "load average " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def bench(path: str, prompts: int, samples: int, new_tokens: int, reps: int) -> tuple[dict, list[float], int]:
+def bench(path: str, prompts: int, samples: int, new_tokens: int, reps: int, device: str = "cpu",
+          dtype: str = "float32") -> tuple[dict, list[float], int]:
     """Tokens/s per engine (medians) and each repetition's native/HF ratio."""
     requests = requests_for(read_hf_config(path)["vocab_size"], prompts, samples, new_tokens)
     context = MAX_PROMPT + new_tokens  # what the run needs, not the model's context (8192 for SmolLM2)
     engines = {"native": make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=prompts * samples,
-                                                   max_context=context)),
-               "hf": make_engine(RolloutConfig(engine="hf", model_path=path, max_context=context))}
+                                                   max_context=context, dtype=dtype), device=device),
+               "hf": make_engine(RolloutConfig(engine="hf", model_path=path, max_context=context, dtype=dtype),
+                                 device=device)}
     tokens = prompts * samples * new_tokens
     for engine in engines.values():  # warm-up (allocations, first-call overheads)
         engine.generate(requests[:2])
@@ -87,11 +91,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both engines on it)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     prompts, samples, new_tokens, reps = ((8, 4, 32, 1) if args.quick
                                           else (args.prompts, args.samples, args.new_tokens, max(args.reps, 3)))
-    print(f"machine: {machine()}; {load()}", flush=True)
+    print(f"machine: {machine(args.device)}; {load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
             path, what = args.model, f"model {Path(args.model).name}"
@@ -99,13 +105,14 @@ def main() -> None:
             spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
                                  num_layers=args.layers, num_heads=8, num_kv_heads=4, max_position_embeddings=1024)
             path, what = str(write_tiny_model(tmp, spec)), f"tiny model, {spec.num_layers} layers, hidden {spec.hidden_size}"
-        rate, per_rep, tokens = bench(path, prompts, samples, new_tokens, reps)
+        rate, per_rep, tokens = bench(path, prompts, samples, new_tokens, reps, args.device, args.dtype)
     ratio = rate["native"] / rate["hf"]
     print(f"{what}: {prompts} prompts of {MIN_PROMPT}-{MAX_PROMPT - 1} tokens x {samples} samples x {new_tokens} new "
-          f"tokens, temperature 1, EOS ignored, one thread, {reps} alternating repetitions; {load()}")
+          f"tokens, temperature 1, EOS ignored, one thread, {args.device} {args.dtype}, {reps} alternating repetitions; "
+          f"{load()}")
     print(f"native {rate['native']:.1f} tokens/s   transformers generate {rate['hf']:.1f} tokens/s   ratio {ratio:.2f} "
           f"(per repetition: {', '.join(f'{r:.2f}' for r in per_rep)})")
-    print(json.dumps({"bench": "rollout", "model": Path(args.model).name if args.model else "tiny",
+    print(json.dumps({"bench": "rollout", "model": Path(args.model).name if args.model else "tiny", "device": args.device,
                       "ratio": round(ratio, 3), "ratios": [round(r, 3) for r in per_rep], "tokens": tokens}))
 
 

@@ -144,3 +144,6 @@ def test_weight_link_uses_gloo_and_cuda_ipc_only_where_components_share_a_gpu():
     assert plan_placement({"actor": "0-1", "rollout": "2-3"}, devices()).weight_link("actor", "rollout") == (None, "group")
     cpu = plan_placement({"actor,rollout": "0-1"}, devices(gpus_per_node=(0, 0)))
     assert cpu.weight_link("actor", "rollout") == (None, "group")  # gloo; shared memory is not needed on CPU
+    # a GPU actor and a CPU rollout: each kind's own backend would rendezvous NCCL against gloo (hung on the H100)
+    mixed = plan_placement({"actor": "0", "rollout": "cpu:0"}, devices())
+    assert mixed.weight_link("actor", "rollout") == ("gloo", "group")

@@ -100,11 +100,15 @@ class Placement:
 
     def weight_link(self, a: str, b: str) -> tuple[str | None, str]:
         """(peer-group backend, weight-sync transport) from component `a` to `b`. NCCL refuses two ranks on one
-        GPU, so components sharing a GPU rendezvous over gloo and move weights by CUDA IPC; all others take
+        GPU, so components sharing a GPU rendezvous over gloo and move weights by CUDA IPC. Components on
+        different device kinds (a GPU actor, a CPU rollout) meet over gloo, staging through host memory: each
+        side left to its own kind's backend would rendezvous NCCL against gloo and never meet. All others take
         their device kind's backend (None) and send over the group."""
         pa, pb = self[a], self[b]
         if pa.device_kind == pb.device_kind == "gpu" and pa.devices & pb.devices:
             return "gloo", "ipc"
+        if pa.device_kind != pb.device_kind:
+            return "gloo", "group"
         return None, "group"
 
     @property
