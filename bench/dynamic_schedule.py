@@ -1,22 +1,25 @@
-"""Dynamic vs static collocated schedule: GRPO step time, measured side by side in one process.
+"""Dynamic vs static collocated schedule, and vs the default collocated runner: GRPO step time, one process.
 
-    python bench/dynamic_schedule.py                       # small, CPU (2 slots)
+    python bench/dynamic_schedule.py                       # small, CPU (2 slots), 3 runs per side
+    python bench/dynamic_schedule.py --quick               # one short run per side: checks the script runs
     python bench/dynamic_schedule.py --migrate-at 0.5      # dynamic with request migration
     python bench/dynamic_schedule.py --gpu --placement "0-1" --hidden 512 --layers 8 --prompts 64 --max-new-tokens 256
 
-Both sides run `runners/schedules/dynamic.py` with the same config and seed (so they train the same
-weights; see tests/test_dynamic_schedule.py); only the hand-over differs: static gives the actor
+Three sides, same config and seed. "static" and "dynamic" run `runners/schedules/dynamic.py` (so they train
+the same weights; see tests/test_dynamic_schedule.py); only the hand-over differs: static gives the actor
 the devices once the whole rollout has offloaded, dynamic gives it each replica's devices as soon as
 that replica has finished (with `--migrate-at`, also moves the unfinished requests onto fewer replicas
-once that share of groups is done, freeing the others). Runs alternate (static, dynamic, dynamic, static, ...); the first step of
-each run is dropped (warm-up). Step time = rollout + hand-over + training + weight sync.
-Last line: {"bench": "dynamic_schedule", "speedup": static step time / dynamic step time}.
+once that share of groups is done, freeing the others). "collocated" is the default runner
+(`runner.schedule=collocated`, `runners/schedules/collocated.py`) on the same config: what a user gets
+without the dynamic schedule. The order of the sides rotates every repetition; the first step of each
+run is dropped (warm-up). Step time = rollout + hand-over + training + weight sync (the run's clock).
+Last line: {"bench": "dynamic_schedule", "speedup": static / dynamic, "speedup_vs_collocated":
+collocated / dynamic, ...}, from the medians of all kept steps of each side.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,8 +29,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import Machine, median_ratio, result_line  # noqa: E402
 from rlinf_like.runners.config import ReasoningConfig  # noqa: E402
-from rlinf_like.runners.schedules import dynamic  # noqa: E402
+from rlinf_like.runners.schedules import collocated, dynamic  # noqa: E402
 from rlinf_like.scheduler import ClusterConfig  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 
@@ -53,9 +57,20 @@ def step_times(history: list[dict]) -> list[float]:
     return [b - a for a, b in zip(clock, clock[1:])]  # drops step 1 (warm-up)
 
 
+SIDES = ("collocated", "static", "dynamic")
+
+
+def run_side(side: str, cfg: ReasoningConfig) -> list[dict]:
+    if side == "collocated":
+        cfg.runner.schedule = "collocated"
+        return collocated.train(cfg).history
+    cfg.runner.schedule = "dynamic"  # the config as a dynamic run has it; `handover` picks the hand-over
+    return dynamic.train(cfg, handover=side).history
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--reps", type=int, default=1, help="runs per schedule")
+    p.add_argument("--reps", type=int, default=3, help="runs per side")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -67,25 +82,31 @@ def main() -> None:
     p.add_argument("--migrate-at", type=float, default=0.0, help="dynamic: runner.migrate_at (0 = no migration)")
     p.add_argument("--slots", type=int, default=128, help="rollout.max_batch_size per replica")
     p.add_argument("--gpu", action="store_true")
+    p.add_argument("--quick", action="store_true", help="one 3-step run per side, 8 prompts")
     args = p.parse_args()
+    if args.quick:
+        args.reps, args.steps, args.prompts, args.max_new_tokens = 1, 3, 8, 16
     limit_threads()
-    times: dict[str, list[float]] = {"static": [], "dynamic": []}
-    order = [s for i in range(args.reps) for s in (("static", "dynamic") if i % 2 == 0 else ("dynamic", "static"))]
+    machine = Machine.start(vars(args))
+    times: dict[str, list[float]] = {side: [] for side in SIDES}
+    order = [s for i in range(args.reps) for s in (SIDES[i % 3:] + SIDES[:i % 3])]  # each side first in turn
     with tempfile.TemporaryDirectory() as tmp:
-        for i, schedule in enumerate(order):
-            cfg = config(args, Path(tmp) / f"{schedule}{i}")
-            cfg.runner.schedule = "dynamic"  # the config as a dynamic run has it; `handover` picks the hand-over
-            history = dynamic.train(cfg, handover=schedule).history
-            times[schedule] += step_times(history)
+        for i, side in enumerate(order):
+            history = run_side(side, config(args, Path(tmp) / f"{side}{i}"))
+            times[side] += step_times(history)
             early = sum(h.get("sched_early_minibatches", 0) for h in history)
             moved = sum(h.get("sched_migrated", 0) for h in history)
-            print(f"{schedule}: step times {[round(t, 3) for t in step_times(history)]}, "
+            print(f"run {i} {side}: step times {[round(t, 3) for t in step_times(history)]}, "
                   f"mini-batches trained before the rollout ended: {early:.0f}, requests migrated: {moved:.0f}",
                   flush=True)
-    static, dynamic = statistics.median(times["static"]), statistics.median(times["dynamic"])
-    print(f"median step: static {static:.3f} s, dynamic {dynamic:.3f} s")
-    print(json.dumps({"bench": "dynamic_schedule", "speedup": round(static / dynamic, 3),
-                      "static_step_s": round(static, 4), "dynamic_step_s": round(dynamic, 4)}))
+    med = {side: statistics.median(t) for side, t in times.items()}
+    print("median step: " + ", ".join(f"{side} {t:.3f} s" for side, t in med.items()))
+    machine.end()
+    print(result_line("dynamic_schedule", speedup=median_ratio(times["static"], times["dynamic"]),
+                      speedup_vs_collocated=median_ratio(times["collocated"], times["dynamic"]),
+                      static_vs_collocated=median_ratio(times["collocated"], times["static"]),
+                      step_s={side: round(t, 4) for side, t in med.items()}, reps=args.reps,
+                      migrate_at=args.migrate_at, load_start=machine.load_start, load_end=machine.load_end))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,220 @@
+"""Run every benchmark in bench/, one after another, and write their ratios and targets into docs/benchmarks.md.
+
+    python bench/run_all.py            # full runs (an hour or more on 2 cores)
+    python bench/run_all.py --quick    # each bench's quick mode: checks they all run (under 10 minutes on 2 cores)
+    python bench/run_all.py --only channel offload --no-write
+
+Each bench runs in its own process (never two at once: they would share the cores and time each other); its
+output is echoed, and its last line, one JSON object, gives the ratios. The generated table goes between the
+markers below in docs/benchmarks.md; the hand-written sections after them are left as they are. A bench that
+fails, or whose optional package (trl, stable-baselines3, megatron-core) is missing, gets a row saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Machine, format_load, load_average  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bench:
+    name: str  # the row label and the key into TARGETS
+    script: str
+    args: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ("--quick",)  # benches without a --quick mode get small settings instead
+    needs: tuple[str, ...] = ()  # optional packages (import names): missing -> a "skipped" row
+    timeout_s: int = 3600
+
+
+BENCHES = (
+    Bench(name="channel", script="channel.py"),
+    Bench(name="offload", script="offload.py"),
+    Bench(name="weight_sync", script="weight_sync.py"),
+    Bench(name="weight_sync_megatron", script="weight_sync.py", args=("--megatron",), needs=("megatron.core",)),
+    Bench(name="rollout", script="rollout.py"),
+    Bench(name="packing", script="packing.py"),
+    Bench(name="agentic", script="agentic.py"),
+    Bench(name="lora", script="lora.py", needs=("peft",)),
+    Bench(name="dynamic_schedule", script="dynamic_schedule.py"),
+    Bench(name="async_rl", script="async_rl.py"),
+    Bench(name="grpo_vs_trl", script="grpo_vs_trl.py", needs=("trl",)),
+    Bench(name="ppo_vs_sb3", script="ppo_vs_sb3.py", quick=("--steps", "4096"), needs=("stable_baselines3",)),
+    Bench(name="embodied_pipeline", script="embodied_pipeline.py", quick=("--reps", "1", "--updates", "2"),
+          needs=("mujoco",)),
+)
+
+# bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
+# From docs/benchmarks.md and issue 20.
+TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
+    "channel": {"throughput.1MiB.ratio": (">=", 0.8), "throughput.64MiB.ratio": (">=", 0.8),
+                "latency_ratio": ("<=", 2.0)},
+    "offload": {"offload_ratio": (">=", 0.8), "onload_ratio": (">=", 0.8)},
+    "weight_sync": {"ratio_fair": ("<=", 1.1), "ratio_broadcast": None, "copy_bandwidth_fraction": (">=", 0.5)},
+    "weight_sync_megatron": {"ratio_fair": ("<=", 1.1), "ratio_broadcast": None,
+                             "copy_bandwidth_fraction": (">=", 0.5)},
+    "rollout": {"ratio": (">=", 1.5)},
+    "packing": {"speedup": (">=", 1.5)},
+    "agentic": {"throughput_ratio": (">=", 2.0)},
+    "lora": {"step_time_ratio": ("<=", 0.6), "memory_ratio": ("<=", 0.6), "sync_bytes_ratio": ("<=", 0.1)},
+    "dynamic_schedule": {"speedup": None, "speedup_vs_collocated": None},  # no target set yet
+    "async_rl": {"time_ratio": ("<=", 0.7)},
+    "grpo_vs_trl": {"time_ratio": ("<=", 0.5)},
+    "ppo_vs_sb3": {"time_ratio": ("<=", 1.0)},
+    "embodied_pipeline": {"speedup": (">=", 1.3)},
+}
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    bench: str
+    status: str  # "ok", or why there is no result: "skipped: ...", "failed: ..."
+    result: dict | None = None
+    seconds: float = 0.0
+
+
+def last_json(output: str) -> dict | None:
+    """The JSON object on the last non-empty line of a bench's stdout, or None."""
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        value = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def lookup(obj: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def verdict(value, target: tuple[str, float] | None) -> str:
+    if target is None:
+        return ""
+    if not isinstance(value, (int, float)):
+        return ""
+    op, bound = target
+    return "met" if (value >= bound if op == ">=" else value <= bound) else "missed"
+
+
+def rows(outcome: Outcome) -> list[list[str]]:
+    """Table rows (bench, key, value, target, met) for one bench's outcome."""
+    targets = TARGETS.get(outcome.bench, {})
+    if outcome.status != "ok":
+        return [[outcome.bench, "", outcome.status, "", ""]]
+    out = []
+    for key, target in targets.items():
+        value = lookup(outcome.result or {}, key)
+        shown = "not in its output" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
+        out.append([outcome.bench, f"`{key}`", shown, "—" if target is None else f"{target[0]} {target[1]}",
+                    verdict(value, target)])
+    return out or [[outcome.bench, "", "ok (no targets listed)", "", ""]]
+
+
+def render(outcomes: list[Outcome], machine: Machine, quick: bool) -> str:
+    info = machine.info
+    mode = "`--quick` (smoke sizes: ratios are not the benches' measurements)" if quick else "full"
+    lines = [BEGIN, "", "### Latest `bench/run_all.py` run (generated: edit `bench/run_all.py`, not this table)", "",
+             f"{info['date']}, {mode}; {info['cores']} cores ({info['cpu']}), torch {info['torch']}, python "
+             f"{info['python']}; load average {format_load(machine.load_start)} at start, "
+             f"{format_load(machine.load_end)} at end. Each bench ran alone, in its own process.", "",
+             "| bench | ratio | value | target | |", "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for outcome in outcomes for row in rows(outcome)]
+    lines += ["", "Wall time per bench: " + ", ".join(f"{o.bench} {o.seconds:.0f} s" for o in outcomes) + ".", "",
+              END]
+    return "\n".join(lines)
+
+
+def splice(doc: str, block: str) -> str:
+    """`doc` with the text between the markers replaced by `block`; without markers, `block` goes before the
+    first `## ` section (after the page's introduction)."""
+    if BEGIN in doc and END in doc:
+        head, rest = doc.split(BEGIN, 1)
+        return head + block + rest.split(END, 1)[1]
+    at = doc.find("\n## ")
+    if at < 0:
+        return doc.rstrip("\n") + "\n\n" + block + "\n"
+    return doc[: at + 1] + block + "\n\n" + doc[at + 1 :]
+
+
+def missing_package(bench: Bench) -> str | None:
+    for name in bench.needs:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ModuleNotFoundError:  # a dotted name whose parent is missing
+            return name
+    return None
+
+
+def run(bench: Bench, quick: bool) -> Outcome:
+    missing = missing_package(bench)
+    if missing:
+        return Outcome(bench=bench.name, status=f"skipped: {missing} not installed")
+    cmd = [sys.executable, str(ROOT / "bench" / bench.script), *bench.args, *(bench.quick if quick else ())]
+    print(f"\n=== {bench.name}: {' '.join(cmd[1:])} (load average {format_load(load_average())})", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    watchdog = threading.Timer(bench.timeout_s, proc.kill)  # a hung bench prints nothing: the loop cannot notice
+    watchdog.start()
+    try:
+        for line in proc.stdout:  # echoed as it comes: settings, machine, each repetition
+            print(f"  {line}", end="", flush=True)
+            seen.append(line)
+        code = proc.wait()
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    seconds = time.monotonic() - start
+    if seconds > bench.timeout_s:
+        return Outcome(bench=bench.name, status=f"failed: over {bench.timeout_s} s", seconds=seconds)
+    result = last_json("".join(seen))
+    if code != 0 or result is None:
+        tail = next((s.strip() for s in reversed(seen) if s.strip()), "no output")
+        why = f"exit {code}" if code else "no JSON last line"
+        return Outcome(bench=bench.name, status=f"failed ({why}): {tail[:120].replace('|', '/')}", seconds=seconds)
+    return Outcome(bench=bench.name, status="ok", result=result, seconds=seconds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="each bench's quick mode")
+    p.add_argument("--only", nargs="+", metavar="BENCH", help=f"a subset of {[b.name for b in BENCHES]}")
+    p.add_argument("--no-write", action="store_true", help="print the table, leave docs/benchmarks.md alone")
+    args = p.parse_args(argv)
+    chosen = [b for b in BENCHES if not args.only or b.name in args.only]
+    machine = Machine.start({"quick": args.quick, "benches": [b.name for b in chosen]})
+    outcomes = [run(bench, args.quick) for bench in chosen]
+    machine.end()
+    block = render(outcomes, machine, args.quick)
+    print("\n" + block)
+    if not args.no_write:
+        DOC.write_text(splice(DOC.read_text(), block))
+        print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
