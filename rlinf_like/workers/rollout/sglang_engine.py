@@ -1,8 +1,10 @@
 """Rollout through SGLang's offline engine (`sglang.Engine`), a GPU-only optional extra.
 
 SGLang calls used (public offline-engine API, 2025-2026 releases):
-  * `sglang.Engine(model_path, tp_size, dtype, mem_fraction_static, random_seed, enable_memory_saver,
-    enable_weights_cpu_backup, [context_length])`: memory saver + CPU weight backup make release/resume lossless.
+  * `sglang.Engine(model_path, tp_size, base_gpu_id, dtype, mem_fraction_static, random_seed, enable_memory_saver,
+    enable_weights_cpu_backup, [context_length])` (`sglang_tp.engine_kwargs`): memory saver + CPU weight backup
+    make release/resume lossless. `tp_size` > 1: SGLang's own tensor parallelism over the replica's GPUs; the
+    replica's first rank drives it, the others run `SGLangFollower` (see sglang_tp.py).
   * `engine.async_generate(input_ids=[...], sampling_params={...}, return_logprob=True, rid=...)`, one call
     per sample, driven on `engine.loop`; each result has `meta_info["output_token_logprobs"]`, a list of
     (logprob, token_id, text) for the sampled tokens, and `meta_info["finish_reason"]["type"]` in
@@ -28,9 +30,11 @@ from pathlib import Path
 
 import torch
 
-from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
+from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.sglang_tp import (SGLangFollower, engine_kwargs, replica_devices, sglang_layouts,
+                                                  visible_devices)
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, SampleProgress, rejected, request_error
 
 ABORT_GRACE_S = 30.0  # after an abort, how long to wait for SGLang to hand back the partial samples
@@ -56,15 +60,32 @@ def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
 
 
 class SGLangEngine(RolloutEngine):
-    supports_tp = True  # inside sglang.Engine (its tp_size); note __init__ still starts it with tp_size=1
+    supports_tp = True  # sglang.Engine(tp_size=rollout.tp_size) over the replica's GPUs (sglang_tp.py)
     continues_migrated = True
     needs_gpu = True
 
     @classmethod
-    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> SGLangEngine:
-        return cls(config)  # SGLang loads its own tokenizer and places itself on the GPU
+    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None,
+               device: str = "cpu") -> SGLangEngine | SGLangFollower:
+        """SGLang loads its own tokenizer and places itself on the GPUs. With a process group of tp ranks (one
+        replica), its first rank starts one TP engine over all their GPUs and the others follow."""
+        if process_group is None:
+            return cls(config)
+        import torch.distributed as dist
 
-    def __init__(self, config: RolloutConfig, **engine_kwargs):
+        tp, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        if tp == 1:
+            return cls(config, tp_size=1)
+        devices = replica_devices(process_group)  # a collective: every rank, before any returns
+        if rank:
+            return SGLangFollower(checkpoint_shapes(config.model_path), getattr(torch, config.dtype), tp, rank)
+        return cls(config, tp_size=tp, devices=devices)
+
+    def __init__(self, config: RolloutConfig, tp_size: int | None = None, devices: str | None = None,
+                 **extra_kwargs):
+        """`tp_size`: GPUs the engine spans (None: rollout.tp_size); `devices`: their CUDA_VISIBLE_DEVICES for
+        SGLang's processes (None: this process's); `extra_kwargs` go to sglang.Engine (e.g. attention_backend,
+        enable_deterministic_inference)."""
         sgl = require("sglang")  # first: a clear MissingExtraError before any work
         from transformers import AutoConfig
 
@@ -77,13 +98,10 @@ class SGLangEngine(RolloutEngine):
         self._stage: dict[str, torch.Tensor] | None = None
         self._offloaded = False
         self._pending_push = False
-        kwargs = dict(model_path=config.model_path, tp_size=1, dtype=config.dtype, random_seed=config.seed,
-                      mem_fraction_static=config.sglang_mem_fraction,
-                      enable_memory_saver=True, enable_weights_cpu_backup=True)  # offload keeps weights on host
-        if config.max_context:
-            kwargs["context_length"] = config.max_context
-        kwargs.update(engine_kwargs)  # e.g. attention_backend, enable_deterministic_inference
-        self.engine = sgl.Engine(**kwargs)
+        kwargs = engine_kwargs(config, tp_size, **extra_kwargs)
+        self.tp_size = kwargs["tp_size"]
+        with visible_devices(devices):  # SGLang's TP processes inherit it at spawn
+            self.engine = sgl.Engine(**kwargs)
 
     # --- generation ------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
@@ -198,8 +216,8 @@ class SGLangEngine(RolloutEngine):
 
     # --- weights ---------------------------------------------------------------------------------------
     def weight_layouts(self) -> list[TensorLayout]:
-        # the driver (this process) receives whole tensors; SGLang shards them itself when loading
-        return [replicated(name, shape, 1, str(self.dtype)) for name, shape in self._shapes.items()]
+        # the driver (this process, TP rank 0) receives whole tensors; SGLang shards them itself when loading
+        return sglang_layouts(self._shapes, self.dtype, self.tp_size)
 
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         if self._stage is None:  # allocated on first use: engines that never sync pay nothing
