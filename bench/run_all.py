@@ -134,13 +134,14 @@ def rows(outcome: Outcome) -> list[list[str]]:
 def render(outcomes: list[Outcome], machine: Machine, quick: bool) -> str:
     info = machine.info
     mode = "`--quick` (smoke sizes: ratios are not the benches' measurements)" if quick else "full"
-    lines = [BEGIN, "", "### Latest `bench/run_all.py` run (generated: edit `bench/run_all.py`, not this table)", "",
+    lines = [BEGIN, "", "## Summary: the latest `bench/run_all.py` run (generated; edit `bench/run_all.py`, not this table)", "",
              f"{info['date']}, {mode}; {info['cores']} cores ({info['cpu']}), torch {info['torch']}, python "
              f"{info['python']}; load average {format_load(machine.load_start)} at start, "
              f"{format_load(machine.load_end)} at end. Each bench ran alone, in its own process.", "",
              "| bench | ratio | value | target | |", "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for outcome in outcomes for row in rows(outcome)]
-    lines += ["", "Wall time per bench: " + ", ".join(f"{o.bench} {o.seconds:.0f} s" for o in outcomes) + ".", "",
+    lines += ["", f"Wall time {sum(o.seconds for o in outcomes):.0f} s: "
+              + ", ".join(f"{o.bench} {o.seconds:.0f} s" for o in outcomes) + ".", "",
               END]
     return "\n".join(lines)
 
