@@ -134,7 +134,8 @@ def rows(outcome: Outcome) -> list[list[str]]:
 def render(outcomes: list[Outcome], machine: Machine, quick: bool) -> str:
     info = machine.info
     mode = "`--quick` (smoke sizes: ratios are not the benches' measurements)" if quick else "full"
-    lines = [BEGIN, "", "## Summary: the latest `bench/run_all.py` run (generated; edit `bench/run_all.py`, not this table)", "",
+    title = "## Summary: the latest `bench/run_all.py` run (generated; edit `bench/run_all.py`, not this table)"
+    lines = [BEGIN, "", title, "",
              f"{info['date']}, {mode}; {info['cores']} cores ({info['cpu']}), torch {info['torch']}, python "
              f"{info['python']}; load average {format_load(machine.load_start)} at start, "
              f"{format_load(machine.load_end)} at end. Each bench ran alone, in its own process.", "",

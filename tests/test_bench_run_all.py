@@ -70,4 +70,5 @@ def test_failing_missing_and_good_benches_each_get_a_row(tmp_path):
 
 def test_result_line_rounds_and_ratio_is_of_medians():
     assert median_ratio([1.0, 9.0, 2.0], [4.0, 4.0, 100.0]) == 0.5  # 2 / 4, not a median of per-rep ratios
-    assert result_line("x", ratio=2 / 3, nested={"a": [1 / 3]}) == '{"bench": "x", "ratio": 0.667, "nested": {"a": [0.333]}}'
+    line = result_line("x", ratio=2 / 3, nested={"a": [1 / 3]})
+    assert line == '{"bench": "x", "ratio": 0.667, "nested": {"a": [0.333]}}'

@@ -82,7 +82,8 @@ class SGLangFollower(RolloutEngine):
         self._tp_rank = tp_rank
         self._empty = {l.name: torch.empty(l.local_shape(tp_rank), dtype=dtype) for l in self._layouts}
 
-    def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
+    def generate(self, requests: Sequence[RolloutRequest],
+                 on_result: ResultCallback | None = None) -> list[RolloutResult]:
         return []  # the replica's first rank serves and returns its results (RolloutWorker.is_leader)
 
     def offload(self) -> None:  # SGLang's processes release their memory when the first rank offloads
