@@ -26,7 +26,8 @@ from rlinf_like.hybrid_engines.tensors import local_tensor
 
 def machine(when: str) -> str:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"machine ({when}): {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, load average {load}"
+    return (f"machine ({when}): {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"load average {load}")
 
 
 def copy_gbps(nbytes: int, reps: int = 5) -> float:
