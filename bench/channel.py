@@ -2,8 +2,10 @@
 
 Throughput: 1 MiB and 64 MiB tensor items, the same number of items in flight on both paths
 (raw: ray.put + an actor call that ray.gets the ref). Latency: small-message ping-pong A->B->A,
-over two channels versus one raw actor call A->B. Repetitions alternate between the two
-paths; medians are compared. Last line: one JSON object, ratios are ours / raw.
+over two channels versus one raw actor call A->B. The raw side gets the same window of items in
+flight as the channel's maxsize. Each repetition runs both paths, the first one alternating between
+repetitions; each repetition is printed, and the medians are compared. Last line: one JSON object,
+ratios are ours / raw (throughput: higher is better, target >= 0.8; latency: lower is better, target <= 2.0).
 
     python bench/channel.py [--quick]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -95,14 +98,32 @@ class Peer(Worker):
         return elapsed
 
 
+def machine(when: str) -> str:
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"machine ({when}): {platform.node()}, {os.cpu_count()} cores, ray {ray.__version__}, load average {load}"
+
+
+def alternate(rep: int, raw, channel) -> tuple[float, float]:
+    """Run both sides, raw first on even repetitions and the channel first on odd ones."""
+    if rep % 2:
+        ch = channel()
+        return raw(), ch
+    r = raw()
+    return r, channel()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke run)")
     args = parser.parse_args()
-    reps = 2 if args.quick else 5
+    reps = 3 if args.quick else 5
     window = 4
     sizes = {"1MiB": (1 << 20, 64 if not args.quick else 16), "64MiB": (64 << 20, 8 if not args.quick else 3)}
     n_pings = 100 if args.quick else 300
+    print(machine("start"))
+    print(f"settings: {reps} repetitions, window/maxsize {window}, items "
+          + ", ".join(f"{n} x {label}" for label, (_, n) in sizes.items())
+          + f", {n_pings} pings; 2 worker processes (one per CPU slot) and one store actor per channel")
 
     with Cluster(ClusterConfig(num_cpus=2, object_store_memory_mb=1024)) as cluster:
         placement = cluster.place({"a": "0", "b": "1"})
@@ -116,9 +137,13 @@ def main() -> None:
             for rep in range(reps):
                 ch = Channel.create(f"bench-{label}-{rep}", item_type=Item, maxsize=window)
                 ch.qsize()  # store is up before timing
-                raw_t.append(a.send_raw(peer, n, numel, window).wait()[0])
-                ch_t.append(a.send_channel(ch, peer, n, numel).wait()[0])
+                r, c = alternate(rep, lambda: a.send_raw(peer, n, numel, window).wait()[0],
+                                 lambda: a.send_channel(ch, peer, n, numel).wait()[0])
+                raw_t.append(r), ch_t.append(c)
                 ch.destroy()
+                mib = n * nbytes / 2**20
+                print(f"  {label} rep {rep + 1}/{reps} ({'channel' if rep % 2 else 'raw'} first): "
+                      f"raw {mib / r:8.1f} MiB/s   channel {mib / c:8.1f} MiB/s", flush=True)
             raw_mib_s = n * nbytes / 2**20 / statistics.median(raw_t)
             ch_mib_s = n * nbytes / 2**20 / statistics.median(ch_t)
             results[label] = {"raw_mib_s": round(raw_mib_s, 1), "channel_mib_s": round(ch_mib_s, 1),
@@ -131,15 +156,19 @@ def main() -> None:
             ab = Channel.create(f"ping-ab-{rep}", item_type=Ping)
             ba = Channel.create(f"ping-ba-{rep}", item_type=Ping)
             ab.qsize(), ba.qsize()
-            raw_l.append(a.ping_raw(peer, n_pings).wait()[0])
-            ch_l.append(a.ping_channel(ab, ba, peer, n_pings).wait()[0])
+            r, c = alternate(rep, lambda: a.ping_raw(peer, n_pings).wait()[0],
+                             lambda: a.ping_channel(ab, ba, peer, n_pings).wait()[0])
+            raw_l.append(r), ch_l.append(c)
             ab.destroy(), ba.destroy()
+            print(f"  round trip rep {rep + 1}/{reps} ({'channel' if rep % 2 else 'raw'} first): "
+                  f"raw {r * 1e3:.3f} ms   channel {c * 1e3:.3f} ms", flush=True)
         raw_ms, ch_ms = statistics.median(raw_l) * 1e3, statistics.median(ch_l) * 1e3
         print(f"round trip (small message): channel {ch_ms:.3f} ms   raw ray actor call {raw_ms:.3f} ms   "
               f"ratio {ch_ms / raw_ms:.2f}")
         a.shutdown()
         b.shutdown()
 
+    print(machine("end"))
     summary = {
         "bench": "channel",
         "throughput_ratio": min(r["ratio"] for r in results.values()),

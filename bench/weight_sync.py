@@ -1,15 +1,19 @@
-"""Reshard + weight sync versus one raw broadcast of the same bytes over the same process group.
+"""Reshard + weight sync versus two baselines over the same process group, buffers preallocated on all sides.
 
 Actor: FSDP-style dp=2 (DTensor Shard(0)); rollout: Megatron-style tp=2 (column-parallel q/k/v/
-gate/up, row-parallel o/down). About 100M fp32 parameters laid out like Llama layers. Both paths
-run over the same gloo peer group of the 4 processes; repetitions alternate; medians compared.
-The same plan also runs over transport "ipc" (shared-memory handles; CUDA IPC on GPU).
-Last line: one JSON object, ratio = ours / raw (lower is better; target <= 1.2), ipc_ratio likewise.
+gate/up, row-parallel o/down). About 100M fp32 parameters laid out like Llama layers. Every path
+runs over the same gloo peer group of the 4 processes:
+- fair: hand-written point-to-point sends of exactly the slices our plan moves (bench/weight_sync_baselines.py);
+- broadcast: the naive sync, one broadcast of the whole model from actor rank 0 to every process;
+- ours: the plan over transport "group" (the ratios), and over "ipc" (shared-memory handles; CUDA IPC on GPU).
+Each repetition runs every path, in an order that rotates between repetitions; medians are compared.
+copy_bandwidth_fraction: the plan's bytes / our sync time, over one plain memory copy's GB/s on this machine.
+Last line: one JSON object; ratios are ours / baseline (lower is better; targets: <= 1.1 against the fair
+baseline, copy_bandwidth_fraction >= 0.5).
 
 `--megatron`: a real MegatronModelManager (TP=2, a ~110M-parameter Llama-style HF checkpoint) syncs
 into a real native rollout engine (tp=1): HF-named shards (q/k/v and gate/up split out of megatron's
-fused tensors, every publish) -> the engine's fused weights, versus one raw broadcast of the same
-bytes over the same peer group of the 3 processes.
+fused tensors, every publish, on every path) -> the engine's fused weights, over the peer group of the 3 processes.
 
     python bench/weight_sync.py [--quick] [--megatron]
 """
@@ -20,15 +24,21 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.weight_sync_baselines, run as a script
+
+from bench.weight_sync_baselines import HandSync, RawBroadcast, copy_gbps, machine
 from rlinf_like.hybrid_engines.reshard import (
     TRANSPORTS, SyncPlan, WeightReceiver, WeightSender, dtensor_layout, replicated, sharded,
 )
+from rlinf_like.hybrid_engines.reshard.layout import dtype_from_name
 from rlinf_like.scheduler import Cluster, ClusterConfig, Worker, connect_groups, wait_all
 
 COLUMN = ("q", "k", "v", "gate", "up")  # split output features (dim 0) under TP
@@ -59,7 +69,43 @@ def rollout_layouts(shapes, tp):
     return out
 
 
-class Actor(Worker):
+class SenderSide:
+    """The actor side of every path; `shards()` gives this round's local tensors."""
+
+    def init(self, plan, broadcast_bytes: int):
+        group = self.peer_group("weights")
+        self.senders = {t: WeightSender(group, plan, self.rank, t) for t in TRANSPORTS}
+        self.hand = HandSync(group, plan, "send", self.rank, self.shards())
+        self.bcast = RawBroadcast(group, broadcast_bytes, is_source=self.rank == 0)
+        self.bcast_src = group.ranks[plan.src_group][0]
+
+    def step(self, path: str, version: int) -> None:
+        if path == "fair":
+            self.hand.run(self.shards())
+        elif path == "broadcast":
+            self.bcast.run(self.bcast_src)
+        else:
+            self.senders[path].publish(version, self.shards())
+
+
+class ReceiverSide:
+    def init(self, plan, broadcast_bytes: int):
+        group = self.peer_group("weights")
+        self.receivers = {t: WeightReceiver(group, plan, self.rank, self.targets(), t) for t in TRANSPORTS}
+        self.hand = HandSync(group, plan, "recv", self.rank, self.targets())
+        self.bcast = RawBroadcast(group, broadcast_bytes, is_source=False)
+        self.bcast_src = group.ranks[plan.src_group][0]
+
+    def step(self, path: str, version: int) -> None:
+        if path == "fair":
+            self.hand.run()
+        elif path == "broadcast":
+            self.bcast.run(self.bcast_src)
+        else:
+            self.receivers[path].apply(version)
+
+
+class Actor(SenderSide, Worker):
     def __init__(self, shapes):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Shard
@@ -77,35 +123,20 @@ class Actor(Worker):
     def layouts(self):
         return [dtensor_layout(n, t) for n, t in self.tensors.items()]
 
-    def init(self, plan):
-        self.senders = {t: WeightSender(self.peer_group("weights"), plan, self.rank, t) for t in TRANSPORTS}
-
-    def publish(self, version, transport):
-        return self.senders[transport].publish(version, self.tensors)
-
-    def raw_broadcast(self, nbytes):
-        buffer = torch.ones(nbytes, dtype=torch.uint8)
-        self.peer_group("weights").broadcast(buffer, src=0)
+    def shards(self):
+        return self.tensors
 
 
-class Rollout(Worker):
+class Rollout(ReceiverSide, Worker):
     def __init__(self, shapes):
         self.layouts_ = rollout_layouts(shapes, self.world_size)
-        self.tensors = {l.name: torch.empty(l.local_shape(self.rank)) for l in self.layouts_}
+        self.tensors = {l.name: torch.zeros(l.local_shape(self.rank)) for l in self.layouts_}
 
-    def init(self, plan):
-        self.receivers = {t: WeightReceiver(self.peer_group("weights"), plan, self.rank, self.tensors, t)
-                          for t in TRANSPORTS}
-
-    def apply(self, version, transport):
-        return self.receivers[transport].apply(version)
-
-    def raw_broadcast(self, nbytes):
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
-        self.peer_group("weights").broadcast(buffer, src=0)
+    def targets(self):
+        return self.tensors
 
 
-class MegatronActor(Worker):
+class MegatronActor(SenderSide, Worker):
     def __init__(self, path):
         from rlinf_like.hybrid_engines.megatron import MegatronConfig, MegatronModelManager
 
@@ -114,16 +145,11 @@ class MegatronActor(Worker):
     def layouts(self):
         return self.manager.shard_layouts()
 
-    def init(self, plan):
-        self.senders = {t: WeightSender(self.peer_group("weights"), plan, self.rank, t) for t in TRANSPORTS}
-
-    def publish(self, version, transport):
-        return self.senders[transport].publish(version, self.manager.named_shards())
-
-    raw_broadcast = Actor.raw_broadcast
+    def shards(self):
+        return self.manager.named_shards()
 
 
-class NativeRollout(Worker):
+class NativeRollout(ReceiverSide, Worker):
     def __init__(self, path):
         from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
 
@@ -132,30 +158,48 @@ class NativeRollout(Worker):
     def layouts(self):
         return self.engine.weight_layouts()
 
-    def init(self, plan):
-        # one receiver per transport over the engine's own (fused, HF-named view) weight tensors
-        self.receivers = {t: WeightReceiver(self.peer_group("weights"), plan, self.rank, self.engine.weight_tensors(), t)
-                          for t in TRANSPORTS}
-
-    def apply(self, version, transport):
-        return self.receivers[transport].apply(version)
-
-    raw_broadcast = Rollout.raw_broadcast
+    def targets(self):
+        return self.engine.weight_tensors()  # the engine's own (fused, HF-named view) weight tensors
 
 
-def time_rounds(actor, rollout, raw_bytes: int, reps: int) -> tuple[float, float, float]:
-    """Median seconds of (sync over the group, one raw broadcast of `raw_bytes`, sync over ipc),
-    alternating within each round so all three see the same machine state."""
-    times: dict[str, list[float]] = {"raw": [], **{t: [] for t in TRANSPORTS}}
-    for version in range(1, reps + 1):
-        t0 = time.perf_counter()
-        wait_all([actor.raw_broadcast(raw_bytes), rollout.raw_broadcast(raw_bytes)])
-        times["raw"].append(time.perf_counter() - t0)
-        for transport in TRANSPORTS:
+PATHS = ("fair", "broadcast", "group", "ipc")
+
+
+def time_rounds(actor, rollout, reps: int) -> dict[str, float]:
+    """Median seconds of each path. Every repetition runs all paths, in an order rotated by one each time,
+    so no path always runs first (or right after another)."""
+    wait_all([actor.step("group", 0), rollout.step("group", 0)])  # warm: first-round setup, pages touched
+    wait_all([actor.step("fair", 0), rollout.step("fair", 0)])
+    wait_all([actor.step("ipc", 0), rollout.step("ipc", 0)])
+    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    for rep in range(reps):
+        order = PATHS[rep % len(PATHS):] + PATHS[:rep % len(PATHS)]
+        for path in order:
             t0 = time.perf_counter()
-            wait_all([actor.publish(version, transport), rollout.apply(version, transport)])
-            times[transport].append(time.perf_counter() - t0)
-    return tuple(statistics.median(times[k]) for k in ("group", "raw", "ipc"))
+            wait_all([actor.step(path, rep + 1), rollout.step(path, rep + 1)])
+            times[path].append(time.perf_counter() - t0)
+        print(f"rep {rep + 1}/{reps} (order {' '.join(order)}): "
+              + "   ".join(f"{p} {times[p][-1]:.3f} s" for p in PATHS), flush=True)
+    return {p: statistics.median(v) for p, v in times.items()}
+
+
+def report(name: str, med: dict[str, float], plan_bytes: int, broadcast_bytes: int, extra: dict) -> None:
+    copy = copy_gbps(plan_bytes)
+    gbps = {p: plan_bytes / med[p] / 1e9 for p in ("fair", "group", "ipc")}
+    print(f"medians: ours (group) {med['group']:.3f} s = {gbps['group']:.2f} GB/s;  fair p2p {med['fair']:.3f} s = "
+          f"{gbps['fair']:.2f} GB/s;  broadcast of {broadcast_bytes / 2**20:.0f} MiB {med['broadcast']:.3f} s;  "
+          f"ours (ipc) {med['ipc']:.3f} s = {gbps['ipc']:.2f} GB/s;  plain memory copy {copy:.2f} GB/s (one thread)")
+    print(machine("end"))
+    print(json.dumps({"bench": name, "ratio_fair": round(med["group"] / med["fair"], 3),
+                      "ratio_broadcast": round(med["group"] / med["broadcast"], 3),
+                      "copy_bandwidth_fraction": round(gbps["group"] / copy, 3), "bytes": plan_bytes,
+                      "ipc_ratio_fair": round(med["ipc"] / med["fair"], 3),
+                      "ipc_copy_bandwidth_fraction": round(gbps["ipc"] / copy, 3),
+                      "copy_gbps": round(copy, 2), "ours_gbps": round(gbps["group"], 2), **extra}))
+
+
+def model_bytes(layouts) -> int:
+    return sum(torch.Size(l.shape).numel() * dtype_from_name(l.dtype).itemsize for l in layouts)
 
 
 def megatron_case(quick: bool) -> None:
@@ -163,7 +207,10 @@ def megatron_case(quick: bool) -> None:
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, ffn, layers, reps = (512, 1408, 4, 2) if quick else (1024, 2816, 8, 3)
+    hidden, ffn, layers, reps = (512, 1408, 4, 3) if quick else (1024, 2816, 8, 5)
+    print(machine("start"))
+    print(f"settings: megatron tp=2 -> native rollout tp=1, hidden {hidden}, ffn {ffn}, {layers} layers, fp32, "
+          f"gloo, bucket 128 MiB, {reps} repetitions, 3 processes on 2 CPU slots")
     path = tempfile.mkdtemp(prefix="bench_megatron_")
     config = LlamaConfig(vocab_size=8192, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                          num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256)
@@ -176,16 +223,14 @@ def megatron_case(quick: bool) -> None:
         [src] = actor.on_ranks(0).layouts().wait()
         [dst] = rollout.layouts().wait()
         plan = SyncPlan.build(src, dst, "actor", "rollout", bucket_bytes=128 << 20)
-        wait_all([actor.init(plan), rollout.init(plan)])
-        ours_s, raw_s, ipc_s = time_rounds(actor, rollout, plan.nbytes, reps)
+        total = model_bytes(src)
+        wait_all([actor.init(plan, total), rollout.init(plan, total)])
+        print(f"{sum(torch.Size(l.shape).numel() for l in src) / 1e6:.0f}M params, {len(plan.buckets)} buckets, "
+              f"{plan.nbytes / 2**20:.0f} MiB moved by the plan, {total / 2**20:.0f} MiB broadcast", flush=True)
+        med = time_rounds(actor, rollout, reps)
         actor.shutdown()
         rollout.shutdown()
-    params = sum(torch.Size(l.shape).numel() for l in src)
-    print(f"megatron tp=2 -> native rollout tp=1: {params / 1e6:.0f}M params, {len(plan.buckets)} buckets, "
-          f"{plan.nbytes / 2**20:.0f} MiB; reshard + sync {ours_s:.2f} s, raw broadcast {raw_s:.2f} s, "
-          f"ratio {ours_s / raw_s:.3f}; over shared memory (ipc) {ipc_s:.2f} s, ratio {ipc_s / raw_s:.3f}")
-    print(json.dumps({"bench": "weight_sync_megatron", "ratio": round(ours_s / raw_s, 3),
-                      "ipc_ratio": round(ipc_s / raw_s, 3), "bytes": plan.nbytes, "params": params}))
+    report("weight_sync_megatron", med, plan.nbytes, total, {"reps": reps})
 
 
 def main() -> None:
@@ -195,9 +240,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.megatron:
         return megatron_case(args.quick)
-    hidden, ffn, layers, reps = (512, 1408, 4, 2) if args.quick else (1024, 2816, 8, 3)
+    hidden, ffn, layers, reps = (512, 1408, 4, 3) if args.quick else (1024, 2816, 8, 5)
+    print(machine("start"))
+    print(f"settings: actor dp=2 (DTensor Shard(0)) -> rollout tp=2, hidden {hidden}, ffn {ffn}, {layers} layers, "
+          f"fp32, gloo, bucket 128 MiB, {reps} repetitions, 4 processes on 2 CPU slots")
     shapes = model_shapes(hidden, ffn, layers)
-    n_params = sum(torch.Size(s).numel() for s in shapes.values())
     with Cluster(ClusterConfig(num_cpus=2, collective_timeout_s=600)) as cluster:
         placement = cluster.place({"actor,rollout": "0-1"})
         actor = Actor.create_group(shapes).launch(cluster, placement, "actor")
@@ -205,19 +252,14 @@ def main() -> None:
         connect_groups(actor, rollout, "weights")
         [src] = actor.on_ranks(0).layouts().wait()
         plan = SyncPlan.build(src, rollout_layouts(shapes, 2), "actor", "rollout", bucket_bytes=128 << 20)
-        wait_all([actor.init(plan), rollout.init(plan)])
-        total = n_params * 4
-        ours_s, raw_s, ipc_s = time_rounds(actor, rollout, total, reps)
+        total = model_bytes(src)
+        wait_all([actor.init(plan, total), rollout.init(plan, total)])
+        print(f"{total / 4e6:.0f}M params ({total / 2**20:.0f} MiB), {len(plan.buckets)} buckets, "
+              f"{plan.nbytes / 2**20:.0f} MiB moved by the plan", flush=True)
+        med = time_rounds(actor, rollout, reps)
         actor.shutdown()
         rollout.shutdown()
-    print(f"{n_params / 1e6:.0f}M params ({total / 2**20:.0f} MiB), dp=2 -> tp=2, {len(plan.buckets)} buckets, "
-          f"{plan.nbytes / 2**20:.0f} MiB moved by the plan")
-    print(f"reshard + sync {ours_s:.2f} s ({plan.nbytes / ours_s / 1e9:.2f} GB/s)   "
-          f"raw broadcast of {total / 2**20:.0f} MiB {raw_s:.2f} s   ratio {ours_s / raw_s:.3f}")
-    print(f"same plan over shared memory (transport 'ipc') {ipc_s:.2f} s   ratio {ipc_s / raw_s:.3f}")
-    print(json.dumps({"bench": "weight_sync", "ratio": round(ours_s / raw_s, 3), "ipc_ratio": round(ipc_s / raw_s, 3),
-                      "bytes": total,
-                      "plan_bytes": plan.nbytes, "params": n_params}))
+    report("weight_sync", med, plan.nbytes, total, {"reps": reps})
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ every rank from the two layouts. A round has three phases:
 1. actor rank 0 broadcasts the version;
 2. every rank votes: receivers reject a version that is not the one they asked for or is not newer
    than the one they hold; any rejection makes every rank raise (no one is left waiting);
-3. each sender posts one send per bucket it owns, each receiver one recv per bucket it needs,
-   then all wait (with the group's timeout). Receivers copy into their tensors only after every
-   bucket has arrived, so a failed round leaves the previous weights and version intact.
+3. each sender posts one send per transfer of the buckets it owns (straight from the weights when the
+   slice is contiguous, else packed into the bucket's buffer), each receiver one recv per transfer into
+   its slot of the bucket's buffer, then all wait (with the group's timeout). Receivers copy into their
+   tensors only after every bucket has arrived, so a failed round leaves the previous weights and version
+   intact (that staging copy is what the sync costs over hand-written sends into the weights).
 Only the slices a target rank needs travel, packed per (sender, receiver) pair into buckets.
 
 A plan built with `changing=` (the tensors training can change, e.g. LoRA's adapted weights) also holds a
@@ -162,7 +164,7 @@ def _slot(buffer: torch.Tensor, offset: int, transfer: Transfer, dtype: torch.dt
 class _Endpoint:
     """What sender and receiver share: the plan, the version handshake, the transport.
 
-    Transports: "group" sends each bucket over the peer process group (gloo on CPU, NCCL on GPU);
+    Transports: "group" sends each bucket's transfers over the peer process group (gloo on CPU, NCCL on GPU);
     "ipc" shares each packed bucket as a handle through the group's store — shared memory on CPU,
     CUDA IPC on GPU — and the receiver copies straight out of the sender's buffer. "ipc" needs every
     pair on one node; the buffers are reused across rounds, and a closing barrier tells the sender
@@ -234,10 +236,30 @@ class WeightSender(_Endpoint):
             if self._handles.get(bucket.tag, (None,))[0] is not buffer:
                 self._handles[bucket.tag] = (buffer, _share(buffer))
         for t, offset in zip(bucket.transfers, bucket.offsets):
-            local = local_tensor(tensors[t.src_name]).detach()
-            dtype = dtype_from_name(self.plan.dst_dtypes[t.dst_name])
-            _slot(buffer, offset, t, dtype).copy_(local[box_slices(t.src_box)])  # casts to the rollout dtype
+            self._copy_in(buffer, offset, t, tensors)
         return buffer
+
+    def _copy_in(self, buffer: torch.Tensor, offset: int, t: Transfer, tensors) -> torch.Tensor:
+        local = local_tensor(tensors[t.src_name]).detach()
+        dtype = dtype_from_name(self.plan.dst_dtypes[t.dst_name])
+        return _slot(buffer, offset, t, dtype).copy_(local[box_slices(t.src_box)])  # casts to the rollout dtype
+
+    def _post_bucket(self, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> list:
+        """One send per transfer, posted as soon as it is ready, so copies overlap the sends already in flight.
+        A slice that is contiguous, on the group's device and already in the rollout dtype goes out straight
+        from the weights (no copy); any other is packed into the bucket's buffer first."""
+        buffer = self._buffer(bucket, self.group.device)
+        dst = self._peer(self.plan.dst_group, bucket.dst_rank)
+        works = []
+        for i, (t, offset) in enumerate(zip(bucket.transfers, bucket.offsets)):
+            piece = local_tensor(tensors[t.src_name]).detach()[box_slices(t.src_box)]
+            if (piece.is_contiguous() and piece.device == buffer.device
+                    and str(piece.dtype) == self.plan.dst_dtypes[t.dst_name]):
+                piece = piece.reshape(-1).view(torch.uint8)
+            else:
+                piece = self._copy_in(buffer, offset, t, tensors).reshape(-1).view(torch.uint8)
+            works.append(self.group.post_send(piece, dst, _message_tag(bucket, i)))
+        return works
 
     def publish(self, version: int, tensors: Mapping[str, torch.Tensor], timeout_s: float | None = None) -> int:
         """Send this rank's slices of `tensors` (local shards or DTensors) as `version`; returns bytes sent.
@@ -245,14 +267,12 @@ class WeightSender(_Endpoint):
         check_dtypes(self.plan.src_dtypes, tensors, f"{self.plan.src_group} rank {self.rank}")
         kind = self._handshake(version, DELTA if self.sent_full and self.plan.delta is not None else FULL)
         mine = [b for b in self._round_plan(kind).buckets if b.src_rank == self.rank]
-        buffers = [self._pack(bucket, tensors) for bucket in mine]
         if self.transport == "group":
-            works = [
-                self.group.post_send(buffer, self._peer(self.plan.dst_group, bucket.dst_rank), bucket.tag)
-                for bucket, buffer in zip(mine, buffers)
-            ]
+            works = [work for bucket in mine for work in self._post_bucket(bucket, tensors)]
             self._wait_all(works, f"sending version {version}", timeout_s)
         else:
+            for bucket in mine:
+                self._pack(bucket, tensors)
             host = socket.gethostname()
             for bucket in mine:
                 self.group.store.set(self._handle_key(version, bucket), pickle.dumps((host, self._handles[bucket.tag][1])))
@@ -260,7 +280,17 @@ class WeightSender(_Endpoint):
             for bucket in mine:
                 self.group.store.delete_key(self._handle_key(version, bucket))
         self.sent_full = True
-        return sum(b.numel() for b in buffers)
+        return sum(b.nbytes for b in mine)
+
+
+_MAX_TRANSFERS_PER_BUCKET = 1 << 16
+
+
+def _message_tag(bucket: Bucket, index: int) -> int:
+    """The tag of a bucket's `index`-th transfer: unique in a round on both sides (gloo tags are 32-bit)."""
+    if len(bucket.transfers) > _MAX_TRANSFERS_PER_BUCKET or bucket.tag >= 1 << 15:
+        raise WeightSyncError(f"bucket {bucket.tag} with {len(bucket.transfers)} transfers exceeds the tag space")
+    return bucket.tag * _MAX_TRANSFERS_PER_BUCKET + index
 
 
 def _share(buffer: torch.Tensor) -> bytes:
@@ -321,10 +351,12 @@ class WeightReceiver(_Endpoint):
         mine = [b for b in self._round_plan(kind).buckets if b.dst_rank == self.rank]
         if self.transport == "group":
             buffers, works = [], []
-            for bucket in mine:
+            for bucket in mine:  # one message per transfer, into its slot of the bucket's buffer
                 buffers.append(self._buffer(bucket, self.group.device))
                 src = self._peer(self.plan.src_group, bucket.src_rank)
-                works.append(self.group.post_recv(buffers[-1], src, bucket.tag))
+                for i, (t, offset) in enumerate(zip(bucket.transfers, bucket.offsets)):
+                    slot = buffers[-1][offset : offset + t.nbytes]
+                    works.append(self.group.post_recv(slot, src, _message_tag(bucket, i)))
             self._wait_all(works, f"receiving version {version}", timeout_s)
         else:
             buffers = [self._open(version, bucket, timeout_s) for bucket in mine]
