@@ -63,18 +63,16 @@ def compose_cfg(overrides: list[str]):
         return structure(ReasoningConfig, compose("grpo_collocated", [*COMMON, *overrides]))
 
 
-def warm_start(root: Path, sft_steps: int) -> Path:
+def warm_start(root: Path, sft_steps: int, warm: Path) -> None:
     """The runner's own SFT warm start (ReasoningRun enters: workers, SFT, its eval), exported as HF."""
     from rlinf_like.runners.run import ReasoningRun
 
     cfg = compose_cfg([f"runner.sft_steps={sft_steps}", f"runner.output_dir={root / 'sft'}"])
-    warm = root / "warm"
     with ReasoningRun(cfg) as run:
         run.workers.actor.export_hf(str(warm)).wait()
         load_tokenizer(run.model_path).save_pretrained(warm)
         print(f"warm start: {sft_steps} SFT steps, the runner's own eval {run.history[0]['eval_accuracy']:.3f}",
               flush=True)
-    return warm
 
 
 def run_ours(warm: Path, out: Path, schedule: str, seed: int, steps: int, eval_every: int) -> list[float]:
@@ -148,11 +146,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 30 SFT steps: a smoke run")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="collocated")
-    p.add_argument("--gain", type=float, default=0.15, help="target = warm-start accuracy + gain")
+    p.add_argument("--gain", type=float, default=0.1, help="target = warm-start accuracy + gain")
+    p.add_argument("--warm-dir", type=Path, help="the warm start: reused when it holds one, else made there")
+    p.add_argument("--warm-only", action="store_true", help="make the warm start in --warm-dir and stop")
     args = p.parse_args()
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.sft_steps = 1, 4, 2, 30
@@ -162,7 +162,13 @@ def main() -> None:
     runs: dict[str, list] = {"ours": [], "TRL": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        warm = warm_start(root, args.sft_steps)
+        warm = args.warm_dir or root / "warm"
+        if (warm / "config.json").exists():
+            print(f"warm start: reused from {warm}", flush=True)
+        else:
+            warm_start(root, args.sft_steps, warm)
+        if args.warm_only:
+            return
         trl_config = None
         for seed in range(args.seeds):
             sides = ["ours", "TRL"] if seed % 2 == 0 else ["TRL", "ours"]
