@@ -1,16 +1,22 @@
-"""Wall time to the same held-out accuracy: our GRPO runner versus TRL's GRPOTrainer.
+"""Wall time to the same held-out accuracy: our GRPO runner versus TRL's GRPOTrainer, per seed, alternating.
 
-Same warm-started model (one SFT run, saved once), same task, same held-out set, same GRPO
-settings (32 prompts x 8 samples per optimizer step, lr 2e-4 constant, clip 0.2, no KL, group
-std scaling, token-level loss, 28 new tokens at temperature 1), same machine. Ours runs the
-collocated preset (2 worker processes, one thread each); TRL runs in one process with both
-threads. Evaluation (greedy accuracy on the held-out set) is excluded from both clocks. The target
-is the warm-start accuracy + `--gain`; a side that never reaches it within its step budget counts
-its whole time (then the ratio is a bound, and says so).
-Last line: one JSON object, time_ratio = ours / TRL (target <= 0.5).
+Both sides start from one warm start, made by the runner's own SFT (`ReasoningRun`, collocated preset) and
+exported as an HF checkpoint. Same task, same held-out set, same GRPO settings (32 prompts x 8 samples per
+optimizer step, lr 2e-4 constant, clip 0.2, no KL, group std scaling, token-level loss, grad-norm clip 1.0,
+28 new tokens at temperature 1). Ours runs `--schedule` (default collocated: FSDP dp=2 and two native-engine
+replicas taking turns on both slots, one thread per process); TRL 1.16 runs in its own process in fp32 with
+2 threads and every differing default set (`bench/grpo_trl_side.py`, which prints its effective config).
 
-    pip install trl   # only for this benchmark
-    python bench/grpo_vs_trl.py [--quick]
+Clocks: both start after the model is loaded and the workers / trainer are built, and stop at each step's
+end (ours: after the weight sync; TRL: after the optimizer step, its generation uses the trained model
+itself). At every evaluation step each side writes its weights out, outside its clock; after all runs ONE
+function (`held_out_accuracy`: HF greedy decoding, the reward function's `correct`) scores every snapshot.
+The target is the warm start's accuracy + `--gain`; a side that never reaches it counts its whole time (the
+ratio is then a bound, and says so). Sides alternate (ours first on even seeds); time_ratio is
+median(ours) / median(TRL) over the seeds.
+
+    python bench/grpo_vs_trl.py --quick
+    python bench/grpo_vs_trl.py [--seeds 3] [--steps 60] [--schedule collocated|async]
 """
 
 from __future__ import annotations
@@ -18,11 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -32,142 +37,177 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlinf_like.data.batch import build_sft_batch  # noqa: E402
+from rlinf_like.data.config import DataConfig  # noqa: E402
+from rlinf_like.data.prompts import PromptFormat  # noqa: E402
 from rlinf_like.models import load_tokenizer  # noqa: E402
-from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
-from rlinf_like.runners.config import ModelConfig, ReasoningConfig  # noqa: E402
-from rlinf_like.runners.reasoning import load_tasks  # noqa: E402
 from rlinf_like.workers.reward import score  # noqa: E402
 
+# What each schedule choice adds to the collocated preset (examples/reasoning/config/grpo_collocated.yaml).
+SCHEDULES = {
+    "collocated": [],
+    "async": ["runner.schedule=async", "runner.max_staleness=1", "cluster.component_placement.actor=0",
+              "cluster.component_placement.rollout=1", "cluster.component_placement.reward=1"],
+}
+COMMON = ["runner.prompts_per_step=32", "algorithm.samples_per_prompt=8", "algorithm.lr=2e-4", "rollout.engine=native"]
 
-def warm_start(root: Path, steps: int) -> tuple[Path, list, list]:
-    """The runner's SFT warm-start, in this process, saved as an HF checkpoint both sides start from."""
-    from transformers import AutoModelForCausalLM
 
-    cfg = ReasoningConfig()
-    cfg.runner.output_dir = str(root / "tasks")
-    tasks = load_tasks(cfg.data)
-    m: ModelConfig = cfg.model
-    init = write_tiny_model(root / "init", TinyModelSpec(arch=m.arch, hidden_size=m.hidden_size,
-                                                         intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                                                         num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                                                         init_std=m.init_std, seed=m.seed))
-    tok = load_tokenizer(init)
-    model = AutoModelForCausalLM.from_pretrained(init)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.runner.sft_lr, weight_decay=0.0)
-    rng = random.Random(0)
-    for _ in range(steps):
-        items = [rng.choice(tasks.sft) for _ in range(cfg.runner.sft_batch_size)]
-        batch = build_sft_batch([tok(p.prompt).input_ids for p in items],
-                                [tok(p.solution).input_ids + [tok.eos_token_id] for p in items])
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        mask = batch["loss_mask"][:, 1:].float()
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
-        loss = (nll * mask).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    warm = root / "warm"
-    model.save_pretrained(warm)
-    tok.save_pretrained(warm)
-    return warm, tasks.test, tasks.pool
+def compose_cfg(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config import hydra_schema, structure
+    from rlinf_like.runners.config import ReasoningConfig
+
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
+    with initialize_config_dir(str(ROOT / "examples" / "reasoning" / "config"), version_base="1.3"):
+        return structure(ReasoningConfig, compose("grpo_collocated", [*COMMON, *overrides]))
+
+
+def warm_start(root: Path, sft_steps: int, warm: Path) -> None:
+    """The runner's own SFT warm start (ReasoningRun enters: workers, SFT, its eval), exported as HF."""
+    from rlinf_like.runners.run import ReasoningRun
+
+    cfg = compose_cfg([f"runner.sft_steps={sft_steps}", f"runner.output_dir={root / 'sft'}"])
+    with ReasoningRun(cfg) as run:
+        run.workers.actor.export_hf(str(warm)).wait()
+        load_tokenizer(run.model_path).save_pretrained(warm)
+        print(f"warm start: {sft_steps} SFT steps, the runner's own eval {run.history[0]['eval_accuracy']:.3f}",
+              flush=True)
+
+
+def run_ours(warm: Path, out: Path, schedule: str, seed: int, steps: int, eval_every: int) -> list[float]:
+    """GRPO seconds so far after each step; the weights at each evaluation step under `out/step_<n>`."""
+    from rlinf_like.runners.reasoning import train
+    from rlinf_like.runners.run import ReasoningRun
+
+    def snapshot(run: ReasoningRun) -> dict[str, float]:  # in place of the runner's eval, outside its clock
+        run.workers.actor.export_hf(str(out / f"step_{run.step}")).wait()
+        return {"eval_accuracy": float("nan"), "eval_format_rate": float("nan")}
+
+    cfg = compose_cfg([*SCHEDULES[schedule], f"model.path={warm}", "runner.sft_steps=0", f"runner.seed={seed}",
+                       f"runner.max_steps={steps}", f"runner.eval_every={eval_every}", "runner.save_every=100000",
+                       f"runner.output_dir={out / 'run'}"])
+    evaluate, ReasoningRun.evaluate = ReasoningRun.evaluate, snapshot
+    try:
+        history = train(cfg).history
+    finally:
+        ReasoningRun.evaluate = evaluate
+    return [h["elapsed_s"] for h in history if "elapsed_s" in h]
+
+
+def run_trl(warm: Path, out: Path, seed: int, steps: int, eval_every: int) -> tuple[list[float], dict]:
+    cmd = [sys.executable, str(ROOT / "bench" / "grpo_trl_side.py"), f"--warm={warm}", f"--out={out}",
+           f"--seed={seed}", f"--steps={steps}", f"--eval-every={eval_every}", "--threads=2"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode:
+        raise RuntimeError(f"TRL failed:\n{done.stderr[-3000:]}")
+    timing = json.loads((out / "timing.json").read_text())
+    return timing["elapsed_s"], timing["config"]
 
 
 @torch.inference_mode()
-def greedy_accuracy(model, tok, problems, max_new_tokens: int = 28) -> float:
-    prompts = [tok(p.prompt).input_ids for p in problems]
+def held_out_accuracy(weights: Path, tok, max_new_tokens: int = 28) -> float:
+    """THE evaluation of both sides: greedy HF decoding of the held-out set, scored by the reward function."""
+    from transformers import AutoModelForCausalLM
+
+    from rlinf_like.data.sources import load_tasks
+
+    test = load_tasks(DataConfig()).test
+    prompt_ids = PromptFormat(tok, DataConfig()).prompt_ids
+    model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).eval()
+    prompts = [prompt_ids(p) for p in test]
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
-    was_training = model.training
-    model.eval()
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    model.train(was_training)
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
-    return sum(score(t, p.answer, True, 1).correct for t, p in zip(texts, problems)) / len(problems)
+    return sum(score(t, p.answer, True, 1).correct for t, p in zip(texts, test)) / len(test)
 
 
-def run_ours(warm: Path, out: Path, steps: int, eval_every: int) -> list[tuple[float, float]]:
-    """(elapsed GRPO seconds, held-out accuracy) at each evaluation."""
-    cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), f"model.path={warm}",
-           "runner.sft_steps=0", f"runner.max_steps={steps}", f"runner.eval_every={eval_every}",
-           f"runner.save_every={steps}", f"runner.output_dir={out}"]
-    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                   stdout=subprocess.DEVNULL)
-    history = json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
-    return [(h.get("elapsed_s", 0.0), h["eval_accuracy"]) for h in history if "eval_accuracy" in h]
-
-
-def run_trl(warm: Path, out: Path, pool, test, steps: int, eval_every: int) -> list[tuple[float, float]]:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    torch.set_num_threads(2)  # the whole machine, as our two workers have
-    tok = load_tokenizer(warm)
-    model = AutoModelForCausalLM.from_pretrained(warm)
-    rng = random.Random(0)
-    rows = [rng.choice(pool) for _ in range(32 * steps)]
-    data = Dataset.from_dict({"prompt": [p.prompt for p in rows], "answer": [p.answer for p in rows]})
-
-    def reward(completions, answer, **_):
-        return [score(c, a, True, 1).total for c, a in zip(completions, answer)]
-
-    points: list[tuple[float, float]] = []
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.start, self.paused = time.perf_counter(), 0.0
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % eval_every == 0:
-                t0 = time.perf_counter()
-                elapsed = t0 - self.start - self.paused
-                points.append((elapsed, greedy_accuracy(model, tok, test)))
-                self.paused += time.perf_counter() - t0
-
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=256, num_generations=8,
-                      max_completion_length=28, temperature=1.0, learning_rate=2e-4, lr_scheduler_type="constant",
-                      beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group", max_steps=steps,
-                      use_cpu=True, report_to="none", logging_steps=10, save_strategy="no", seed=0)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[Clock()])
-    points.insert(0, (0.0, greedy_accuracy(model, tok, test)))
-    trainer.train()
+def curve(out: Path, elapsed: list[float], warm: Path, tok) -> list[tuple[int, float, float]]:
+    """(step, GRPO seconds, held-out accuracy) at the warm start and each snapshot."""
+    points = [(0, 0.0, held_out_accuracy(warm, tok))]
+    for snap in sorted(out.glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
+        step = int(snap.name.split("_")[1])
+        if step > 0:
+            points.append((step, elapsed[step - 1], held_out_accuracy(snap, tok)))
     return points
 
 
-def time_to(points: list[tuple[float, float]], target: float) -> tuple[float, bool]:
-    for elapsed, acc in points:
+def time_to(points: list[tuple[int, float, float]], target: float) -> tuple[float, bool]:
+    for _, elapsed, acc in points:
         if acc >= target - 1e-9:  # accuracies are k / n: compare without float noise
             return elapsed, True
-    return points[-1][0], False
+    return points[-1][1], False
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--gain", type=float, default=0.15, help="target = warm-start accuracy + gain")
-    args = parser.parse_args()
-    sft_steps, steps, eval_every = (150, 10, 5) if args.quick else (300, 60, 5)
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 30 SFT steps: a smoke run")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="collocated")
+    p.add_argument("--gain", type=float, default=0.1, help="target = warm-start accuracy + gain")
+    p.add_argument("--warm-dir", type=Path, help="the warm start: reused when it holds one, else made there")
+    p.add_argument("--warm-only", action="store_true", help="make the warm start in --warm-dir and stop")
+    args = p.parse_args()
+    if args.quick:
+        args.seeds, args.steps, args.eval_every, args.sft_steps = 1, 4, 2, 30
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start; torch "
+          f"{torch.__version__}; ours: schedule {args.schedule} {SCHEDULES[args.schedule]} {COMMON}; "
+          f"{args.seeds} seeds x {args.steps} steps, eval every {args.eval_every}", flush=True)
+    runs: dict[str, list] = {"ours": [], "TRL": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        warm, test, pool = warm_start(root, sft_steps)
-        ours = run_ours(warm, root / "ours", steps, eval_every)
-        trl = run_trl(warm, root / "trl", pool, test, steps, eval_every)
-    start_acc = ours[0][1]
-    target = start_acc + args.gain
-    ours_s, ours_hit = time_to(ours, target)
-    trl_s, trl_hit = time_to(trl, target)
-    print(f"warm start {start_acc:.3f} held-out accuracy (TRL's own eval: {trl[0][1]:.3f}); target {target:.3f}")
-    for name, points in (("ours", ours), ("TRL", trl)):
-        print(f"{name:>5}: " + "  ".join(f"{t:.0f}s:{a:.2f}" for t, a in points))
-    ratio = ours_s / trl_s
-    bound = "" if ours_hit and trl_hit else " (bound: " + ("ours" if not ours_hit else "TRL") + " did not reach it)"
-    print(f"time to target: ours {ours_s:.0f} s, TRL {trl_s:.0f} s, ratio {ratio:.3f}{bound}")
-    print(json.dumps({"bench": "grpo_vs_trl", "time_ratio": round(ratio, 3), "target_accuracy": round(target, 3),
-                      "ours_reached": ours_hit, "trl_reached": trl_hit}))
+        warm = args.warm_dir or root / "warm"
+        if (warm / "config.json").exists():
+            print(f"warm start: reused from {warm}", flush=True)
+        else:
+            warm_start(root, args.sft_steps, warm)
+        if args.warm_only:
+            return
+        trl_config = None
+        for seed in range(args.seeds):
+            sides = ["ours", "TRL"] if seed % 2 == 0 else ["TRL", "ours"]
+            for side in sides:
+                out = root / f"{side}_{seed}"
+                if side == "ours":
+                    elapsed = run_ours(warm, out, args.schedule, seed, args.steps, args.eval_every)
+                else:
+                    elapsed, trl_config = run_trl(warm, out, seed, args.steps, args.eval_every)
+                runs[side].append((seed, out, elapsed))
+                print(f"seed {seed} {side}: {elapsed[-1]:.1f} s for {len(elapsed)} steps "
+                      f"({statistics.median(b - a for a, b in zip([0.0, *elapsed], elapsed)):.2f} s/step median), "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"TRL effective config: {json.dumps(trl_config)}")
+        print(f"load average {os.getloadavg()[0]:.2f} after training (the evaluations follow, untimed)", flush=True)
+        tok = load_tokenizer(warm)
+        curves = {side: [(seed, curve(out, elapsed, warm, tok)) for seed, out, elapsed in rs]
+                  for side, rs in runs.items()}
+    start = curves["ours"][0][1][0][2]
+    target = start + args.gain
+    print(f"warm start held-out accuracy {start:.3f}; target {target:.3f}")
+    times: dict[str, list[float]] = {}
+    reached: dict[str, bool] = {}
+    for side, cs in curves.items():
+        for seed, points in cs:
+            t, hit = time_to(points, target)
+            times.setdefault(side, []).append(t)
+            reached[side] = reached.get(side, True) and hit
+            print(f"{side:>5} seed {seed}: {t:6.1f} s to target{'' if hit else ' (not reached: whole run)'}; "
+                  + "  ".join(f"{s}/{e:.0f}s:{a:.3f}" for s, e, a in points))
+    medians = {side: statistics.median(ts) for side, ts in times.items()}
+    per_step = {side: statistics.median(e[-1] / len(e) for _, _, e in rs) for side, rs in runs.items()}
+    ratio = medians["ours"] / medians["TRL"]
+    print(f"median time to target: ours {medians['ours']:.1f} s, TRL {medians['TRL']:.1f} s; per step ours "
+          f"{per_step['ours']:.2f} s, TRL {per_step['TRL']:.2f} s; load average {os.getloadavg()[0]:.2f} at end")
+    print(json.dumps({"bench": "grpo_vs_trl", "time_ratio": round(ratio, 3),
+                      "per_step_ratio": round(per_step["ours"] / per_step["TRL"], 3), "schedule": args.schedule,
+                      "engine": "native", "seeds": args.seeds, "steps": args.steps, "target_accuracy": round(target, 3),
+                      "ours_reached": reached["ours"], "trl_reached": reached["TRL"]}))
 
 
 if __name__ == "__main__":

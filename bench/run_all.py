@@ -42,6 +42,9 @@ class Bench:
     timeout_s: int = 3600
 
 
+# modules in bench/ that are not benchmarks: the shared helper, this runner, and one side of a two-process bench
+SUPPORT = frozenset({"common.py", "run_all.py", "weight_sync_baselines.py", "grpo_trl_side.py"})
+
 BENCHES = (
     Bench(name="channel", script="channel.py"),
     Bench(name="offload", script="offload.py"),

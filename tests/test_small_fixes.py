@@ -39,6 +39,19 @@ def test_trajectory_channels_of_two_runs_on_one_ray_do_not_collide(cluster):
         second.destroy()
 
 
+def test_trajectory_channel_is_running_when_the_run_gets_it(cluster):
+    """The store actor's process starts before the run's clock (it cost the first update ~5 s when it started
+    in the background): an actor still starting would not answer within the second."""
+    import ray
+
+    channel = trajectory_channel(cluster)
+    try:
+        ready, _ = ray.wait([channel._store.__ray_ready__.remote()], timeout=1.0)
+        assert ready, "the channel's store actor was still starting"
+    finally:
+        channel.destroy()
+
+
 # --- 2. an embodied actor on several ranks --------------------------------------------------------------------
 def toy_trajectories(ranks=2, steps=8, envs=2, seed=0) -> list[Trajectory]:
     g = torch.Generator().manual_seed(seed)

@@ -60,7 +60,7 @@ def env_specs(config: EnvConfig) -> EnvSpecs:
 
 def trajectory_channel(cluster: Cluster) -> Channel[Trajectory]:
     """The rollout -> actor channel, named for this run (another run on the same Ray has its own)."""
-    return Channel.create(cluster.scoped_name("trajectories"), Trajectory)
+    return Channel.create(cluster.scoped_name("trajectories"), Trajectory).ready()
 
 
 def check_config(cfg: EmbodiedConfig) -> None:
@@ -177,7 +177,8 @@ class EmbodiedRunner:
         episodes = [e for o in env_out for e in o.episodes]
         metrics.update(episode_metrics(episodes))
         metrics.update(collect_s=collect_s, train_s=train_s, env_steps_per_s=steps / collect_s,
-                       env_busy_s=max(o.busy_s for o in env_out), rollout_busy_s=max(o.busy_s for o in roll_out))
+                       env_busy_s=max(o.busy_s for o in env_out), rollout_busy_s=max(o.busy_s for o in roll_out),
+                       rollout_wall_s=max(o.wall_s for o in roll_out))
         self.env_steps += steps
         return metrics
 

@@ -178,6 +178,12 @@ class Channel(Generic[T]):
             raise KeyError(f"no channel named {name!r}") from None
         return cls(name, cloudpickle.loads(ray.get(store.item_type.remote())), store)
 
+    def ready(self) -> Channel[T]:
+        """Wait until the store actor runs (its process starts in the background after `create`); a run
+        calls this before its clock starts, so the first put or get does not pay the process start."""
+        self._result(self._store.item_type.remote())
+        return self
+
     # --- store calls ---------------------------------------------------------------------------
     def _store_gone(self, err: Exception) -> ChannelClosed:
         return ChannelClosed(f"channel {self.name!r}: its store actor is gone ({type(err).__name__})")
