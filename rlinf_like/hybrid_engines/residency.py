@@ -200,7 +200,8 @@ class ResidencyManager:
 
     def cached_bytes(self) -> int:
         """Freed device bytes kept for the next onload (CPU storages while offloaded)."""
-        return sum(s.spare.nbytes() for part in self._parts.values() for s in part.slots.values() if s.spare is not None)
+        slots = [s for part in self._parts.values() for s in part.slots.values()]
+        return sum(s.spare.nbytes() for s in slots if s.spare is not None)
 
     def release_cache(self) -> int:
         """Give the kept blocks back to the allocator (and so to the OS); onload then allocates afresh."""

@@ -5,12 +5,15 @@ was ~17% of a step's time on the tiny model (the bytes a step reads, copied once
 decode step after step, the gathered rows only grow by one position per sequence, so the mirror keeps them:
 [layers, kv_heads, batch, capacity, head_dim] for keys and for values, built with one gather when the batch
 changes (an admission, a finish, a preemption: the scheduler's roster), then appended in place each step (the
-paged cache is written too; it stays the source of truth). Positions past a sequence's own length hold zeros
-or other cache rows (finite, masked). The mirror is used only while it fits in `limit_bytes` (the paged cache's size: at most
-doubling the KV memory); otherwise the step gathers as before.
+paged cache is written too; it stays the source of truth). A rebuild reuses the last buffer when it is large enough.
+Positions past a sequence's own length hold zeros or other cache rows (finite, masked). The mirror is used only
+while it fits in `limit_bytes` (the paged cache's size: at most doubling the KV memory); otherwise the step
+gathers as before.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -38,23 +41,34 @@ class DecodeMirror:
                 and torch.equal(positions, self.positions + 1)):
             self.positions, self.span = positions, span
             return True
-        self.drop()
+        self.key = None
         layers, kv, _, d = k_cache.shape
         b = positions.shape[0]
         capacity = min(span + HEADROOM, table.shape[1] * block_size)  # no sequence outgrows its block table
+        shape = (layers, kv, b, capacity, d)
         if 2 * layers * kv * b * capacity * d * k_cache.element_size() > limit_bytes or key is None:
+            self.drop()
             return False
         blocks = -(-span // block_size)
         offsets = torch.arange(block_size, device=table.device)
         rows = (table[:, :blocks, None] * block_size + offsets).view(b, -1)[:, :span].reshape(-1)  # [B * span]
-        self.k = k_cache.new_zeros((layers, kv, b, capacity, d))
-        self.v = v_cache.new_zeros((layers, kv, b, capacity, d))
+        self.k, self.v = self._buffer(self.k, k_cache, shape), self._buffer(self.v, v_cache, shape)
         # rows past a sequence's position are other cache rows (finite, masked), as the per-step gather reads
         self.k[:, :, :, :span] = k_cache.index_select(2, rows).view(layers, kv, b, span, d)
         self.v[:, :, :, :span] = v_cache.index_select(2, rows).view(layers, kv, b, span, d)
         self.key, self.positions, self.span = key, positions, span
         self.batch = torch.arange(b, device=positions.device)
         return True
+
+    @staticmethod
+    def _buffer(old: torch.Tensor | None, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """The last buffer's memory when it is large enough (a rebuild then allocates nothing: fresh pages would
+        fault on CPU), else zeros; either way every value is finite."""
+        numel = math.prod(shape)
+        if old is None or old.untyped_storage().nbytes() < numel * old.element_size():
+            return like.new_zeros(shape)
+        whole = torch.empty(0, dtype=old.dtype, device=old.device).set_(old.untyped_storage())  # 1-D, all of it
+        return whole[:numel].view(shape)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v [B, kv, d] at each sequence's position; keys and values [kv, B, span, d]."""
