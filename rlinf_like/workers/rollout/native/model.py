@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
 from rlinf_like.workers.rollout.native.layers import decode_attention, rms_norm, rope_inv_freq, rotate_half
+from rlinf_like.workers.rollout.native.mirror import DecodeMirror
 
 
 def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
@@ -132,6 +133,7 @@ class Decoder:
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
         self.block_size = 0
+        self.mirror = DecodeMirror()
 
     def allocate_cache(self, blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (self.cfg.num_layers, self.kv_heads, blocks * block_size, self.cfg.head_dim)
@@ -141,6 +143,7 @@ class Decoder:
 
     def free_cache(self) -> None:
         self.k_cache = self.v_cache = None
+        self.mirror.drop()
 
     def cache_bytes(self) -> int:
         return 0 if self.k_cache is None else 2 * self.k_cache.numel() * self.k_cache.element_size()
@@ -278,10 +281,13 @@ class Decoder:
         return self._logits(self._forward(ids, torch.arange(len(ids), device=ids.device), [whole], None))
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
+               batch_key: object = None) -> torch.Tensor:
         """One token for each of B sequences at its own position, sequence b's blocks listed in
         table[b] (block numbers, in order); logits [B, V].
-        Attention gathers each sequence's blocks up to the longest sequence's length, masked per row."""
+        Attention reads each sequence's rows up to the longest sequence's length, masked per row: from the
+        `DecodeMirror` while the caller's `batch_key` (the same sequences, each one position further) is
+        unchanged, else gathered from the blocks."""
         b = tokens.shape[0]
         span = int(positions.max()) + 1
         bs = self.block_size
@@ -293,12 +299,15 @@ class Decoder:
         mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
 
         rope = self._rope(positions[:, None], self.k_cache.dtype)  # once for all layers
+        mirrored = self.mirror.ready(batch_key, positions, self.k_cache, self.v_cache, table, bs, self.cache_bytes())
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
             k_layer, v_layer = self.k_cache[layer], self.v_cache[layer]
             k_layer[:, write] = k[:, :, 0].transpose(0, 1)
             v_layer[:, write] = v[:, :, 0].transpose(0, 1)
+            if mirrored:
+                return decode_attention(q, *self.mirror.append(layer, k[:, :, 0], v[:, :, 0]), mask)
             keys = k_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
             values = v_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
             return decode_attention(q, keys, values, mask)

@@ -26,6 +26,9 @@ from rlinf_like.workers.rollout.sampling import sample
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 
+_LOOPS = itertools.count()  # a serial per loop: a decoder's mirror never outlives the loop that built it
+
+
 @dataclass
 class LiveSample:
     """One sample being decoded in a batch slot (or waiting to be resumed)."""
@@ -74,8 +77,15 @@ class BatchLoop:
         self.remaining = {i: len(requests[i].unfinished()) for i in queue}
         self.state = SlotState(engine.slots, engine.max_blocks, engine.device)
         self.order = itertools.count()
+        self.serial, self.roster = next(_LOOPS), 0  # roster: bumped whenever a slot is seated or vacated
 
     def run(self, source: RequestSource | None, between_steps: Callable[[], None] | None) -> None:
+        try:
+            self._run(source, between_steps)
+        finally:
+            self.engine.decoder.mirror.drop()  # its memory is the live batch's keys and values
+
+    def _run(self, source: RequestSource | None, between_steps: Callable[[], None] | None) -> None:
         open_ = source is not None
         while self.queue or self.live or self.waiting or open_:
             if open_ and not self.queue:  # room for more: take what the source has
@@ -122,6 +132,7 @@ class BatchLoop:
         """Free a slot and its sample's blocks, the full ones kept in the prefix cache (what is in the cache:
         every position before the next write)."""
         seq = self.live.pop(slot)
+        self.roster += 1
         held = (list(self.requests[seq.request].prompt_ids) + seq.tokens)[:seq.position]
         self.pool.insert(held, seq.blocks, seq.generation)
         self.pool.release(seq.blocks)
@@ -179,6 +190,7 @@ class BatchLoop:
             seq.blocks, seq.generation = table, self.pool.generation
             self.state.table[slot, :len(table)] = torch.tensor(table, device=self.device)
             self.live[slot] = seq
+        self.roster += 1
 
     def _admit_next(self, jobs: list[_Prefill]) -> bool:
         """Admit the next waiting sample or request if slots and blocks allow (its prefill joins `jobs`)."""
@@ -264,7 +276,8 @@ class BatchLoop:
         slots = sorted(self.live)
         rows = torch.tensor(slots, device=self.device)
         state = self.state
-        logits = self.engine.decoder.decode(state.last_token[rows], state.position[rows], state.table[rows])
+        logits = self.engine.decoder.decode(state.last_token[rows], state.position[rows], state.table[rows],
+                                            batch_key=(self.serial, self.roster))
         tokens, logprobs = sample(logits, state.params(rows))
         state.after_decode(rows, tokens)
         for slot, token, logprob in zip(slots, tokens.tolist(), logprobs.tolist()):
