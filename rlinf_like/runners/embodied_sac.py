@@ -128,9 +128,9 @@ class EmbodiedSACRunner(EmbodiedRunner):
     def _restore(self, path, state: dict, workers: dict | None) -> None:
         self.actor.load(str(path / "sac_actor.pt")).wait()
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
-        self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
+        self.version, self.clock, self.history = state["version"] - 1, state["clock"], state["history"]
         self.owed, self.unsynced = state["owed"], state["unsynced"]
-        self._sync_weights()  # the sync's first round; then the weights the rollout acted with
+        self._sync_weights()  # the sync's first round (as the saved version); then the weights the rollout acted with
         if workers is None:
             return
         wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +

@@ -49,7 +49,7 @@ def run_local_sac(env: EnvConfig, sac: SACConfig, *, total_env_steps: int, hidde
         obs = result.obs["state"]
         out.env_steps += n
         out.episode_returns += [e.ret for e in result.episodes]
-        if out.env_steps >= sac.learning_starts:
+        if out.env_steps > sac.learning_starts:  # as SB3: the first update after learning_starts steps
             owed += sac.utd * n
             count = int(owed)
             owed -= count
