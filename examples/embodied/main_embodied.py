@@ -4,6 +4,7 @@
     python examples/embodied/main_embodied.py env=cartpole runner.total_env_steps=30000
     python examples/embodied/main_embodied.py env=cartpole runner.pipeline=true   # env stages overlap inference
     python examples/embodied/main_embodied.py --help                        # every key, default, comment
+    python examples/embodied/main_embodied.py env=pendulum algorithm.name=sac   # SAC: replay worker, twin Q
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla runner.gif=true
     python examples/embodied/bc_warmstart.py --out runs/bc/vla.pt      # VLA: behaviour-cloning warm start,
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla \
