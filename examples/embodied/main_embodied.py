@@ -1,9 +1,10 @@
-"""PPO on simulators with env / rollout / actor workers.
+"""PPO or SAC on simulators with env / rollout / actor (and, for SAC, replay) workers.
 
     python examples/embodied/main_embodied.py                              # Reacher-v5, state MLP
     python examples/embodied/main_embodied.py env=cartpole runner.total_env_steps=30000
     python examples/embodied/main_embodied.py env=cartpole runner.pipeline=true   # env stages overlap inference
     python examples/embodied/main_embodied.py --help                        # every key, default, comment
+    python examples/embodied/main_embodied.py env=pendulum algorithm.name=sac   # SAC: replay worker, twin Q
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla runner.gif=true
     python examples/embodied/bc_warmstart.py --out runs/bc/vla.pt      # VLA: behaviour-cloning warm start,
     python examples/embodied/main_embodied.py env=reach_colour_pixels policy=vla \
@@ -25,7 +26,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import check_overrides, hydra_schema, print_help_if_asked, structure
-from rlinf_like.runners.embodied import EmbodiedRunner
+from rlinf_like.algorithms.embodied import runner_class
 from rlinf_like.runners.embodied_config import EmbodiedConfig
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
@@ -37,7 +38,8 @@ ConfigStore.instance().store(name="embodied_schema", node=hydra_schema(EmbodiedC
 def main(cfg) -> None:
     setup_logging()  # after Hydra has set up logging
     limit_threads()
-    EmbodiedRunner(structure(EmbodiedConfig, cfg)).run()
+    config = structure(EmbodiedConfig, cfg)
+    runner_class(config.algorithm.name)(config).run()  # algorithm.name picks the runner (PPO, SAC)
 
 
 if __name__ == "__main__":

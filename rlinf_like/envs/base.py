@@ -120,6 +120,15 @@ class VectorEnv(ABC):
         self._lengths[:] = 0
         return self._stack(self._obs)
 
+    def reset_seeds(self, seeds: list[int]) -> Obs:
+        """Reset env i with `seeds[i]` (equal seeds: the same initial state, e.g. a GRPO group)."""
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{self.name}: {len(seeds)} seeds for {self.num_envs} envs")
+        self._obs = [self._reset_one(i, int(s)) for i, s in enumerate(seeds)]
+        self._returns[:] = 0
+        self._lengths[:] = 0
+        return self._stack(self._obs)
+
     def step(self, actions: np.ndarray) -> StepResult:
         if not self._obs:
             raise RuntimeError(f"{self.name}: step before reset")

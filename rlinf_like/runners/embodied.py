@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from rlinf_like.algorithms.embodied import check_embodied_algorithm
+from rlinf_like.data.episode_groups import check_groups
 from rlinf_like.data.trajectory import Trajectory
 from rlinf_like.envs import EnvConfig, check_env_config, make_env
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
@@ -68,6 +70,15 @@ def check_config(cfg: EmbodiedConfig) -> None:
     check_env_config(cfg.env)
     check_policy_fits(cfg.policy.kind, cfg.env.obs_mode)
     r, a = cfg.runner, cfg.algorithm
+    spec = check_embodied_algorithm(a.name, cfg.policy.kind, a.advantage)
+    if not spec.on_policy and (r.gif or r.stream_trajectories):
+        raise ValueError(f"algorithm.name={a.name}: runner.gif and runner.stream_trajectories are PPO's (its "
+                         "transitions always stream to the replay worker): set them to false")
+    if not spec.on_policy and a.buffer_size < 2 * r.steps_per_rollout * cfg.env.num_envs:
+        raise ValueError(f"algorithm.buffer_size={a.buffer_size} must hold at least two rounds of transitions "
+                         f"(2 x runner.steps_per_rollout x env.num_envs = {2 * r.steps_per_rollout * cfg.env.num_envs})")
+    if spec.reads_advantage and a.advantage != "gae":
+        check_groups(cfg)
     for key, value in {"runner.total_env_steps": r.total_env_steps, "runner.steps_per_rollout": r.steps_per_rollout,
                        "env.num_envs": cfg.env.num_envs, "algorithm.epochs": a.epochs,
                        "algorithm.mini_batches": a.mini_batches, "runner.save_every": r.save_every}.items():
@@ -159,6 +170,10 @@ class EmbodiedRunner:
     # --- one PPO update ---------------------------------------------------------------------------
     def _iterate(self) -> dict[str, float]:
         r, start = self.cfg.runner, time.perf_counter()
+        a = self.cfg.algorithm
+        if a.advantage != "gae":  # grouped episodes: every group of envs starts this update from one seed
+            seed = r.seed + 1_000_003 * (self.iteration + 1)
+            (self.rollout.reset_env_groups if self.env is None else self.env.reset_groups)(seed, a.group_size).wait()
         train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size,  # waits for data
                                  streamed=r.stream_trajectories)
         rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,
@@ -184,6 +199,14 @@ class EmbodiedRunner:
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> dict:
+        return self._loop("PPO", "ppo")
+
+    def _close(self) -> None:
+        self.channel.close()
+
+    def _loop(self, desc: str, prefix: str) -> dict:
+        """The loop every embodied algorithm shares: launch or resume, `_iterate` until the env-step budget,
+        metrics, checkpoints, the GIF. `desc` labels the progress bar, `prefix` the logged metrics."""
         r = self.cfg.runner
         resume = r.resume and self.checkpoints.exists()
         path, state = self.checkpoints.latest() if resume else (None, {})
@@ -198,14 +221,14 @@ class EmbodiedRunner:
             per_update = r.steps_per_rollout * self.envs_total
             total = -(-r.total_env_steps // per_update)
             trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
-            bar = tqdm(range(self.iteration, total), desc="PPO", unit="update", initial=self.iteration, total=total)
+            bar = tqdm(range(self.iteration, total), desc=desc, unit="update", initial=self.iteration, total=total)
             for _ in bar:
                 start = time.perf_counter()
                 metrics = self._iterate()
                 self.iteration += 1
                 self.clock += time.perf_counter() - start
                 metrics.update(env_steps=self.env_steps, elapsed_s=self.clock)
-                trackers.log({f"ppo/{k}": v for k, v in metrics.items()}, self.env_steps)
+                trackers.log({f"{prefix}/{k}": v for k, v in metrics.items()}, self.env_steps)
                 self.history.append({"iteration": self.iteration, **metrics})
                 bar.set_postfix(ret=f"{metrics.get('episode_return', float('nan')):.2f}",
                                 sps=f"{metrics['env_steps_per_s']:.0f}",
@@ -217,7 +240,7 @@ class EmbodiedRunner:
                 from rlinf_like.runners.embodied_media import write_gif
 
                 write_gif(self.cfg, self.rollout.on_ranks(0).state_dict().wait()[0], self.specs, self.out / "rollout.gif")
-            self.channel.close()
+            self._close()
         return self._summary()
 
     # --- checkpoints ------------------------------------------------------------------------------

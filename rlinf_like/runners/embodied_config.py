@@ -12,12 +12,14 @@ from rlinf_like.models.policies import PolicyConfig
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.ppo import PPOConfig
+from rlinf_like.workers.actor.sac_learner import SACConfig
 
 COMPONENTS = ("actor", "rollout", "env")
 
 
 @dataclass(kw_only=True)
-class EmbodiedAlgorithm(PPOConfig):
+class EmbodiedAlgorithm(PPOConfig, SACConfig):
+    name: str = "ppo"  # a name in EMBODIED_ALGORITHMS (algorithms/embodied.py): ppo | sac
     lr: float = bounded(3e-4, gt=0)  # Adam learning rate
     adam_eps: float = bounded(1e-5, gt=0)  # Adam epsilon
     max_grad_norm: float = bounded(0.5, gt=0)  # gradients are clipped to this global norm
@@ -33,7 +35,11 @@ class EmbodiedRunnerConfig:
     # whole; the actor computes their finished episodes' GAE while collection goes on (same batch, bit for bit)
     stream_trajectories: bool = False
     stream_chunk_steps: int = bounded(32, gt=0)  # stream_trajectories: steps per chunk
-    save_every: int = bounded(10, gt=0)  # PPO updates between checkpoints
+    save_every: int = bounded(10, gt=0)  # PPO updates (SAC: rounds) between checkpoints
+    # sac: gradient updates between weight syncs to the rollout; a sync happens at the end of a round (a round:
+    # steps_per_rollout steps per env, utd x those env steps of updates), so syncs are at least a round apart
+    sync_every: int = bounded(1, gt=0)
+    save_replay: bool = True  # sac: checkpoint the replay buffer (else a resumed run refills it, logged)
     resume: bool = False  # continue from the checkpoint in output_dir
     output_dir: str = "runs/embodied"  # checkpoints, TensorBoard scalars, the return plot
     gif: bool = False  # a short GIF of the final policy

@@ -32,6 +32,9 @@ class AdvantageEstimator:
     token_level: ClassVar[bool] = False  # per-token advantages (else one per response, broadcast over tokens)
     accepts_kl_in_reward: ClassVar[bool] = False  # takes a per-token KL penalty (algorithm.kl_in_reward)
     options: ClassVar[tuple[str, ...]] = ()  # the algorithm.* keys this estimator reads
+    # works on embodied episodes: GAE over steps (`data/trajectory.py`), or one outcome per episode of a group
+    # of `algorithm.group_size` episodes from the same initial state (`data/episode_groups.py`)
+    embodied: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         unknown = set(options) - set(self.options)

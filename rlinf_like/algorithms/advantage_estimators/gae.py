@@ -38,6 +38,7 @@ def gae(
 
 @ADVANTAGE_ESTIMATORS.register("gae")
 class GAE(AdvantageEstimator):
+    embodied = True
     needs_critic = True
     token_level = True
     accepts_kl_in_reward = True

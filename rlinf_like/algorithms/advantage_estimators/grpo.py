@@ -19,6 +19,7 @@ def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale_by_std: bool
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
 class GRPO(AdvantageEstimator):
+    embodied = True
     options = ("scale_by_std",)
     scale_by_std: bool = True
 

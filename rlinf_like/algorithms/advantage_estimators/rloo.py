@@ -18,5 +18,6 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 class RLOO(AdvantageEstimator):
+    embodied = True
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
         return Advantages(advantages=rloo_advantages(inputs.rewards).reshape(-1, 1) * inputs.response_mask)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from rlinf_like.config.validate import bounded
-from rlinf_like.algorithms import PolicyLossConfig, masked_whiten, policy_loss, value_loss
+from rlinf_like.algorithms import PolicyLossConfig, build_estimator, masked_whiten, policy_loss, value_loss
+from rlinf_like.data.episode_groups import episode_group_advantages
 from rlinf_like.data.batch import Batch
 from rlinf_like.data.trajectory import StreamedGAE, Trajectory, rows_batch, trajectory_gae
 from rlinf_like.envs import ActionSpec, FieldSpec
@@ -42,6 +43,11 @@ class PPOConfig:
     normalize_advantages: bool = True  # whiten advantages per mini-batch
     epochs: int = bounded(10, gt=0)  # passes over each update's batch
     mini_batches: int = bounded(4, gt=0)  # optimizer steps per epoch
+    # a name in ADVANTAGE_ESTIMATORS that declares `embodied` (gae | grpo | rloo); grpo and rloo compare the
+    # returns of algorithm.group_size episodes started from the same state (reset with the same seed)
+    advantage: str = "gae"
+    group_size: int = bounded(4, gt=1)  # grpo / rloo: episodes per group (consecutive envs of a stage)
+    scale_by_std: bool = True  # grpo: divide by the group's return std (false: Dr. GRPO)
 
 
 def ppo_loss(cfg: PPOConfig):
@@ -49,7 +55,7 @@ def ppo_loss(cfg: PPOConfig):
 
     def loss(model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         _, logprobs, entropy, values = model({k: batch[k] for k in model.obs_keys}, batch["actions"])
-        mask = torch.ones_like(logprobs)
+        mask = batch["mask"] if "mask" in batch else torch.ones_like(logprobs)  # grouped: each env's first episode
         adv = masked_whiten(batch["advantages"], mask) if cfg.normalize_advantages else batch["advantages"]
         pg, metrics = policy_loss(logprobs, batch["old_logprobs"], adv, mask, clip)
         vf = value_loss(values, batch["old_values"], batch["returns"], mask, cfg.value_clip)
@@ -79,8 +85,27 @@ class EmbodiedActorWorker(TrainedWorker):
                 take = self._feed(channel)
                 trajectories = [take() for _ in range(count)]
             trajectories = sorted(trajectories, key=lambda t: t.rank)  # rows in rank order, whatever came first
+            if self.ppo.advantage != "gae":
+                return self._train_grouped(trajectories)
             items, chunks = [(t, *trajectory_gae(t, self.ppo.gamma, self.ppo.lam)) for t in trajectories], len(trajectories)
+        return self._train_rows(rows_batch(items), chunks)
+
+    def _train_grouped(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Group-relative advantages of each env's first episode (`data/episode_groups.py`); the rest masked."""
+        estimator = build_estimator(self.ppo.advantage, self.ppo)
+        items, masks, returns = [], [], []
+        for t in trajectories:
+            adv, ret, mask = episode_group_advantages(t.rewards, t.dones, self.ppo.group_size, estimator)
+            items.append((t, adv, t.values.float()))  # no critic target: the value head is not trained on it
+            masks.append(mask.reshape(-1))
+            returns.append(ret)
         batch = rows_batch(items)
+        batch["mask"] = torch.cat(masks)
+        out = self._train_rows(batch, len(trajectories))
+        out["group_return_mean"] = float(torch.cat(returns).mean())
+        return out
+
+    def _train_rows(self, batch: dict[str, torch.Tensor], chunks: int) -> dict[str, float]:
         loop = LoopConfig(mini_batches=self.ppo.mini_batches, micro_batch_size=None, epochs=self.ppo.epochs,
                           seed=self.seed)  # a mini-batch in one pass
         out = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, loop)

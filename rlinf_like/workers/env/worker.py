@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from rlinf_like.data.episode_groups import group_seeds
 from rlinf_like.envs import EnvConfig, EpisodeStats, Obs, StepResult, make_env
 from rlinf_like.scheduler import Worker
 from rlinf_like.workers.env.link import Link, action_layout, step_layout
@@ -40,6 +41,13 @@ class EnvWorker(Worker):
     def reset(self, seed: int | None = None) -> list[Obs]:
         base = self.seed if seed is None else seed
         self.obs = [env.reset(base + s * self.per_stage) for s, env in enumerate(self.envs)]
+        return self.obs
+
+    def reset_groups(self, seed: int, group_size: int) -> list[Obs]:
+        """Reset every env so each `group_size` consecutive envs (global order: rank, stage, env) share a seed."""
+        first = self.rank * self.per_stage * len(self.envs)
+        self.obs = [env.reset_seeds(group_seeds(seed, first + s * self.per_stage, self.per_stage, group_size))
+                    for s, env in enumerate(self.envs)]
         return self.obs
 
     def step(self, actions: np.ndarray, stage: int = 0) -> StepResult:

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from rlinf_like.data.episode_groups import group_seeds
 from rlinf_like.data.trajectory import Trajectory
 from rlinf_like.envs import ActionSpec, EnvConfig, FieldSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver, replicated
@@ -104,6 +105,11 @@ class PolicyRolloutWorker(Worker):
             raise ValueError(f"{self.name}: attached envs give {specs.obs_spec}, the policy takes {self.obs_spec}")
         self._links = [link]
         return specs
+
+    def reset_env_groups(self, seed: int, group_size: int) -> None:
+        """`EnvWorker.reset_groups` for the envs stepped in this process."""
+        for link in self._local_envs():
+            link.obs = link.env.reset_seeds(group_seeds(seed, self.rank * link.n, link.n, group_size))
 
     @torch.no_grad()
     def _infer(self, obs: dict[str, np.ndarray]):

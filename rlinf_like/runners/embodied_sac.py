@@ -1,0 +1,152 @@
+"""Embodied SAC: env workers <-> SAC rollout -> replay worker -> SAC actor -> weight sync.
+
+A round: every rollout rank steps its envs `runner.steps_per_rollout` steps (over the wire to env workers, or
+its own envs with `runner.env_in_rollout`) and streams each `runner.stream_chunk_steps` steps of transitions to
+the replay worker's channel as it goes; meanwhile the replay worker serves the learner `algorithm.utd` x (the
+round's env steps) batches, sampled from what the previous rounds stored, and the learner trains on them.
+So collection, receiving and learning overlap. At the round's end the replay worker seals the round's chunks
+into its buffer (rank order: deterministic), and once `runner.sync_every` updates have accumulated the actor's
+weights go to the rollout through the weight sync. Until `algorithm.learning_starts` env steps the rollout
+acts uniformly at random and nothing trains.
+
+Checkpoints (every `runner.save_every` rounds): the learner (networks, targets, optimizers, temperature,
+RNG), the replay buffer and its RNG (`runner.save_replay`; without it a resumed run starts from an empty
+buffer, logged), env state, rollout RNG and the weights it acts with, then the runner state. Resume is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+
+import numpy as np
+
+from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
+from rlinf_like.runners.embodied import CHECKPOINT, WORKER_STATE, EmbodiedRunner, env_specs
+from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
+from rlinf_like.workers.actor.sac import SACActorWorker
+from rlinf_like.workers.actor.sac_learner import SACConfig
+from rlinf_like.workers.env import EnvWorker, episode_metrics
+from rlinf_like.workers.replay import ReplayWorker, Samples
+from rlinf_like.workers.rollout.sac_rollout import SACRolloutWorker
+
+log = logging.getLogger(__name__)
+COMPONENTS = ("actor", "rollout", "env", "replay")
+__all__ = ["CHECKPOINT", "EmbodiedSACRunner"]
+
+
+class EmbodiedSACRunner(EmbodiedRunner):
+    def _launch(self, cluster: Cluster, seed: int) -> None:
+        cfg, r = self.cfg, self.cfg.runner
+        spec = dict(cfg.cluster.component_placement)
+        spec.setdefault("replay", spec["actor"])  # unplaced: beside the learner it feeds
+        placement = cluster.place(spec, known_components=COMPONENTS)
+        self.stages = 2 if r.pipeline else 1
+        if r.env_in_rollout:
+            self.env, specs = None, env_specs(cfg.env)
+        else:
+            self.env = EnvWorker.create_group(cfg.env, self.stages, seed).launch(cluster, placement, "env",
+                                                                                 init_process_group=False)
+            specs = self.env.on_ranks(0).specs().wait()[0]
+        action = specs.action_spec
+        if action.kind != "continuous" or set(specs.obs_spec) != {"state"}:
+            raise ValueError(f"algorithm.name=sac takes state observations and continuous actions; env {cfg.env.id} "
+                             f"gives {sorted(specs.obs_spec)} and {action.kind} actions")
+        self.specs, hidden, a = specs, list(cfg.policy.hidden), cfg.algorithm
+        obs_shape = specs.obs_spec["state"].shape
+        self.rollout = SACRolloutWorker.create_group(specs.obs_spec, action, hidden, r.seed).launch(
+            cluster, placement, "rollout")
+        if self.env is None:
+            self.rollout.attach_envs(cfg.env, seed).wait()
+        sac = SACConfig(**{k: getattr(a, k) for k in SACConfig.__dataclass_fields__})
+        self.actor = SACActorWorker.create_group(int(np.prod(obs_shape)), action, hidden, sac, a.gamma, a.lr,
+                                                 a.adam_eps, r.seed).launch(cluster, placement, "actor")
+        self.replay = ReplayWorker.create_group(a.buffer_size, obs_shape, (len(action.low),), a.gamma, a.n_step,
+                                                r.seed).launch(cluster, placement, "replay", init_process_group=False)
+        if self.env is not None:
+            connect_groups(self.env, self.rollout, "env_wire")
+            n_env, n_roll = self.env.world_size, self.rollout.world_size
+            wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
+                     [self.rollout.on_ranks(k).connect_envs("env_wire", list(range(k, n_env, n_roll)))
+                      for k in range(n_roll)])
+        connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
+        from rlinf_like.data.replay import Transitions
+
+        self.channel = Channel.create(cluster.scoped_name("transitions"), Transitions)
+        self.samples = Channel.create(cluster.scoped_name("samples"), Samples)
+        self.replay.start_receiving(self.channel.name).wait()
+        self.envs_total = cfg.env.num_envs * (self.rollout if self.env is None else self.env).world_size
+        self.owed, self.unsynced, self.stored = 0.0, 0, 0
+        write_worker_pids(self.out, {"env": self.env, "rollout": self.rollout, "actor": self.actor,
+                                     "replay": self.replay})
+
+    # --- one round ---------------------------------------------------------------------------------
+    def _iterate(self) -> dict[str, float]:
+        r, a, start = self.cfg.runner, self.cfg.algorithm, time.perf_counter()
+        steps = r.steps_per_rollout * self.envs_total
+        random = self.env_steps < a.learning_starts
+        collect = self.rollout.collect_transitions(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,
+                                                   self.channel.name, self.iteration, random, r.stream_chunk_steps)
+        env_call = self.env.collect(r.steps_per_rollout, (len(self.specs.action_spec.low),)) if self.env else None
+        count = 0
+        if self.stored >= max(a.learning_starts, 1):  # learn from the rounds already stored
+            self.owed += a.utd * steps
+            count, self.owed = int(self.owed), self.owed - int(self.owed)
+        train = [self.replay.serve(a.batch_size, count, self.samples.name),
+                 self.actor.train(self.samples.name, count)] if count else []
+        roll_out = collect.wait()
+        env_out = [o.env for o, _ in roll_out] if self.env is None else env_call.wait()
+        collect_s = time.perf_counter() - start
+        metrics = wait_all(train)[1][0] if train else {}
+        train_s = time.perf_counter() - start - collect_s
+        self.stored = self.replay.on_ranks(0).seal(self.iteration, sum(n for _, n in roll_out)).wait()[0]
+        self.unsynced += count
+        if self.unsynced >= r.sync_every:
+            self._sync_weights()
+            self.unsynced = 0
+        self.env_steps += steps
+        metrics.update(episode_metrics([e for o in env_out for e in o.episodes]))
+        metrics.update(collect_s=collect_s, train_s=train_s, env_steps_per_s=steps / collect_s, updates=count,
+                       replay_size=self.stored, weight_version=self.version)
+        return metrics
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        path = self.checkpoints.step_dir(self.iteration)
+        path.mkdir(parents=True, exist_ok=True)
+        self.actor.save(str(path / "sac_actor.pt")).wait()
+        workers = {"env": self.env.get_state().wait() if self.env is not None else [],
+                   "rollout_rng": self.rollout.rng_state().wait(),
+                   "rollout_policy": self.rollout.on_ranks(0).state_dict().wait()[0],
+                   "replay": self.replay.on_ranks(0).state().wait()[0] if self.cfg.runner.save_replay else None}
+        (path / WORKER_STATE).write_bytes(pickle.dumps(workers))
+        self.checkpoints.commit(self.iteration, {
+            "iteration": self.iteration, "env_steps": self.env_steps, "version": self.version, "clock": self.clock,
+            "history": self.history, "owed": self.owed, "unsynced": self.unsynced, "stored": self.stored})
+
+    def _restore(self, path, state: dict, workers: dict | None) -> None:
+        self.actor.load(str(path / "sac_actor.pt")).wait()
+        self.iteration, self.env_steps = state["iteration"], state["env_steps"]
+        self.version, self.clock, self.history = state["version"] - 1, state["clock"], state["history"]
+        self.owed, self.unsynced = state["owed"], state["unsynced"]
+        self._sync_weights()  # the sync's first round (as the saved version); then the weights the rollout acted with
+        if workers is None:
+            return
+        wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +
+                 [self.rollout.on_ranks(i).set_rng_state(s) for i, s in enumerate(workers["rollout_rng"])] +
+                 [self.rollout.load_policy(workers["rollout_policy"])])
+        if workers["replay"] is None:
+            log.warning("runner.save_replay=false: the replay buffer was not checkpointed; the resumed run "
+                        "starts from an empty one (no updates until algorithm.learning_starts stored steps)")
+            self.stored = 0
+        else:
+            self.replay.on_ranks(0).load_state(workers["replay"]).wait()
+            self.stored = state["stored"]
+
+    def run(self) -> dict:
+        return self._loop("SAC", "sac")
+
+    def _close(self) -> None:
+        self.channel.close()
+        self.samples.close()

@@ -1,0 +1,64 @@
+"""SACActorWorker: the SAC learner as a worker. Per round it takes the batches the replay worker serves on a
+channel and runs one update per batch (`SACLearner`); it publishes the actor's weights to the rollout through
+the same weight sync as PPO's actor (only the actor: the critics never leave this process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlinf_like.envs import ActionSpec
+from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender, replicated
+from rlinf_like.scheduler import Channel, Worker
+from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner
+
+
+class SACActorWorker(Worker):
+    def __init__(self, obs_dim: int, action: ActionSpec, hidden: list[int], sac: SACConfig, gamma: float, lr: float,
+                 adam_eps: float, seed: int = 0):
+        if self.world_size != 1:
+            raise ValueError(f"{self.name}: algorithm.name=sac trains on one actor rank; "
+                             f"cluster.component_placement.actor places {self.world_size}")
+        torch.manual_seed(seed)  # the rollout builds the same initial actor from this seed
+        self.learner = SACLearner(obs_dim, action, hidden, sac, gamma, lr, adam_eps)
+        self._sender: WeightSender | None = None
+
+    # --- weights to the rollout ----------------------------------------------------------------------
+    def _synced(self) -> dict[str, torch.Tensor]:
+        return dict(self.learner.policy.named_parameters())
+
+    def weight_layouts(self) -> list[TensorLayout]:
+        return [replicated(n, tuple(p.shape), 1, str(p.dtype)) for n, p in self._synced().items()]
+
+    def adapter_spec(self) -> None:
+        return None
+
+    def changing_tensors(self) -> None:
+        return None
+
+    def connect_weights(self, peer_group: str, plan: SyncPlan, transport: str = "group") -> None:
+        self._sender = WeightSender(self.peer_group(peer_group), plan, self.rank, transport)
+
+    def publish_weights(self, version: int) -> int:
+        if self._sender is None:
+            raise RuntimeError(f"{self.name}: publish_weights before connect_weights")
+        return self._sender.publish(version, {k: v.detach() for k, v in self._synced().items()})
+
+    # --- training ------------------------------------------------------------------------------------
+    def train(self, channel: str, count: int) -> dict[str, float]:
+        """`count` updates, one per batch taken from `channel` (the replay worker's `serve`)."""
+        source, done, metrics = Channel.connect(channel), 0, []
+        while done < count:
+            for batch in source.get().batches:
+                metrics.append(self.learner.update(batch))
+                done += 1
+        return {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]} if metrics else {}
+
+    # --- checkpoints ---------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        torch.save({"learner": self.learner.state_dict(), "torch_rng": torch.get_rng_state()}, path)
+
+    def load(self, path: str) -> None:
+        state = torch.load(path, weights_only=False)
+        self.learner.load_state_dict(state["learner"])
+        torch.set_rng_state(state["torch_rng"])

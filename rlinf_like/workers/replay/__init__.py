@@ -1,0 +1,3 @@
+from rlinf_like.workers.replay.worker import ReplayWorker, Samples
+
+__all__ = ["ReplayWorker", "Samples"]
