@@ -78,16 +78,16 @@ def test_sampled_logprobs_are_under_the_sampling_temperature(engines):
     """Each sampled token's logprob equals log softmax(logits / T) of a teacher-forced pass (not the raw logits)."""
     vllm, _, hf_second = engines
     load_weights_of(vllm, hf_second)
-    params = SamplingParams(max_new_tokens=12, temperature=0.7, seed=3)
-    [result] = vllm.generate([RolloutRequest("t", PROMPTS[2], params, n=2)])
+    params = SamplingParams(max_new_tokens=12, temperature=1.5, seed=3)  # the tiny models are peaked at T=1
+    [result] = vllm.generate([RolloutRequest("t", PROMPTS[2], params, n=4)])
     model = hf_second.model
     for tokens, logprobs in zip(result.response_ids, result.logprobs):
         ids = torch.tensor([PROMPTS[2] + tokens])
         with torch.no_grad():
             logits = model(ids).logits[0, len(PROMPTS[2]) - 1:-1].float()
-        expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        expected = torch.log_softmax(logits / 1.5, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
         assert torch.allclose(torch.tensor(logprobs), expected, atol=2e-3), (logprobs, expected.tolist())
-    assert result.response_ids[0] != result.response_ids[1]  # each sample its own seed
+    assert len({tuple(t) for t in result.response_ids}) > 1  # each sample its own seed
 
 
 @needs_vllm
