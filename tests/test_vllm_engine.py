@@ -99,3 +99,23 @@ def test_a_bad_request_is_named_and_the_rest_are_served(engines):
     assert [r.ok for r in results] == [True, True, False]
     assert "long" in results[2].error and "128" in results[2].error
     same_tokens(results[:2], hf_second.generate(requests()[:2]))
+
+
+@needs_vllm
+def test_two_grpo_steps_with_the_vllm_engine(tmp_path):
+    """The main job, collocated on both CPU slots, with rollout.engine=vllm: two replicas, weights synced from the
+    FSDP actor after each step (through `reload_weights`), offload a logged no-op on CPU."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "examples/reasoning/main_grpo.py", "rollout.engine=vllm", "runner.max_steps=2",
+            "runner.sft_steps=2", "runner.eval_every=2", "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2",
+            "data.sft_problems=8", "data.test_problems=4", f"runner.output_dir={tmp_path}"]
+    done = subprocess.run(argv, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "vllm: KV cache" in log and "no sleep mode" in log
+    assert (tmp_path / "curves.png").exists()
