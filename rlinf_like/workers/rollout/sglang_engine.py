@@ -35,7 +35,8 @@ from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.sglang_tp import (SGLangFollower, engine_kwargs, replica_devices, sglang_layouts,
                                                   visible_devices)
-from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, SampleProgress, rejected, request_error
+from rlinf_like.workers.rollout.types import (RolloutRequest, RolloutResult, SampleProgress, collected, rejected,
+                                              request_error)
 
 ABORT_GRACE_S = 30.0  # after an abort, how long to wait for SGLang to hand back the partial samples
 BUCKET_BYTES = 512 << 20  # weights are pushed in buckets so one sync never serialises the whole model at once
@@ -193,12 +194,7 @@ class SGLangEngine(RolloutEngine):
         errors = [s for s in samples if isinstance(s, str)]
         if errors:  # SGLang refused a sample: the whole group is reported, the other requests go on
             return rejected(request, f"request {request.request_id!r}: {errors[0]}", self.version)
-        result = RolloutResult(request.request_id, list(request.prompt_ids), version=self.version)
-        for tokens, logprobs, reason in samples:
-            result.response_ids.append(tokens)
-            result.logprobs.append(logprobs)
-            result.finish_reasons.append(reason)
-        return result
+        return collected(request, samples, self.version)
 
     # --- memory ----------------------------------------------------------------------------------------
     def offload(self) -> None:

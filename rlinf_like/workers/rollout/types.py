@@ -134,5 +134,15 @@ def request_error(request: RolloutRequest, max_context: int, max_samples: int) -
     return None
 
 
+def collected(request: RolloutRequest, samples: list[tuple[list[int], list[float], str]], version: int) -> RolloutResult:
+    """A request's result from its samples' (tokens, logprobs, finish reason), in sample order."""
+    result = RolloutResult(request.request_id, list(request.prompt_ids), version=version)
+    for tokens, logprobs, reason in samples:
+        result.response_ids.append(tokens)
+        result.logprobs.append(logprobs)
+        result.finish_reasons.append(reason)
+    return result
+
+
 def rejected(request: RolloutRequest, error: str, version: int) -> RolloutResult:
     return RolloutResult(request.request_id, list(request.prompt_ids), version=version, error=error)

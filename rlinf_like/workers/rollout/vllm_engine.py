@@ -35,7 +35,7 @@ from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
 from rlinf_like.workers.rollout.native.paging import cache_budget
 from rlinf_like.workers.rollout.sglang_engine import checkpoint_shapes
-from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
+from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, collected, rejected, request_error
 
 log = logging.getLogger(__name__)
 LOGPROBS_MODE = "processed_logprobs"  # log softmax of the logits after temperature (the sampler's own input)
@@ -145,12 +145,7 @@ class VLLMEngine(RolloutEngine):
         return tokens, logprobs, reason
 
     def _result(self, request: RolloutRequest, samples: list) -> RolloutResult:
-        result = RolloutResult(request.request_id, list(request.prompt_ids), version=self.version)
-        for tokens, logprobs, reason in samples:
-            result.response_ids.append(tokens)
-            result.logprobs.append(logprobs)
-            result.finish_reasons.append(reason)
-        return result
+        return collected(request, samples, self.version)
 
     # --- memory ----------------------------------------------------------------------------------------
     def offload(self) -> None:
