@@ -81,7 +81,10 @@ class ResidencyManager:
                  pin_memory: bool | None = None, keep_freed: bool = True):
         self.model, self.optimizer = model, optimizer
         self.pin_memory = pin_memory
-        self.keep_freed = keep_freed  # keep CPU blocks freed by offload for the next onload (see module doc)
+        # keep CPU blocks freed by offload for the next onload (see module doc); only for a model that lives on the
+        # CPU: a GPU model's few host storages (e.g. optimizer step counters) take the path verified on GPU
+        self.keep_freed = (keep_freed and hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+                           and all(p.device.type == "cpu" for p in model.parameters()))
         _own_storages(model)
         self._parts = {p: _Part() for p in PARTS}
         self.history: deque[MoveStats] = deque(maxlen=HISTORY)  # recent moves, for the step log
