@@ -60,6 +60,7 @@ BENCHES = (
     Bench(name="ppo_vs_sb3", script="ppo_vs_sb3.py", quick=("--steps", "4096"), needs=("stable_baselines3",)),
     Bench(name="embodied_pipeline", script="embodied_pipeline.py", quick=("--reps", "1", "--updates", "2"),
           needs=("mujoco",)),
+    Bench(name="sac_vs_sb3", script="sac_vs_sb3.py", needs=("stable_baselines3", "mujoco")),
 )
 
 # bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
@@ -80,6 +81,7 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "grpo_vs_trl": {"time_ratio": ("<=", 0.5)},
     "ppo_vs_sb3": {"time_ratio": ("<=", 1.0)},
     "embodied_pipeline": {"speedup": (">=", 1.3)},
+    "sac_vs_sb3": {"time_ratio": ("<=", 1.0), "return_ours": None, "return_sb3": None},  # at equal or better return
 }
 
 
