@@ -22,17 +22,15 @@ Seeds: `sampling_seed` is only honoured when the engine runs with `enable_determ
 from __future__ import annotations
 
 import asyncio
-import json
-import random
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.utils.extras import require
-from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig
+from rlinf_like.workers.rollout.staged_engine import StagedWeightsEngine, checkpoint_shapes
 from rlinf_like.workers.rollout.sglang_tp import (SGLangFollower, engine_kwargs, replica_devices, sglang_layouts,
                                                   visible_devices)
 from rlinf_like.workers.rollout.types import (RolloutRequest, RolloutResult, SampleProgress, collected, rejected,
@@ -43,24 +41,7 @@ BUCKET_BYTES = 512 << 20  # weights are pushed in buckets so one sync never seri
 Sample = tuple[list[int], list[float], str]
 
 
-def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of an HF safetensors checkpoint, read from the file headers only."""
-    from safetensors import safe_open
-
-    root = Path(model_path)
-    index = root / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else \
-        [p.name for p in sorted(root.glob("*.safetensors"))]
-    shapes = {}
-    for file in files:
-        with safe_open(str(root / file), framework="pt") as f:
-            for name in f.keys():
-                if "rotary_emb.inv_freq" not in name:  # a buffer old checkpoints carry; no engine loads it
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
-
-
-class SGLangEngine(RolloutEngine):
+class SGLangEngine(StagedWeightsEngine):
     supports_tp = True  # sglang.Engine(tp_size=rollout.tp_size) over the replica's GPUs (sglang_tp.py)
     continues_migrated = True
     needs_gpu = True
@@ -88,15 +69,7 @@ class SGLangEngine(RolloutEngine):
         SGLang's processes (None: this process's); `extra_kwargs` go to sglang.Engine (e.g. attention_backend,
         enable_deterministic_inference)."""
         sgl = require("sglang")  # first: a clear MissingExtraError before any work
-        from transformers import AutoConfig
-
-        super().__init__()
-        self.config = config
-        self.dtype = getattr(torch, config.dtype)
-        self.max_context = config.max_context or AutoConfig.from_pretrained(config.model_path).max_position_embeddings
-        self._rng = random.Random(config.seed)  # seeds for requests that bring none
-        self._shapes = checkpoint_shapes(config.model_path)
-        self._stage: dict[str, torch.Tensor] | None = None
+        super().__init__(config)
         self._offloaded = False
         self._pending_push = False
         kwargs = engine_kwargs(config, tp_size, **extra_kwargs)
@@ -123,7 +96,7 @@ class SGLangEngine(RolloutEngine):
 
     def _sampling_params(self, request: RolloutRequest, sample_index: int) -> dict:
         s = request.sampling
-        seed = self._rng.getrandbits(62) if s.seed is None else (s.seed * 1_000_003 + sample_index) % (1 << 62)
+        seed = self._sample_seed(request, sample_index)
         return {
             "max_new_tokens": min(s.max_new_tokens, self.max_context - len(request.prompt_ids)),
             "temperature": s.temperature, "top_k": s.top_k if s.top_k > 0 else -1,
@@ -214,11 +187,6 @@ class SGLangEngine(RolloutEngine):
     def weight_layouts(self) -> list[TensorLayout]:
         # the driver (this process, TP rank 0) receives whole tensors; SGLang shards them itself when loading
         return sglang_layouts(self._shapes, self.dtype, self.tp_size)
-
-    def weight_tensors(self) -> dict[str, torch.Tensor]:
-        if self._stage is None:  # allocated on first use: engines that never sync pay nothing
-            self._stage = {name: torch.empty(shape, dtype=self.dtype) for name, shape in self._shapes.items()}
-        return self._stage
 
     def _weights_changed(self) -> None:
         self._pending_push = True

