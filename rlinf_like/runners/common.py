@@ -30,6 +30,14 @@ def connect_weight_sync(actor: WorkerGroup, rollout: WorkerGroup, name: str, bac
     return plan
 
 
+def connect_env_wire(env: WorkerGroup, rollout: WorkerGroup) -> None:
+    """The env <-> rollout wire of the embodied runners: env rank e talks to rollout rank e % rollout ranks."""
+    connect_groups(env, rollout, "env_wire")
+    n_env, n_roll = env.world_size, rollout.world_size
+    wait_all([env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
+             [rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll))) for r in range(n_roll)])
+
+
 def write_json_atomic(path: Path, state: dict) -> None:
     """Write then rename: a crash leaves the previous file whole (the runner state flips only
     after the worker state it points to is complete)."""

@@ -37,9 +37,10 @@ from rlinf_like.envs import EnvConfig, check_env_config, make_env
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.policies import check_policy_fits, policy_class
-from rlinf_like.runners.common import Checkpoints, connect_weight_sync, crash_point, plot_series, write_worker_pids
+from rlinf_like.runners.common import (Checkpoints, connect_env_wire, connect_weight_sync, crash_point, plot_series,
+                                       write_worker_pids)
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
-from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
+from rlinf_like.scheduler import Channel, Cluster, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
@@ -149,12 +150,8 @@ class EmbodiedRunner:
         fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm))
         self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec, ppo, fsdp,
                                                       cfg.runner.seed).launch(cluster, placement, "actor")
-        if self.env is not None:  # env <-> rollout wire: env rank e talks to rollout rank e % rollout ranks
-            connect_groups(self.env, self.rollout, "env_wire")
-            n_env, n_roll = self.env.world_size, self.rollout.world_size
-            wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
-                     [self.rollout.on_ranks(r).connect_envs("env_wire", list(range(r, n_env, n_roll)))
-                      for r in range(n_roll)])
+        if self.env is not None:  # env rank e talks to rollout rank e % rollout ranks
+            connect_env_wire(self.env, self.rollout)
         connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
         self.channel = trajectory_channel(cluster)
         action = specs.action_spec

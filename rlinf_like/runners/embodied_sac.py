@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
+from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, write_worker_pids
 from rlinf_like.runners.embodied import CHECKPOINT, WORKER_STATE, EmbodiedRunner, env_specs
-from rlinf_like.scheduler import Channel, Cluster, connect_groups, wait_all
+from rlinf_like.scheduler import Channel, Cluster, wait_all
 from rlinf_like.workers.actor.sac import SACActorWorker
 from rlinf_like.workers.actor.sac_learner import SACConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
@@ -64,12 +64,8 @@ class EmbodiedSACRunner(EmbodiedRunner):
                                                  a.adam_eps, r.seed).launch(cluster, placement, "actor")
         self.replay = ReplayWorker.create_group(a.buffer_size, obs_shape, (len(action.low),), a.gamma, a.n_step,
                                                 r.seed).launch(cluster, placement, "replay", init_process_group=False)
-        if self.env is not None:
-            connect_groups(self.env, self.rollout, "env_wire")
-            n_env, n_roll = self.env.world_size, self.rollout.world_size
-            wait_all([self.env.on_ranks(e).connect_rollout("env_wire", n_env + e % n_roll) for e in range(n_env)] +
-                     [self.rollout.on_ranks(k).connect_envs("env_wire", list(range(k, n_env, n_roll)))
-                      for k in range(n_roll)])
+        if self.env is not None:  # env rank e talks to rollout rank e % rollout ranks
+            connect_env_wire(self.env, self.rollout)
         connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
         from rlinf_like.data.replay import Transitions
 
