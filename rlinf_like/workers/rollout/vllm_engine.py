@@ -53,6 +53,7 @@ class VLLMEngine(StagedWeightsEngine):
         vllm = require("vllm")  # first: a clear MissingExtraError before any work
         super().__init__(config)
         self._sleeping = False
+        self._said_filtered = self._said_no_sleep = False  # one-time log lines
         # the KV cache budget as for the native engine (rollout.kv_cache_memory_gb, or a share of free memory); on
         # CPU vLLM would otherwise reserve gpu_memory_utilization (0.92) of the host's memory
         budget, source = cache_budget(config.kv_cache_memory_gb, config.kv_cache_memory_fraction, torch.device(device))
@@ -115,7 +116,7 @@ class VLLMEngine(StagedWeightsEngine):
 
     def _sampling_params(self, request: RolloutRequest, sample_index: int):
         s = request.sampling
-        if (s.top_k > 0 or s.top_p < 1.0) and not s.greedy and not getattr(self, "_said_filtered", False):
+        if (s.top_k > 0 or s.top_p < 1.0) and not s.greedy and not self._said_filtered:
             log.warning("vllm: with top_k / top_p set, logprobs are renormalised over the kept tokens (vLLM's "
                         "processed_logprobs), not log softmax(logits / temperature) over the vocabulary")
             self._said_filtered = True
@@ -145,7 +146,7 @@ class VLLMEngine(StagedWeightsEngine):
         if self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode:
             self.llm.sleep(level=1)  # weights to host, KV cache dropped
             self._sleeping = True
-        elif not getattr(self, "_said_no_sleep", False):
+        elif not self._said_no_sleep:
             log.info("vllm: this build has no sleep mode (CPU); offload keeps the weights and KV cache resident")
             self._said_no_sleep = True
 
