@@ -74,6 +74,7 @@ def main() -> None:
         return [score(c, a, True, 1).total for c, a in zip(completions, answer)]
 
     elapsed: list[float] = []
+    generate_s: list[float] = []  # per step: TRL's generation and scoring (the rest of the step is training)
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args_, state, control, **kwargs):
@@ -89,11 +90,20 @@ def main() -> None:
     config = GRPOConfig(output_dir=str(args.out / "trainer"), max_steps=args.steps, seed=args.seed, **TRL_SETTINGS)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                           callbacks=[Clock()])
+    produce = trainer._generate_and_score_completions
+
+    def timed_produce(*a, **kw):
+        start = time.perf_counter()
+        out = produce(*a, **kw)
+        generate_s.append(time.perf_counter() - start)
+        return out
+
+    trainer._generate_and_score_completions = timed_produce
     effective = {k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k not in ("report_to",)}
     effective.update(torch_threads=torch.get_num_threads(), model_dtype=str(next(model.parameters()).dtype),
                      gradient_checkpointing_on=bool(getattr(model, "is_gradient_checkpointing", False)))
     trainer.train()
-    (args.out / "timing.json").write_text(json.dumps({"elapsed_s": elapsed, "config": effective}))
+    (args.out / "timing.json").write_text(json.dumps({"elapsed_s": elapsed, "generate_s": generate_s, "config": effective}))
 
 
 if __name__ == "__main__":
