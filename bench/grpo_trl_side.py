@@ -37,7 +37,8 @@ TRL_SETTINGS = dict(
     learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0,  # (defaults 1e-6, linear)
     optim="adamw_torch_fused", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0,
     max_grad_norm=1.0,  # ours clips at 1.0 too
-    beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_type="dapo", scale_rewards="group",
+    beta=0.0,  # no KL term and no reference model, as ours (kl_beta 0); TRL 1.16 defaults to 0.0 too
+    epsilon=0.2, epsilon_high=0.2, loss_type="dapo", scale_rewards="group",
     importance_sampling_level="token", mask_truncated_completions=False,
     bf16=False, fp16=False,  # fp32 as ours (default bf16=True, ~5x slower per step on this CPU)
     gradient_checkpointing=False,  # (default True: recomputes the forward, slower)

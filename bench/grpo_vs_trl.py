@@ -2,10 +2,16 @@
 
 Both sides start from one warm start, made by the runner's own SFT (`ReasoningRun`, collocated preset) and
 exported as an HF checkpoint. Same task, same held-out set, same GRPO settings (32 prompts x 8 samples per
-optimizer step, lr 2e-4 constant, clip 0.2, no KL, group std scaling, token-level loss, grad-norm clip 1.0,
-28 new tokens at temperature 1). Ours runs `--schedule` (default collocated: FSDP dp=2 and two native-engine
-replicas taking turns on both slots, one thread per process); TRL 1.16 runs in its own process in fp32 with
-2 threads and every differing default set (`bench/grpo_trl_side.py`, which prints its effective config).
+optimizer step, lr 2e-4 constant, clip 0.2, group std scaling, token-level loss, grad-norm clip 1.0,
+28 new tokens at temperature 1; no KL term, so neither side loads a reference model; the PPO ratio's old
+logprobs are the rollout engine's on ours, the detached current ones on TRL's, no recompute on either side).
+Ours runs `--schedule`: collocated (default: FSDP dp=2 and two native-engine replicas taking turns on both
+slots, one thread per process) or async (the actor on slot 0, one native-engine replica serving on slot 1: the
+rollout of step k+1 runs while step k trains, at most one version stale, the PPO ratio taken against the
+behaviour logprobs the rollout recorded); TRL 1.16 runs in its own process in fp32 with 2 threads and every
+differing default set (`bench/grpo_trl_side.py`, which prints its effective config). Each side's per-step phases
+are printed: ours rollout / reward / train (onload, advantages, update) / weight sync, TRL generation with
+scoring / the rest of its step (training).
 
 Clocks: both start after the model is loaded and the workers / trainer are built, and stop at each step's
 end (ours: after the weight sync; TRL: after the optimizer step, its generation uses the trained model
