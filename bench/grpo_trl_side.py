@@ -37,7 +37,8 @@ TRL_SETTINGS = dict(
     learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0,  # (defaults 1e-6, linear)
     optim="adamw_torch_fused", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0,
     max_grad_norm=1.0,  # ours clips at 1.0 too
-    beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_type="dapo", scale_rewards="group",
+    beta=0.0,  # no KL term and no reference model, as ours (kl_beta 0); TRL 1.16 defaults to 0.0 too
+    epsilon=0.2, epsilon_high=0.2, loss_type="dapo", scale_rewards="group",
     importance_sampling_level="token", mask_truncated_completions=False,
     bf16=False, fp16=False,  # fp32 as ours (default bf16=True, ~5x slower per step on this CPU)
     gradient_checkpointing=False,  # (default True: recomputes the forward, slower)
@@ -74,6 +75,7 @@ def main() -> None:
         return [score(c, a, True, 1).total for c, a in zip(completions, answer)]
 
     elapsed: list[float] = []
+    generate_s: list[float] = []  # per step: TRL's generation and scoring (the rest of the step is training)
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args_, state, control, **kwargs):
@@ -89,11 +91,20 @@ def main() -> None:
     config = GRPOConfig(output_dir=str(args.out / "trainer"), max_steps=args.steps, seed=args.seed, **TRL_SETTINGS)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                           callbacks=[Clock()])
+    produce = trainer._generate_and_score_completions
+
+    def timed_produce(*a, **kw):
+        start = time.perf_counter()
+        out = produce(*a, **kw)
+        generate_s.append(time.perf_counter() - start)
+        return out
+
+    trainer._generate_and_score_completions = timed_produce
     effective = {k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k not in ("report_to",)}
     effective.update(torch_threads=torch.get_num_threads(), model_dtype=str(next(model.parameters()).dtype),
                      gradient_checkpointing_on=bool(getattr(model, "is_gradient_checkpointing", False)))
     trainer.train()
-    (args.out / "timing.json").write_text(json.dumps({"elapsed_s": elapsed, "config": effective}))
+    (args.out / "timing.json").write_text(json.dumps({"elapsed_s": elapsed, "generate_s": generate_s, "config": effective}))
 
 
 if __name__ == "__main__":

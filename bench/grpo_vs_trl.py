@@ -2,10 +2,16 @@
 
 Both sides start from one warm start, made by the runner's own SFT (`ReasoningRun`, collocated preset) and
 exported as an HF checkpoint. Same task, same held-out set, same GRPO settings (32 prompts x 8 samples per
-optimizer step, lr 2e-4 constant, clip 0.2, no KL, group std scaling, token-level loss, grad-norm clip 1.0,
-28 new tokens at temperature 1). Ours runs `--schedule` (default collocated: FSDP dp=2 and two native-engine
-replicas taking turns on both slots, one thread per process); TRL 1.16 runs in its own process in fp32 with
-2 threads and every differing default set (`bench/grpo_trl_side.py`, which prints its effective config).
+optimizer step, lr 2e-4 constant, clip 0.2, group std scaling, token-level loss, grad-norm clip 1.0,
+28 new tokens at temperature 1; no KL term, so neither side loads a reference model; the PPO ratio's old
+logprobs are the rollout engine's on ours, the detached current ones on TRL's, no recompute on either side).
+Ours runs `--schedule`: collocated (default: FSDP dp=2 and two native-engine replicas taking turns on both
+slots, one thread per process) or async (the actor on slot 0, one native-engine replica serving on slot 1: the
+rollout of step k+1 runs while step k trains, at most one version stale, the PPO ratio taken against the
+behaviour logprobs the rollout recorded); TRL 1.16 runs in its own process in fp32 with 2 threads and every
+differing default set (`bench/grpo_trl_side.py`, which prints its effective config). Each side's per-step phases
+are printed: ours rollout / reward / train (onload, advantages, update) / weight sync, TRL generation with
+scoring / the rest of its step (training).
 
 Clocks: both start after the model is loaded and the workers / trainer are built, and stop at each step's
 end (ours: after the weight sync; TRL: after the optimizer step, its generation uses the trained model
@@ -48,7 +54,11 @@ SCHEDULES = {
     "async": ["runner.schedule=async", "runner.max_staleness=1", "cluster.component_placement.actor=0",
               "cluster.component_placement.rollout=1", "cluster.component_placement.reward=1"],
 }
-COMMON = ["runner.prompts_per_step=32", "algorithm.samples_per_prompt=8", "algorithm.lr=2e-4", "rollout.engine=native"]
+# kl_beta 0 as TRL's beta (default 0.0 there too): neither side loads a reference model. The old logprobs are the
+# rollout engine's (no trainer recompute), as TRL takes them from the same forward when it is on-policy.
+COMMON = ["runner.prompts_per_step=32", "algorithm.samples_per_prompt=8", "algorithm.lr=2e-4", "rollout.engine=native",
+          "algorithm.kl_beta=0.0", "algorithm.recompute_logprobs=false"]
+PHASES = ("rollout_s", "reward_s", "train_s", "sync_s")  # ours, per step (train_s: onload + advantages + update)
 
 
 def compose_cfg(overrides: list[str]):
@@ -75,8 +85,10 @@ def warm_start(root: Path, sft_steps: int, warm: Path) -> None:
               flush=True)
 
 
-def run_ours(warm: Path, out: Path, schedule: str, seed: int, steps: int, eval_every: int) -> list[float]:
-    """GRPO seconds so far after each step; the weights at each evaluation step under `out/step_<n>`."""
+def run_ours(warm: Path, out: Path, schedule: str, seed: int, steps: int,
+             eval_every: int) -> tuple[list[float], dict[str, float]]:
+    """GRPO seconds so far after each step and the median seconds of each phase; the weights at each evaluation
+    step under `out/step_<n>`."""
     from rlinf_like.runners.reasoning import train
     from rlinf_like.runners.run import ReasoningRun
 
@@ -92,17 +104,21 @@ def run_ours(warm: Path, out: Path, schedule: str, seed: int, steps: int, eval_e
         history = train(cfg).history
     finally:
         ReasoningRun.evaluate = evaluate
-    return [h["elapsed_s"] for h in history if "elapsed_s" in h]
+    steps_done = [h for h in history if "elapsed_s" in h]
+    return [h["elapsed_s"] for h in steps_done], {k: statistics.median(h[k] for h in steps_done) for k in PHASES}
 
 
-def run_trl(warm: Path, out: Path, seed: int, steps: int, eval_every: int) -> tuple[list[float], dict]:
+def run_trl(warm: Path, out: Path, seed: int, steps: int, eval_every: int) -> tuple[list[float], dict, dict]:
     cmd = [sys.executable, str(ROOT / "bench" / "grpo_trl_side.py"), f"--warm={warm}", f"--out={out}",
            f"--seed={seed}", f"--steps={steps}", f"--eval-every={eval_every}", "--threads=2"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode:
         raise RuntimeError(f"TRL failed:\n{done.stderr[-3000:]}")
     timing = json.loads((out / "timing.json").read_text())
-    return timing["elapsed_s"], timing["config"]
+    steps_s = [b - a for a, b in zip([0.0, *timing["elapsed_s"]], timing["elapsed_s"])]
+    gen = statistics.median(timing["generate_s"])
+    profile = {"generate_and_score_s": gen, "train_s": statistics.median(steps_s) - gen}
+    return timing["elapsed_s"], timing["config"], profile
 
 
 @torch.inference_mode()
@@ -160,6 +176,7 @@ def main() -> None:
           f"{torch.__version__}; ours: schedule {args.schedule} {SCHEDULES[args.schedule]} {COMMON}; "
           f"{args.seeds} seeds x {args.steps} steps, eval every {args.eval_every}", flush=True)
     runs: dict[str, list] = {"ours": [], "TRL": []}
+    profiles: dict[str, list[dict[str, float]]] = {"ours": [], "TRL": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         warm = args.warm_dir or root / "warm"
@@ -175,13 +192,14 @@ def main() -> None:
             for side in sides:
                 out = root / f"{side}_{seed}"
                 if side == "ours":
-                    elapsed = run_ours(warm, out, args.schedule, seed, args.steps, args.eval_every)
+                    elapsed, profile = run_ours(warm, out, args.schedule, seed, args.steps, args.eval_every)
                 else:
-                    elapsed, trl_config = run_trl(warm, out, seed, args.steps, args.eval_every)
+                    elapsed, trl_config, profile = run_trl(warm, out, seed, args.steps, args.eval_every)
                 runs[side].append((seed, out, elapsed))
+                profiles[side].append(profile)
                 print(f"seed {seed} {side}: {elapsed[-1]:.1f} s for {len(elapsed)} steps "
-                      f"({statistics.median(b - a for a, b in zip([0.0, *elapsed], elapsed)):.2f} s/step median), "
-                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"({statistics.median(b - a for a, b in zip([0.0, *elapsed], elapsed)):.2f} s/step median; "
+                      f"phases {fmt(profile)}), load {os.getloadavg()[0]:.2f}", flush=True)
         print(f"TRL effective config: {json.dumps(trl_config)}")
         print(f"load average {os.getloadavg()[0]:.2f} after training (the evaluations follow, untimed)", flush=True)
         tok = load_tokenizer(warm)
@@ -200,6 +218,10 @@ def main() -> None:
             print(f"{side:>5} seed {seed}: {t:6.1f} s to target{'' if hit else ' (not reached: whole run)'}; "
                   + "  ".join(f"{s}/{e:.0f}s:{a:.3f}" for s, e, a in points))
     medians = {side: statistics.median(ts) for side, ts in times.items()}
+    final = {side: statistics.median(points[-1][2] for _, points in cs) for side, cs in curves.items()}
+    phases = {side: {k: statistics.median(p[k] for p in ps) for k in ps[0]} for side, ps in profiles.items()}
+    print(f"per-step phases (medians over seeds of per-step medians): ours {fmt(phases['ours'])}; "
+          f"TRL {fmt(phases['TRL'])}; final held-out accuracy ours {final['ours']:.3f}, TRL {final['TRL']:.3f}")
     per_step = {side: statistics.median(e[-1] / len(e) for _, _, e in rs) for side, rs in runs.items()}
     ratio = medians["ours"] / medians["TRL"]
     print(f"median time to target: ours {medians['ours']:.1f} s, TRL {medians['TRL']:.1f} s; per step ours "
@@ -207,7 +229,12 @@ def main() -> None:
     print(json.dumps({"bench": "grpo_vs_trl", "time_ratio": round(ratio, 3),
                       "per_step_ratio": round(per_step["ours"] / per_step["TRL"], 3), "schedule": args.schedule,
                       "engine": "native", "seeds": args.seeds, "steps": args.steps, "target_accuracy": round(target, 3),
-                      "ours_reached": reached["ours"], "trl_reached": reached["TRL"]}))
+                      "ours_reached": reached["ours"], "trl_reached": reached["TRL"],
+                      "final_accuracy_ours": final["ours"], "final_accuracy_trl": final["TRL"]}))
+
+
+def fmt(profile: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.3f}" for k, v in profile.items())
 
 
 if __name__ == "__main__":
