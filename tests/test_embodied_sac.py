@@ -36,7 +36,7 @@ def test_bad_algorithm_values_are_refused_before_launch(tmp_path):
 
     cfg = sac_config(tmp_path)
     cfg.algorithm.name = "sacc"
-    with pytest.raises(ValueError, match=r"algorithm.name='sacc' is not one of \['ppo', 'sac'\]"):
+    with pytest.raises(ValueError, match=r"algorithm.name='sacc' is not one of \['discrete_sac', 'ppo', 'sac'\]"):
         EmbodiedRunner(cfg)
     cfg.algorithm.name, cfg.policy.kind, cfg.env = "sac", "vla", EnvConfig(kind="reach_colour", obs_mode="pixels")
     with pytest.raises(ValueError, match=r"algorithm.name=sac trains policy.kind in \['mlp'\], not 'vla': .*discrete"):
@@ -102,10 +102,10 @@ def history(h: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in timing} for row in h]
 
 
-def in_subprocess(body: str, tmp_path) -> None:
-    """Run `body(tmp_path)` of this module in a fresh Python: each runner owns its Ray, and this pytest process
-    may hold the session's (the `cluster` fixture)."""
-    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {Path(__file__).stem} as t; " \
+def in_subprocess(body: str, tmp_path, module: str = Path(__file__).stem) -> None:
+    """Run `body(tmp_path)` of `module` (this one by default) in a fresh Python: each runner owns its Ray, and this
+    pytest process may hold the session's (the `cluster` fixture)."""
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {module} as t; " \
            f"t.{body}(__import__('pathlib').Path({str(tmp_path)!r}))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

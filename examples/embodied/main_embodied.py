@@ -39,7 +39,7 @@ def main(cfg) -> None:
     setup_logging()  # after Hydra has set up logging
     limit_threads()
     config = structure(EmbodiedConfig, cfg)
-    runner_class(config.algorithm.name)(config).run()  # algorithm.name picks the runner (PPO, SAC)
+    runner_class(config.algorithm.name)(config).run()  # algorithm.name picks the runner (PPO, SAC, discrete SAC)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_like.algorithms.registry import Registry
+from rlinf_like.envs.base import ActionSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,11 +31,15 @@ EMBODIED_ALGORITHMS.register("sac", EmbodiedAlgorithmSpec(
     runner="rlinf_like.runners.embodied_sac:EmbodiedSACRunner", on_policy=False, action_kinds=("continuous",),
     policy_kinds=("mlp",), reads_advantage=False,
     why_not=("SAC here is the continuous, tanh-squashed Gaussian variant with twin Q(s, a) critics over state "
-             "observations. The VLA acts with discrete action tokens, one categorical per action dimension "
-             "(policy.bins ** dims joint actions); a discrete SAC would need a critic giving Q for every joint token "
-             "(or a factorised one) and a pixel encoder shared with the critics, which is not built: train the VLA "
-             "with algorithm.name=ppo (algorithm.advantage=gae or grpo)"),
+             "observations; the VLA acts in discrete action tokens: train it with algorithm.name=discrete_sac "
+             "(or ppo)"),
     description="soft actor-critic with a replay worker, twin Q, Polyak targets, automatic entropy tuning"))
+EMBODIED_ALGORITHMS.register("discrete_sac", EmbodiedAlgorithmSpec(
+    runner="rlinf_like.runners.embodied_sac:EmbodiedDiscreteSACRunner", on_policy=False, action_kinds=("discrete",),
+    policy_kinds=("mlp", "vla"), reads_advantage=False,
+    why_not="discrete SAC reads a policy's action-token logits (`action_logits`), which only mlp and vla give",
+    description=("SAC for discrete actions and action tokens (Christodoulou 2019): twin Q per token and choice, "
+                 "exact expectations over the categoricals, the same replay worker, sync and checkpoints as sac")))
 
 
 def embodied_algorithm(name: str) -> EmbodiedAlgorithmSpec:
@@ -61,6 +66,24 @@ def check_embodied_algorithm(name: str, policy_kind: str, advantage: str = "gae"
     if spec.policy_kinds is not None and policy_kind not in spec.policy_kinds:
         raise ValueError(f"algorithm.name={name} trains policy.kind in {list(spec.policy_kinds)}, not "
                          f"{policy_kind!r}: {spec.why_not}")
+    return spec
+
+
+def _trains(spec: EmbodiedAlgorithmSpec, policy_kind: str, action_kind: str) -> bool:
+    return action_kind in spec.action_kinds and (spec.policy_kinds is None or policy_kind in spec.policy_kinds)
+
+
+def check_action_kind(name: str, policy_kind: str, action: ActionSpec) -> EmbodiedAlgorithmSpec:
+    """Refuse `algorithm.name=name` when `policy.kind` acts in another kind of action on this env (the VLA acts
+    in discrete tokens whatever the env takes), naming the algorithms that would train it."""
+    from rlinf_like.models.policies import policy_class
+
+    spec, kind = embodied_algorithm(name), policy_class(policy_kind).action_kind(action)
+    if kind not in spec.action_kinds:
+        others = [n for n in EMBODIED_ALGORITHMS.names() if _trains(EMBODIED_ALGORITHMS.get(n), policy_kind, kind)]
+        raise ValueError(f"algorithm.name={name} acts in {list(spec.action_kinds)} actions; policy.kind={policy_kind} "
+                         f"acts in {kind} ones on this env (its actions are {action.kind}): algorithm.name in "
+                         f"{others} trains it")
     return spec
 
 

@@ -6,37 +6,68 @@ bootstrap from, terminated, truncated). `ReplayBuffer.add` folds each env's step
 an episode end (a terminal cuts the return; a time-limit truncation bootstraps from the final obs). Stored per
 transition: obs, action, the folded reward, `discount` = gamma^k x (1 - terminated), and the next obs.
 Sampling is uniform over what is stored, with a caller's numpy Generator (checkpointed by its owner).
+
+An observation is one array (built from a shape: float32) or a dict of named fields (built from the env's
+`FieldSpec`s, each in its own dtype: a pixel frame stays uint8); `tree_map` treats both alike.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlinf_like.algorithms.sac import fold_n_step
+from rlinf_like.envs.base import FieldSpec
+
+Obs = Any  # np.ndarray | dict[str, np.ndarray] (or the tensors sampled from them)
+
+
+def tree_map(fn: Callable, *trees: Obs) -> Obs:
+    """fn over the arrays of one or more observations of the same structure (an array or a dict of them)."""
+    if isinstance(trees[0], dict):
+        return {k: fn(*(t[k] for t in trees)) for k in trees[0]}
+    return fn(*trees)
+
+
+def _assign(dst: Obs, index, src: Obs) -> None:
+    if isinstance(dst, dict):
+        for k in dst:
+            dst[k][index] = src[k]
+    else:
+        dst[index] = src
 
 
 @dataclass
 class Transitions:
-    obs: np.ndarray  # [T, n, *obs]
-    action: np.ndarray  # [T, n, *act]: the policy's actions (SAC: in [-1, 1])
+    obs: Obs  # [T, n, *obs] (per field for a dict)
+    action: np.ndarray  # [T, n, *act]: the policy's actions (SAC: in [-1, 1]; discrete SAC: token ids)
     reward: np.ndarray  # [T, n]
-    next_obs: np.ndarray  # [T, n, *obs]: after the step; a finished episode's last obs (not the reset's)
+    next_obs: Obs  # [T, n, *obs]: after the step; a finished episode's last obs (not the reset's)
     terminated: np.ndarray  # [T, n] bool
     truncated: np.ndarray  # [T, n] bool
     rank: int = 0  # the rollout rank that collected it
     round: int = 0  # the runner's round it belongs to
 
 
+FIELDS = ("obs", "action", "reward", "discount", "next_obs")  # a stored transition; a sampled batch's keys
+
+
 class ReplayBuffer:
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], act_shape: tuple[int, ...], gamma: float,
-                 n_step: int = 1):
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...] | dict[str, FieldSpec], act_shape: tuple[int, ...],
+                 gamma: float, n_step: int = 1):
         self.capacity, self.gamma, self.n_step = capacity, gamma, n_step
-        self.obs = np.zeros((capacity, *obs_shape), np.float32)
-        self.next_obs = np.zeros((capacity, *obs_shape), np.float32)
+
+        def alloc() -> Obs:
+            if isinstance(obs_shape, dict):
+                return {k: np.zeros((capacity, *f.shape), f.dtype) for k, f in obs_shape.items()}
+            return np.zeros((capacity, *obs_shape), np.float32)
+
+        self.obs, self.next_obs = alloc(), alloc()
         self.action = np.zeros((capacity, *act_shape), np.float32)
         self.reward = np.zeros(capacity, np.float32)
         self.discount = np.zeros(capacity, np.float32)
@@ -48,8 +79,9 @@ class ReplayBuffer:
 
     def _store(self, obs, action, reward: float, discount: float, next_obs) -> None:
         i = self.added % self.capacity
-        self.obs[i], self.action[i], self.reward[i], self.discount[i], self.next_obs[i] = (
-            obs, action, reward, discount, next_obs)
+        _assign(self.obs, i, obs)
+        _assign(self.next_obs, i, next_obs)
+        self.action[i], self.reward[i], self.discount[i] = action, reward, discount
         self.added += 1
 
     def _emit(self, window: deque) -> None:
@@ -65,18 +97,20 @@ class ReplayBuffer:
         if self.n_step == 1:  # the common case, vectorised: every step is a transition
             m = t.reward.size
             slots = (self.added + np.arange(m)) % self.capacity
-            self.obs[slots] = t.obs.reshape(m, *t.obs.shape[2:])
+            rows = lambda x: x.reshape(m, *x.shape[2:])  # noqa: E731
+            _assign(self.obs, slots, tree_map(rows, t.obs))
+            _assign(self.next_obs, slots, tree_map(rows, t.next_obs))
             self.action[slots] = t.action.reshape(m, *t.action.shape[2:])
             self.reward[slots] = t.reward.reshape(m)
             self.discount[slots] = np.where(t.terminated.reshape(m), 0.0, self.gamma)
-            self.next_obs[slots] = t.next_obs.reshape(m, *t.next_obs.shape[2:])
             self.added += m
             return
         for step in range(t.reward.shape[0]):
             for env in range(t.reward.shape[1]):
                 window = self._windows.setdefault((t.rank, env), deque())
-                window.append((t.obs[step, env], t.action[step, env], float(t.reward[step, env]),
-                               t.next_obs[step, env], bool(t.terminated[step, env])))
+                at = lambda x: x[step, env]  # noqa: E731
+                window.append((tree_map(at, t.obs), t.action[step, env], float(t.reward[step, env]),
+                               tree_map(at, t.next_obs), bool(t.terminated[step, env])))
                 if t.terminated[step, env] or t.truncated[step, env]:
                     while window:  # the episode ended: every open start is emitted, shorter than n
                         self._emit(window)
@@ -90,19 +124,17 @@ class ReplayBuffer:
         if len(self) == 0:
             raise ValueError("sample from an empty replay buffer")
         idx = rng.integers(0, len(self), size=(count, batch_size))
-        fields = {"obs": self.obs, "action": self.action, "reward": self.reward, "discount": self.discount,
-                  "next_obs": self.next_obs}
-        gathered = {k: torch.from_numpy(v[idx]) for k, v in fields.items()}
-        return [{k: v[c] for k, v in gathered.items()} for c in range(count)]
+        gathered = {k: tree_map(lambda v: torch.from_numpy(v[idx]), getattr(self, k)) for k in FIELDS}
+        return [{k: tree_map(lambda v: v[c], v) for k, v in gathered.items()} for c in range(count)]
 
     def state_dict(self) -> dict:
         n = len(self)
         return {"added": self.added, "windows": {k: list(w) for k, w in self._windows.items()},
-                **{k: getattr(self, k)[:n].copy() for k in ("obs", "next_obs", "action", "reward", "discount")}}
+                **{k: tree_map(lambda v: v[:n].copy(), getattr(self, k)) for k in FIELDS}}
 
     def load_state_dict(self, state: dict) -> None:
         n = len(state["reward"])
-        for k in ("obs", "next_obs", "action", "reward", "discount"):
-            getattr(self, k)[:n] = state[k]
+        for k in FIELDS:
+            _assign(getattr(self, k), slice(0, n), state[k])
         self.added = state["added"]
         self._windows = {k: deque(v) for k, v in state["windows"].items()}

@@ -79,6 +79,11 @@ class MLPActorCritic(ActorCriticPolicy):
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         return actions.detach().cpu().numpy()
 
+    def action_logits(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.continuous:
+            return super().action_logits(obs)
+        return self.pi(obs["state"].float())  # [B, n]: one token of n choices
+
 
 def policy_class(kind: str) -> type[ActorCriticPolicy]:
     """The policy class `policy.kind=kind` picks; an unknown kind raises naming the key and the choices."""

@@ -47,3 +47,15 @@ class ActorCriticPolicy(nn.Module):
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         raise NotImplementedError
+
+    @classmethod
+    def action_kind(cls, action: ActionSpec) -> str:
+        """What the policy acts in for an env's action space: "discrete" (a categorical per token; the VLA's
+        tokens for continuous env actions too) or "continuous". The algorithms' `action_kinds` are checked
+        against it."""
+        return action.kind
+
+    def action_logits(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Discrete policies: [B, *token shape, choices] logits, the token shape being what `env_actions` takes
+        per row. Discrete SAC reads them as the policy, and a second copy's as Q values per token and choice."""
+        raise NotImplementedError(f"{type(self).__name__} does not act in discrete tokens")

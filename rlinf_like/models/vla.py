@@ -80,14 +80,26 @@ class VLAPolicy(ActorCriticPolicy):
         self.register_buffer("centres", low[:, None] + (high - low)[:, None] * torch.linspace(0, 1, bins)[None],
                              persistent=False)  # [act_dim, bins]: token -> value
 
-    def forward(self, obs: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
-                deterministic: bool = False) -> PolicyOut:
+    def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The trunk's output [B, trunk], read by the action-token and value heads."""
         image = obs["image"].permute(0, 3, 1, 2).float() / 255.0 - 0.5
         tokens = obs["instruction"].long()
         words = self.embed(tokens).sum(1) / (tokens != 0).sum(1, keepdim=True).clamp(min=1)
         points = self.keypoints(self.conv(image), words)
         parts = [points, words] + ([obs["state"].float()] if self.proprio_dim else [])
-        z = self.trunk(torch.cat(parts, 1))
+        return self.trunk(torch.cat(parts, 1))
+
+    @classmethod
+    def action_kind(cls, action: ActionSpec) -> str:
+        return "discrete"  # tokens, whatever the env takes
+
+    def action_logits(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, chunk, act_dim, bins]."""
+        return self.action_head(self.features(obs)).view(-1, self.chunk, self.act_dim, self.bins)
+
+    def forward(self, obs: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
+                deterministic: bool = False) -> PolicyOut:
+        z = self.features(obs)
         logits = self.action_head(z).view(-1, self.chunk, self.act_dim, self.bins)
         dist = Categorical(logits=logits)
         if actions is None:

@@ -19,7 +19,7 @@ COMPONENTS = ("actor", "rollout", "env")
 
 @dataclass(kw_only=True)
 class EmbodiedAlgorithm(PPOConfig, SACConfig):
-    name: str = "ppo"  # a name in EMBODIED_ALGORITHMS (algorithms/embodied.py): ppo | sac
+    name: str = "ppo"  # a name in EMBODIED_ALGORITHMS (algorithms/embodied.py): ppo | sac | discrete_sac
     lr: float = bounded(3e-4, gt=0)  # Adam learning rate
     adam_eps: float = bounded(1e-5, gt=0)  # Adam epsilon
     max_grad_norm: float = bounded(0.5, gt=0)  # gradients are clipped to this global norm

@@ -12,6 +12,9 @@ acts uniformly at random and nothing trains.
 Checkpoints (every `runner.save_every` rounds): the learner (networks, targets, optimizers, temperature,
 RNG), the replay buffer and its RNG (`runner.save_replay`; without it a resumed run starts from an empty
 buffer, logged), env state, rollout RNG and the weights it acts with, then the runner state. Resume is exact.
+
+`EmbodiedDiscreteSACRunner` (algorithm.name=discrete_sac) is the same loop with other networks (`_networks`):
+a registered policy acting in tokens (the MLP on discrete actions, the pixel VLA) and its twin token critics.
 """
 
 from __future__ import annotations
@@ -19,24 +22,42 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
+from rlinf_like.algorithms.embodied import check_action_kind
+from rlinf_like.models.discrete_sac import TokenPolicy
+from rlinf_like.models.policies import policy_class
+from rlinf_like.models.sac import SACRolloutPolicy
 from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, write_worker_pids
 from rlinf_like.runners.embodied import CHECKPOINT, WORKER_STATE, EmbodiedRunner, env_specs
 from rlinf_like.scheduler import Channel, Cluster, wait_all
 from rlinf_like.workers.actor.sac import SACActorWorker
-from rlinf_like.workers.actor.sac_learner import SACConfig
+from rlinf_like.workers.actor.discrete_sac_learner import DiscreteSACLearner
+from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner
 from rlinf_like.workers.env import EnvWorker, episode_metrics
+from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.replay import ReplayWorker, Samples
 from rlinf_like.workers.rollout.sac_rollout import SACRolloutWorker
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("actor", "rollout", "env", "replay")
-__all__ = ["CHECKPOINT", "EmbodiedSACRunner"]
+__all__ = ["CHECKPOINT", "EmbodiedDiscreteSACRunner", "EmbodiedSACRunner"]
 
 
 class EmbodiedSACRunner(EmbodiedRunner):
+    def _networks(self, specs: EnvSpecs, sac: SACConfig) -> tuple[Callable, Callable, tuple[str, ...]]:
+        """(the rollout's actor, the learner, the observation fields they read) for the env's specs."""
+        cfg, a = self.cfg, self.cfg.algorithm
+        if set(specs.obs_spec) != {"state"}:
+            raise ValueError(f"algorithm.name=sac takes state observations; env {cfg.env.id} gives "
+                             f"{sorted(specs.obs_spec)}")
+        obs_dim, hidden = int(np.prod(specs.obs_spec["state"].shape)), list(cfg.policy.hidden)
+        return (partial(SACRolloutPolicy, obs_dim, specs.action_spec, hidden),
+                partial(SACLearner, obs_dim, specs.action_spec, hidden, sac, a.gamma, a.lr, a.adam_eps), ("state",))
+
     def _launch(self, cluster: Cluster, seed: int) -> None:
         cfg, r = self.cfg, self.cfg.runner
         spec = dict(cfg.cluster.component_placement)
@@ -49,21 +70,20 @@ class EmbodiedSACRunner(EmbodiedRunner):
             self.env = EnvWorker.create_group(cfg.env, self.stages, seed).launch(cluster, placement, "env",
                                                                                  init_process_group=False)
             specs = self.env.on_ranks(0).specs().wait()[0]
-        action = specs.action_spec
-        if action.kind != "continuous" or set(specs.obs_spec) != {"state"}:
-            raise ValueError(f"algorithm.name=sac takes state observations and continuous actions; env {cfg.env.id} "
-                             f"gives {sorted(specs.obs_spec)} and {action.kind} actions")
-        self.specs, hidden, a = specs, list(cfg.policy.hidden), cfg.algorithm
-        obs_shape = specs.obs_spec["state"].shape
-        self.rollout = SACRolloutWorker.create_group(specs.obs_spec, action, hidden, r.seed).launch(
+        action, a = specs.action_spec, cfg.algorithm
+        check_action_kind(a.name, cfg.policy.kind, action)
+        self.specs = specs
+        sac = SACConfig(**{k: getattr(a, k) for k in SACConfig.__dataclass_fields__})
+        actor_net, learner, keys = self._networks(specs, sac)
+        self.rollout = SACRolloutWorker.create_group(specs.obs_spec, action.shape, actor_net, r.seed).launch(
             cluster, placement, "rollout")
         if self.env is None:
             self.rollout.attach_envs(cfg.env, seed).wait()
-        sac = SACConfig(**{k: getattr(a, k) for k in SACConfig.__dataclass_fields__})
-        self.actor = SACActorWorker.create_group(int(np.prod(obs_shape)), action, hidden, sac, a.gamma, a.lr,
-                                                 a.adam_eps, r.seed).launch(cluster, placement, "actor")
-        self.replay = ReplayWorker.create_group(a.buffer_size, obs_shape, (len(action.low),), a.gamma, a.n_step,
-                                                r.seed).launch(cluster, placement, "replay", init_process_group=False)
+        self.actor = SACActorWorker.create_group(learner, r.seed).launch(cluster, placement, "actor")
+        act_shape = actor_net().action_shape  # a replay row's action (the actor's, not the env's)
+        self.replay = ReplayWorker.create_group(a.buffer_size, {k: specs.obs_spec[k] for k in keys}, act_shape,
+                                                a.gamma, a.n_step, r.seed).launch(cluster, placement, "replay",
+                                                                                  init_process_group=False)
         if self.env is not None:  # env rank e talks to rollout rank e % rollout ranks
             connect_env_wire(self.env, self.rollout)
         connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
@@ -84,7 +104,7 @@ class EmbodiedSACRunner(EmbodiedRunner):
         random = self.env_steps < a.learning_starts
         collect = self.rollout.collect_transitions(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,
                                                    self.channel.name, self.iteration, random, r.stream_chunk_steps)
-        env_call = self.env.collect(r.steps_per_rollout, (len(self.specs.action_spec.low),)) if self.env else None
+        env_call = self.env.collect(r.steps_per_rollout, self.specs.action_spec.shape) if self.env else None
         count = 0
         if self.stored >= max(a.learning_starts, 1):  # learn from the rounds already stored
             self.owed += a.utd * steps
@@ -146,3 +166,15 @@ class EmbodiedSACRunner(EmbodiedRunner):
     def _close(self) -> None:
         self.channel.close()
         self.samples.close()
+
+
+class EmbodiedDiscreteSACRunner(EmbodiedSACRunner):
+    def _networks(self, specs: EnvSpecs, sac: SACConfig) -> tuple[Callable, Callable, tuple[str, ...]]:
+        cfg, a = self.cfg, self.cfg.algorithm
+        policy = policy_class(cfg.policy.kind)
+        if policy.action_chunks and cfg.policy.chunk > 1:
+            raise ValueError(f"algorithm.name=discrete_sac stores one transition per env step: policy.chunk="
+                             f"{cfg.policy.chunk} must be 1")
+        return (partial(TokenPolicy, cfg.policy, specs.obs_spec, specs.action_spec),
+                partial(DiscreteSACLearner, cfg.policy, specs.obs_spec, specs.action_spec, sac, a.gamma, a.lr,
+                        a.adam_eps), policy.obs_keys)

@@ -1,6 +1,7 @@
 """SAC in one process: the same env adapter (`VectorEnv`), replay buffer and learner as the worker runner
-(`runners/embodied_sac.py`), stepped in turn (act, step, store, `utd` updates). For the learning test and the
+(`runners/embodied_sac.py`), stepped in turn (act, step, store, `utd` updates). For the learning tests and the
 SB3 comparison (`bench/sac_vs_sb3.py`), where SB3 also runs in one process; and for users without Ray.
+`policy` set: discrete SAC with that registered policy (`DiscreteSACLearner`); else the continuous SAC.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import torch
 
 from rlinf_like.data.replay import ReplayBuffer, Transitions
 from rlinf_like.envs import EnvConfig, make_env
-from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner
+from rlinf_like.models.policy_base import PolicyConfig
+from rlinf_like.workers.actor.discrete_sac_learner import DiscreteSACLearner
+from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner, SoftLearner
 
 
 @dataclass(kw_only=True)
@@ -22,31 +25,38 @@ class LocalSACResult:
     env_steps: int = 0
     updates: int = 0
     wall_s: float = 0.0
-    learner: SACLearner | None = None
+    learner: SoftLearner | None = None
 
 
 def run_local_sac(env: EnvConfig, sac: SACConfig, *, total_env_steps: int, hidden: list[int], gamma: float = 0.99,
-                  lr: float = 3e-4, seed: int = 0, adam_eps: float = 1e-8) -> LocalSACResult:
+                  lr: float = 3e-4, seed: int = 0, adam_eps: float = 1e-8,
+                  policy: PolicyConfig | None = None) -> LocalSACResult:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     envs = make_env(env, env.num_envs, "sac env")
     spec, n = envs.action_spec, env.num_envs
-    if spec.kind != "continuous":
-        raise ValueError(f"algorithm.name=sac takes continuous actions; env {env.id} has {spec.kind} ones")
-    obs_shape = envs.obs_spec["state"].shape
-    learner = SACLearner(int(np.prod(obs_shape)), spec, hidden, sac, gamma, lr, adam_eps)
-    buffer = ReplayBuffer(sac.buffer_size, obs_shape, (len(spec.low),), gamma, sac.n_step)
-    policy = learner.policy
-    obs = envs.reset(seed)["state"]
+    if policy is not None:
+        learner: SoftLearner = DiscreteSACLearner(policy, envs.obs_spec, spec, sac, gamma, lr, adam_eps)
+    elif spec.kind != "continuous":
+        raise ValueError(f"algorithm.name=sac takes continuous actions; env {env.id} has {spec.kind} ones "
+                         "(algorithm.name=discrete_sac acts in discrete ones)")
+    else:
+        learner = SACLearner(int(np.prod(envs.obs_spec["state"].shape)), spec, hidden, sac, gamma, lr, adam_eps)
+    actor = learner.policy
+    fields = {k: envs.obs_spec[k] for k in actor.obs_keys}
+    buffer = ReplayBuffer(sac.buffer_size, fields, actor.action_shape, gamma, sac.n_step)
+    pick = lambda o: {k: np.asarray(o[k]) for k in fields}  # noqa: E731
+    obs = pick(envs.reset(seed))
     out, start, owed = LocalSACResult(learner=learner), time.perf_counter(), 0.0
     while out.env_steps < total_env_steps:
-        policy.random_actions = out.env_steps < sac.learning_starts
+        actor.random_actions = out.env_steps < sac.learning_starts
         with torch.no_grad():
-            action = policy({"state": torch.from_numpy(obs)})[0]
-        result = envs.step(policy.env_actions(action))
-        buffer.add(Transitions(obs[None], action.numpy()[None], result.rewards[None], result.final_obs["state"][None],
-                               result.terminated[None], result.truncated[None]))
-        obs = result.obs["state"]
+            action = actor({k: torch.from_numpy(v) for k, v in obs.items()})[0]
+        result = envs.step(actor.env_actions(action))
+        buffer.add(Transitions({k: v[None] for k, v in obs.items()}, action.numpy()[None], result.rewards[None],
+                               {k: v[None] for k, v in pick(result.final_obs).items()}, result.terminated[None],
+                               result.truncated[None]))
+        obs = pick(result.obs)
         out.env_steps += n
         out.episode_returns += [e.ret for e in result.episodes]
         if out.env_steps > sac.learning_starts:  # as SB3: the first update after learning_starts steps

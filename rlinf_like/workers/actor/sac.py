@@ -1,26 +1,27 @@
 """SACActorWorker: the SAC learner as a worker. Per round it takes the batches the replay worker serves on a
 channel and runs one update per batch (`SACLearner`); it publishes the actor's weights to the rollout through
-the same weight sync as PPO's actor (only the actor: the critics never leave this process)."""
+the same weight sync as PPO's actor (only the actor: the critics never leave this process). `build` makes the
+learner (`SACLearner`, or `DiscreteSACLearner` for algorithm.name=discrete_sac)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from rlinf_like.envs import ActionSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender, replicated
 from rlinf_like.scheduler import Channel, Worker
-from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner
+from rlinf_like.workers.actor.sac_learner import SoftLearner
 
 
 class SACActorWorker(Worker):
-    def __init__(self, obs_dim: int, action: ActionSpec, hidden: list[int], sac: SACConfig, gamma: float, lr: float,
-                 adam_eps: float, seed: int = 0):
+    def __init__(self, build: Callable[[], SoftLearner], seed: int = 0):
         if self.world_size != 1:
-            raise ValueError(f"{self.name}: algorithm.name=sac trains on one actor rank; "
+            raise ValueError(f"{self.name}: SAC trains on one actor rank; "
                              f"cluster.component_placement.actor places {self.world_size}")
         torch.manual_seed(seed)  # the rollout builds the same initial actor from this seed
-        self.learner = SACLearner(obs_dim, action, hidden, sac, gamma, lr, adam_eps)
+        self.learner = build()
         self._sender: WeightSender | None = None
 
     # --- weights to the rollout ----------------------------------------------------------------------
