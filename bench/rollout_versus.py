@@ -3,7 +3,7 @@
 Each engine runs in its own process (`bench/rollout_side.py`): the native one under this interpreter, vLLM under the
 interpreter that has it (`--vllm-python`, else $VLLM_PYTHON, else this one), since vLLM often lives in a venv of its
 own. Both processes start first (start-up and a warm-up call reported apart), then the timed calls alternate
-(native, vLLM, vLLM, native, ...), the idle side waiting on its stdin. Same thread count on both sides.
+(native, vLLM, vLLM, native, ...), the idle side stopped (SIGSTOP to its process group). Same thread count.
 Last line: {"bench": "rollout_vs_vllm", "ratio_tiny": .., "ratio_real": ..}, native tokens/s over vLLM's, medians.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,8 +51,17 @@ class Side:
         self.engine = engine
         self.log = tempfile.TemporaryFile("w+")  # vLLM's log: shown only if the side fails
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)
+                                     stderr=self.log, text=True, start_new_session=True)
         self.ready = self._reply()
+        self.pause()
+
+    def pause(self) -> None:
+        """Stop every process of this side (vLLM's engine core and worker kept ~half a core busy while idle,
+        which the other side's timings paid for) until `run` or `close`."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
     def _reply(self) -> dict:
         for line in self.proc.stdout:
@@ -62,13 +72,21 @@ class Side:
         raise RuntimeError(f"{self.engine} side exited ({self.proc.wait()}) before answering; its log ends:\n{tail}")
 
     def run(self) -> dict:
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        return self._reply()
+        self.resume()
+        try:
+            self.proc.stdin.write("run\n")
+            self.proc.stdin.flush()
+            return self._reply()
+        finally:
+            self.pause()
 
     def close(self) -> None:
+        self.resume()
         self.proc.stdin.close()
-        self.proc.wait(timeout=120)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its whole group: vLLM's engine core outlived its parent
 
 
 def compare(label: str, model: str, args, python: str) -> float:
