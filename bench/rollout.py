@@ -10,6 +10,7 @@ medians (target >= 1.5), and the ratio of each repetition.
     python bench/rollout.py [--quick]                      # a tiny random model written on the fly
     python bench/rollout.py --model models/smollm2-135m-instruct --prompts 8 --new-tokens 32
     python bench/rollout.py --device cuda --dtype bfloat16 --prompts 64      # on a GPU (both engines on it)
+    python bench/rollout.py --vs vllm --model models/smollm2-135m-instruct    # versus vLLM: bench/rollout_versus.py
 """
 
 from __future__ import annotations
@@ -19,17 +20,20 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlinf_like.models import read_hf_config
-from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
+import torch  # noqa: E402
+
+from rlinf_like.models import read_hf_config  # noqa: E402
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine  # noqa: E402
 
 MIN_PROMPT, MAX_PROMPT = 8, 48  # prompt lengths drawn in [MIN_PROMPT, MAX_PROMPT)
 
@@ -93,7 +97,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both engines on it)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--vs", choices=("hf", "vllm"), default="hf", help="the engine to compare with")
+    parser.add_argument("--threads", type=int, default=0, help="--vs vllm: threads per side (default: the cores)")
+    parser.add_argument("--vllm-python", default="", help="--vs vllm: an interpreter with vllm (default: "
+                                                          "$VLLM_PYTHON, else this one)")
     args = parser.parse_args()
+    if args.vs == "vllm":
+        from bench.common import usable_cores
+        from bench.rollout_versus import versus_vllm
+
+        args.threads = args.threads or usable_cores()
+        if args.quick:
+            args.prompts, args.samples, args.new_tokens, args.reps = 8, 4, 16, 1
+        else:
+            args.reps = max(args.reps, 3)
+        return versus_vllm(args)
     torch.set_num_threads(1)
     prompts, samples, new_tokens, reps = ((8, 4, 32, 1) if args.quick
                                           else (args.prompts, args.samples, args.new_tokens, max(args.reps, 3)))

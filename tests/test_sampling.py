@@ -2,7 +2,7 @@
 
 import torch
 
-from rlinf_like.workers.rollout.sampling import RowParams, sample, uniform_noise
+from rlinf_like.workers.rollout.sampling import RowParams, gumbel_argmax, sample, uniform_noise
 
 
 def rows(b, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=0):
@@ -49,3 +49,16 @@ def test_noise_depends_only_on_seed_and_step():
     assert not torch.equal(a[0], uniform_noise(torch.tensor([3]), torch.tensor([6]), 50)[0])
     big = uniform_noise(torch.arange(1000), torch.zeros(1000, dtype=torch.int64), 100)
     assert 0 < big.min() and big.max() < 1 and abs(big.mean().item() - 0.5) < 0.01
+
+
+def test_gumbel_argmax_draws_the_tokens_of_the_plain_recipe():
+    """The pruned draw picks exactly argmax(log p + -log(-log(uniform_noise))) of the whole vocabulary: peaked rows
+    (few candidates), flat rows (all of them), rows with -inf (filtered) tokens, several rows per hash block."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab, batch, scale in [(49152, 6, 6.0), (1000, 40, 0.01), (33, 9, 3.0), (5, 300, 1.0)]:
+        scores = (torch.randn(batch, vocab, generator=gen) * scale).log_softmax(-1)
+        scores[::3, vocab // 2:] = float("-inf")
+        seeds, steps = torch.randint(0, 1 << 40, (batch,), generator=gen), torch.randint(0, 99, (batch,), generator=gen)
+        plain = (scores + -torch.log(-torch.log(uniform_noise(seeds, steps, vocab))).float()).argmax(-1)
+        assert torch.equal(gumbel_argmax(scores, seeds, steps), plain), (vocab, batch)
+        assert not torch.equal(plain, scores.argmax(-1))  # the noise matters in these rows

@@ -26,6 +26,7 @@ from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, s
 from rlinf_like.models.families import ModelConfig, Weight
 from rlinf_like.workers.rollout.native.layers import decode_attention, rms_norm, rope_inv_freq, rotate_half
 from rlinf_like.workers.rollout.native.mirror import DecodeMirror
+from rlinf_like.workers.rollout.native.packed import PackedWeights
 
 
 def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:
@@ -134,6 +135,7 @@ class Decoder:
         self.v_cache: torch.Tensor | None = None
         self.block_size = 0
         self.mirror = DecodeMirror()
+        self.packed = PackedWeights()
 
     def allocate_cache(self, blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (self.cfg.num_layers, self.kv_heads, blocks * block_size, self.cfg.head_dim)
@@ -144,6 +146,7 @@ class Decoder:
     def free_cache(self) -> None:
         self.k_cache = self.v_cache = None
         self.mirror.drop()
+        self.packed.drop()
 
     def cache_bytes(self) -> int:
         return 0 if self.k_cache is None else 2 * self.k_cache.numel() * self.k_cache.element_size()
@@ -155,7 +158,7 @@ class Decoder:
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, S, hd]
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+        return self.packed.linear(x, name + ".weight", self.w[name + ".weight"], self.w.get(name + ".bias"))
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_group is not None:
@@ -183,12 +186,12 @@ class Decoder:
         h = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_norm_eps)
         attn = attend(h, layer)  # [B, heads, S, hd]
         b, _, s, _ = attn.shape
-        attn = F.linear(attn.transpose(1, 2).reshape(b, s, -1), self.w[p + "self_attn.o_proj.weight"])
+        attn = self._linear(attn.transpose(1, 2).reshape(b, s, -1), p + "self_attn.o_proj")
         x = x + self._reduce(attn)
         h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)
         gate, up = self._linear(h, p + "mlp.gate_up").chunk(2, dim=-1)
         mlp = F.silu(gate) * up
-        return x + self._reduce(F.linear(mlp, self.w[p + "mlp.down_proj.weight"]))
+        return x + self._reduce(self._linear(mlp, p + "mlp.down_proj"))
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.w["model.embed_tokens.weight"]
@@ -201,8 +204,8 @@ class Decoder:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
-        head = self.w["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"]
-        logits = F.linear(x, head).float()
+        head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
+        logits = self.packed.linear(x, head, self.w[head]).float()
         if self.tp_group is None:
             return logits
         # vocab parallel: each rank has its rows' logits; gather them (padded to the largest shard)
@@ -313,7 +316,8 @@ class Decoder:
             return decode_attention(q, keys, values, mask)
 
         x = self._embed(tokens)[:, None]
-        for layer in range(self.cfg.num_layers):
-            x = self._block(x, layer, attend)
-        return self._logits(x[:, 0])
+        with self.packed.enabled(b):
+            for layer in range(self.cfg.num_layers):
+                x = self._block(x, layer, attend)
+            return self._logits(x[:, 0])
 
