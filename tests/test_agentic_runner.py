@@ -141,38 +141,50 @@ def test_a_programs_samples_share_their_common_prompt_and_keep_their_own_tokens(
     assert result.finish_reasons == ["stop", "stop", "error"]
 
 
+def calculator_config(tmp: str, steps: int):
+    """The calculator preset, small: 8 of its held-out rows (evaluations stay short), a checkpoint every step."""
+    held_out = Path(tmp) / "held_out.jsonl"
+    if not held_out.exists():
+        lines = (ROOT / "examples/agentic/data/calculator_test.jsonl").read_text().splitlines(keepends=True)
+        held_out.write_text("".join(lines[:8]))
+    cfg = small_reasoning_config(Path(tmp), max_steps=steps, save_every=1, samples_per_prompt=2)
+    cfg.data = DataConfig(source="files", chat_template=TEMPLATE)
+    cfg.data.train_files = [str(ROOT / "examples/agentic/data/calculator_train.jsonl")]
+    cfg.data.test_files = [str(held_out)]
+    cfg.model.max_positions = 320
+    cfg.agent = AgentConfig(env="tools", tools=["calculator"], max_turns=3, max_total_tokens=192)
+    cfg.runner.sft_steps, cfg.runner.sft_batch_size, cfg.runner.max_new_tokens = 2, 4, 96
+    cfg.runner.eval_every, cfg.runner.resume = 2, steps > 2
+    return cfg
+
+
 def calculator_runs(tmp: str) -> tuple[list, list]:
     """A 2-step calculator run saving every step, then the same run resumed to step 3, in a spawned process."""
     from rlinf_like.runners.reasoning import train
 
-    held_out = Path(tmp) / "held_out.jsonl"  # 8 of the preset's held-out rows: evaluations stay short
-    lines = (ROOT / "examples/agentic/data/calculator_test.jsonl").read_text().splitlines(keepends=True)
-    held_out.write_text("".join(lines[:8]))
+    return train(calculator_config(tmp, 2)).history, train(calculator_config(tmp, 3)).history
 
-    def config(steps):
-        cfg = small_reasoning_config(Path(tmp), max_steps=steps, save_every=1, samples_per_prompt=2)
-        cfg.data = DataConfig(source="files", chat_template=TEMPLATE)
-        cfg.data.train_files = [str(ROOT / "examples/agentic/data/calculator_train.jsonl")]
-        cfg.data.test_files = [str(held_out)]
-        cfg.model.max_positions = 320
-        cfg.agent = AgentConfig(env="tools", tools=["calculator"], max_turns=3, max_total_tokens=192)
-        cfg.runner.sft_steps, cfg.runner.sft_batch_size, cfg.runner.max_new_tokens = 2, 4, 96
-        cfg.runner.eval_every, cfg.runner.resume = 2, steps > 2
-        return cfg
 
-    first = train(config(2)).history
-    resumed = train(config(3)).history
-    serving = config(2)  # the asynchronous schedule: episodes served continuously, weights arriving mid-episode
-    serving.runner.output_dir, serving.runner.resume = str(Path(tmp) / "async"), False
+def served_calculator_run(tmp: str) -> list:
+    """The asynchronous schedule: episodes served continuously, weights arriving mid-episode."""
+    from rlinf_like.runners.reasoning import train
+
+    serving = calculator_config(tmp, 2)
+    serving.runner.output_dir = str(Path(tmp) / "async")
     serving.runner.schedule, serving.runner.max_staleness = "async", 1
     serving.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "1"}
-    return first, resumed, train(serving).history
+    return train(serving).history
 
 
 @pytest.mark.slow
 def test_a_calculator_run_trains_on_episodes_and_resumes(tmp_path):
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        first, resumed, served = pool.submit(calculator_runs, str(tmp_path)).result()
+    # the served run beside the first + resumed pair, each its own local Ray in its own spawned process: a
+    # single run leaves a core idle much of the time (start-up, one slot generating while the other waits)
+    (tmp_path / "served").mkdir()
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        served_future = pool.submit(served_calculator_run, str(tmp_path / "served"))
+        first, resumed = pool.submit(calculator_runs, str(tmp_path)).result()
+        served = served_future.result()
     assert [h["step"] for h in first] == [0, 1, 2] and [h["step"] for h in resumed] == [0, 1, 2, 3]
     assert resumed[:3] == first  # the history up to the checkpoint is kept as it was
     for h in first[1:] + resumed[3:]:

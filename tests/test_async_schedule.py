@@ -180,28 +180,38 @@ def test_groups_that_finish_while_the_trainer_works_are_scored_on_arrival():
     assert stream.take(1, 1).scoring == [2, 4]
 
 
-def staleness_0_runs(tmp: str) -> tuple[list, list, list]:
-    """The synchronous (pipelined, k = 0) run, the async run with k = 0, and the async run resumed from its
-    step-2 checkpoint to step 3: in a spawned process, since a run owns its Ray."""
+def staleness_0_config(out: Path, schedule: str):
+    cfg = small_reasoning_config(out, max_steps=2, save_every=1)
+    cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "0"}
+    cfg.runner.schedule, cfg.rollout.logprobs, cfg.runner.eval_every = schedule, "rescored", 2
+    return cfg
+
+
+def sync_run(tmp: str) -> list:
+    """The synchronous (pipelined, k = 0) run, in a spawned process, since a run owns its Ray."""
     from rlinf_like.runners.reasoning import train
 
-    def config(out, schedule):
-        cfg = small_reasoning_config(out, max_steps=2, save_every=1)
-        cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "0"}
-        cfg.runner.schedule, cfg.rollout.logprobs, cfg.runner.eval_every = schedule, "rescored", 2
-        return cfg
+    return train(staleness_0_config(Path(tmp) / "sync", "pipelined")).history
 
-    sync = train(config(Path(tmp) / "sync", "pipelined")).history
-    asyn = train(config(Path(tmp) / "async", "async")).history
-    resumed = config(Path(tmp) / "async", "async")
+
+def async_runs(tmp: str) -> tuple[list, list]:
+    """The async run with k = 0, and the same run resumed from its step-2 checkpoint to step 3."""
+    from rlinf_like.runners.reasoning import train
+
+    asyn = train(staleness_0_config(Path(tmp) / "async", "async")).history
+    resumed = staleness_0_config(Path(tmp) / "async", "async")
     resumed.runner.max_steps, resumed.runner.resume = 3, True
-    return sync, asyn, train(resumed).history
+    return asyn, train(resumed).history
 
 
 @pytest.mark.slow
 def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_path):
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        sync, asyn, more = pool.submit(staleness_0_runs, str(tmp_path)).result()
+    # the synchronous run beside the async pair (each its own local Ray): a single run leaves a core idle
+    # much of the time (start-up, one slot generating while the other waits)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        sync_future = pool.submit(sync_run, str(tmp_path))
+        asyn, more = pool.submit(async_runs, str(tmp_path)).result()
+        sync = sync_future.result()
     keys = ("reward", "policy_loss", "grad_norm", "response_tokens", "eval_accuracy")
     assert all(k in h for h in asyn[1:] for k in keys[:-1]) and "eval_accuracy" in asyn[2]
     for a, b in zip(sync, asyn, strict=True):

@@ -17,8 +17,8 @@ value of a key), so each trains for one step on tiny batches and writes under th
 Two commands whose overrides are the same once cut (`env=cartpole` and `env=cartpole
 runner.total_env_steps=30000`) run once. The two preset runs of main_grpo.py (`main_grpo.py` and
 `--config-name grpo_pipelined`) are what tests/test_golden_runs.py runs, cut to 6 steps, with every
-step's metrics checked: they run there, not twice. The rest run two at a time, the behaviour-cloning
-warm start first (the PPO command after it starts from its file).
+step's metrics checked: they run there, not twice. The rest run two at a time, the costliest first, the
+behaviour-cloning warm start first (the PPO command that starts from its file waits for it).
 """
 
 import os
@@ -179,16 +179,33 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
     return subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=400)
 
 
+# what a command costs, roughly (CPU seconds on the 2-core VM, cut): the agent presets ~55-80, a reasoning run
+# ~40-60, an embodied run or the channel demo ~25-40, `--help` and the data writers ~5 or less
+COST = {"examples/embodied/bc_warmstart.py": 4, "examples/agentic/main_agent.py": 3, "examples/reasoning/main_grpo.py": 2,
+        "examples/embodied/main_embodied.py": 1, "examples/channel_demo.py": 1}
+
+
+def cost(command: str) -> int:
+    return 0 if "--help" in command else COST.get(_script(command), 0)
+
+
 @pytest.fixture(scope="module")
 def results(scratch):
-    """Every command's result: producers of files (the warm start) first, then the rest two at a time
-    (each starts its own local Ray; two share the 2 cores without waiting on each other's start-up)."""
-    first = [i for i, (_, c) in enumerate(RUN) if "bc_warmstart.py" in c]
-    done = {i: run_command(i, RUN[i][1], scratch) for i in first}
+    """Every command's result, two at a time (each starts its own local Ray; two share the 2 cores without
+    waiting on each other's start-up), the costly first so that no long run is left alone at the end; the
+    producer of a file (the behaviour-cloning warm start) first, and a command that reads its file waits for it."""
+    producers = [i for i, (_, c) in enumerate(RUN) if "bc_warmstart.py" in c]
+    order = sorted(range(len(RUN)), key=lambda i: (i not in producers, -cost(RUN[i][1])))
     with ThreadPoolExecutor(2) as pool:
-        rest = {i: pool.submit(run_command, i, c, scratch) for i, (_, c) in enumerate(RUN) if i not in done}
-        done.update({i: f.result() for i, f in rest.items()})
-    return done
+        made = [pool.submit(run_command, i, RUN[i][1], scratch) for i in producers]
+
+        def after_producers(i: int) -> subprocess.CompletedProcess:
+            if "policy.init_weights=" in RUN[i][1]:  # the warm start's file
+                [f.result() for f in made]
+            return run_command(i, RUN[i][1], scratch)
+
+        futures = dict(zip(producers, made)) | {i: pool.submit(after_producers, i) for i in order if i not in producers}
+        return {i: f.result() for i, f in futures.items()}
 
 
 @pytest.mark.slow

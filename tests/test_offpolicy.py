@@ -4,6 +4,7 @@ hand (in the comments), their config keys and checks, and the pipelined preset r
 Ratios are powers of two (log ratios ln 2^k), so every weight below is exact in float32."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -229,30 +230,35 @@ def train_history(make, out):
     return train(make(out)).history
 
 
-def spawned_run(make, out):
+RUNS = {"decoupled_history": decoupled_pipelined, "on_policy_history": on_policy_fp32,
+        "by_length_history": partial(on_policy_fp32, by_length=True)}
+
+
+@pytest.fixture(scope="module")
+def started_runs(request, tmp_path_factory):
+    """The runs the selected tests need, two at a time, each in its own spawned process with its own local Ray
+    (a single small run leaves a core idle much of the time); a test run alone starts only its own."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(train_history, make, out).result(timeout=600)
-
-
-# one fixture per run, so a test run alone starts only its own
-@pytest.fixture(scope="module")
-def decoupled_history(tmp_path_factory):
-    return spawned_run(decoupled_pipelined, tmp_path_factory.mktemp("decoupled"))
+    needed = [name for name in RUNS if any(name in getattr(item, "fixturenames", ()) for item in request.session.items)]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield {name: pool.submit(train_history, RUNS[name], tmp_path_factory.mktemp(name)) for name in needed}
 
 
 @pytest.fixture(scope="module")
-def on_policy_history(tmp_path_factory):
-    return spawned_run(on_policy_fp32, tmp_path_factory.mktemp("on_policy"))
+def decoupled_history(started_runs):
+    return started_runs["decoupled_history"].result(timeout=600)
 
 
 @pytest.fixture(scope="module")
-def by_length_history(tmp_path_factory):
-    from functools import partial
+def on_policy_history(started_runs):
+    return started_runs["on_policy_history"].result(timeout=600)
 
-    return spawned_run(partial(on_policy_fp32, by_length=True), tmp_path_factory.mktemp("by_length"))
+
+@pytest.fixture(scope="module")
+def by_length_history(started_runs):
+    return started_runs["by_length_history"].result(timeout=600)
 
 
 MISMATCH_KEYS = {"mismatch/kl_k3", "mismatch/abs_log_ratio_mean", "mismatch/abs_log_ratio_max", "mismatch/ratio_p1",
