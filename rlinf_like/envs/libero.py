@@ -18,6 +18,7 @@ the step budgets OpenVLA evaluates with).
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 from rlinf_like.envs.base import ActionSpec, FieldSpec, Obs, VectorEnv
 from rlinf_like.envs.config import EnvConfig
 from rlinf_like.envs.render import ensure_gl
-from rlinf_like.envs.state import rng_state
+from rlinf_like.envs.state import physics_state, rng_state, set_physics_state
 
 INSTALL = 'pip install -c constraints-cpu.txt -e ".[libero]" (or scripts/install_libero.sh)'
 # Every word of the five standard suites' instructions (fixed here: token ids do not move with the package);
@@ -44,6 +45,7 @@ _IDS = {w: i for i, w in enumerate(VOCAB)}
 # per-suite episode budgets (OpenVLA's LIBERO evaluation); a PRO suite takes its base suite's
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 KWARGS = ("task_ids", "wrist_camera")
+_OBSERVABLE_STATE = ("_time_since_last_sample", "_current_delay", "_current_observed_value", "_sampled")
 
 
 def tokenize(text: str) -> np.ndarray:
@@ -156,13 +158,27 @@ class LiberoEnv(VectorEnv):
         return self._observe(i, raw), float(success), success, truncated, {"is_success": float(success)}
 
     def _get_env_state(self, i: int) -> dict:
-        return {"sim": self.envs[i].get_sim_state().copy(), "rng": rng_state(self.rngs[i]),
-                "t": int(self.t[i]), "init_index": int(self.init_index[i])}
+        inner = self.envs[i].env
+        return {"physics": physics_state(inner.sim.model._model, inner.sim.data._data),
+                "gripper": inner.robots[0].gripper.current_action.copy(), "rng": rng_state(self.rngs[i]),
+                "t": int(self.t[i]), "init_index": int(self.init_index[i]), "time": float(inner.cur_time),
+                "timestep": int(inner.timestep), "observables": {
+                    name: {k: copy.deepcopy(getattr(o, k)) for k in _OBSERVABLE_STATE}
+                    for name, o in inner._observables.items()}}
 
     def _set_env_state(self, i: int, state: dict) -> None:
-        # the sim state (time, qpos, qvel); the OSC controller's goal is set from the current pose on each delta
-        # action, so it needs nothing more
-        self.envs[i].set_init_state(np.array(state["sim"], dtype=np.float64, copy=True))
+        # MuJoCo's integration state (with actuator activations and the solver's warm start), the Panda gripper's
+        # command (it integrates the gripper actions) and robosuite's observables (each samples its sensor once per
+        # control period, at a phase of its own); the OSC controller sets its goal from the current pose at every
+        # (delta) action, so it holds nothing more
+        inner = self.envs[i].env
+        set_physics_state(inner.sim.model._model, inner.sim.data._data, state["physics"])
+        inner.robots[0].gripper.current_action = np.array(state["gripper"], copy=True)
+        inner.cur_time, inner.timestep = state["time"], state["timestep"]
+        inner._post_process()
+        for name, values in state["observables"].items():
+            for k, v in values.items():
+                setattr(inner._observables[name], k, copy.deepcopy(v))
         self.rngs[i].bit_generator.state = state["rng"]
         self.t[i], self.init_index[i] = state["t"], state["init_index"]
 
