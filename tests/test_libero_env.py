@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from rlinf_like.envs import EnvConfig, make_env
-from rlinf_like.envs.libero import INSTALL, INSTRUCTION_VOCAB, VOCAB, LiberoEnv, libero_available
+from rlinf_like.envs.libero import INSTRUCTION_VOCAB, VOCAB, LiberoEnv, libero_available
 from rlinf_like.envs.render import rendering_available
 from rlinf_like.models.policies import build_policy
 from rlinf_like.models.policy_base import PolicyConfig
 
 _ok, _why = libero_available()
-pytestmark = pytest.mark.skipif(not _ok, reason=f"{_why} (install: {INSTALL})")
+pytestmark = pytest.mark.skipif(not _ok, reason=_why)
 ZERO = np.zeros((1, 7))
 
 
@@ -57,7 +57,7 @@ def test_reset_gives_cameras_instruction_and_proprio(env):
 
 def test_seeding_picks_initial_states_reproducibly(env):
     drawn = {}
-    for seed in range(6):
+    for seed in range(4):
         env.reset(seed=seed)
         drawn[seed] = (int(env.init_index[0]), env.envs[0].get_sim_state().copy())
     assert len({idx for idx, _ in drawn.values()}) > 1  # seeds choose among the task's 50 initial states

