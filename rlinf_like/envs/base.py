@@ -27,6 +27,7 @@ class FieldSpec:
 
     shape: tuple[int, ...]
     dtype: str
+    vocab: int = 0  # a field of token ids: every id is below this (0: not token ids)
 
 
 @dataclass(frozen=True)

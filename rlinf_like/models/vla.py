@@ -62,6 +62,10 @@ class VLAPolicy(ActorCriticPolicy):
         if missing or action.kind != "continuous":
             raise ValueError(f"policy.kind=vla needs image + instruction observations and continuous actions "
                              f"(to discretize); the env gives {sorted(obs_spec)} and {action.kind} actions")
+        if obs_spec["instruction"].vocab > vocab_size:
+            raise ValueError(f"policy.vocab_size={vocab_size} is below the env's instruction vocabulary "
+                             f"({obs_spec['instruction'].vocab} token ids): set policy.vocab_size>="
+                             f"{obs_spec['instruction'].vocab}")
         size = obs_spec["image"].shape[0]
         self.action, self.bins, self.chunk = action, bins, chunk
         self.act_dim = int(np.prod(action.shape))
