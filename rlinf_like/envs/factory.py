@@ -16,6 +16,7 @@ ENV_REGISTRY: Registry[type[VectorEnv]] = Registry("env", key="env.kind")
 ENV_REGISTRY.register("gym", "rlinf_like.envs.gym_env:GymVectorEnv")  # any gymnasium id (env.id) with a Box obs
 ENV_REGISTRY.register("reach_colour", "rlinf_like.envs.reach_colour:ReachColourEnv")
 ENV_REGISTRY.register("libero", "rlinf_like.envs.libero:LiberoEnv")  # env.id: a LIBERO suite; the [libero] extra
+ENV_REGISTRY.register("maniskill", "rlinf_like.envs.maniskill:ManiSkillEnv")  # ManiSkill3 (env.id: PickCube-v1, ...)
 
 KINDS = ENV_REGISTRY.registered()  # the built-ins; later registrations are in ENV_REGISTRY.names()
 
