@@ -61,5 +61,7 @@ def test_ppo_runs_on_pickcube_sequential_and_pipelined(tmp_path):
     assert seq[-1]["episode_return"] > 0 and seq[-1]["success_rate"] == 0.0
     assert "episode_return" not in seq[0]  # no episode ends in the first 25 steps
     for a, b in zip(pipe, seq):  # same seeds, same sampling order: the same episodes and losses
-        assert a.get("episode_return") == pytest.approx(b.get("episode_return"), rel=1e-6)
+        assert ("episode_return" in a) == ("episode_return" in b)
+        if "episode_return" in b:
+            assert a["episode_return"] == pytest.approx(b["episode_return"], rel=1e-6)
         assert a["value_loss"] == pytest.approx(b["value_loss"], rel=1e-4)
