@@ -19,7 +19,7 @@ import numpy as np
 
 from rlinf_like.envs.base import ActionSpec, EpisodeStats, FieldSpec, Obs, StepResult, VectorEnv
 from rlinf_like.envs.config import EnvConfig
-from rlinf_like.envs.maniskill import INSTRUCTIONS, import_maniskill, make_task, to_obs, tokenize
+from rlinf_like.envs.maniskill_task import INSTRUCTIONS, import_maniskill, make_kwargs, make_task, to_obs, tokenize
 from rlinf_like.envs.state import rng_state
 
 
@@ -34,9 +34,8 @@ class ManiSkillGPUEnv(VectorEnv):
 
     @classmethod
     def from_config(cls, cfg: EnvConfig, num_envs: int, name: str) -> VectorEnv:
-        from rlinf_like.envs.maniskill import ManiSkillEnv
-
-        return ManiSkillEnv.from_config(cfg, num_envs, name)
+        return cls(cfg.id, num_envs, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps,
+                   **{**make_kwargs(cfg, name), "sim_backend": "physx_cuda"})
 
     def __init__(self, env_id: str = "PickCube-v1", num_envs: int = 1, name: str = "env", obs_mode: str = "state",
                  image_size: int = 64, max_episode_steps: int | None = None, **kwargs: Any):
