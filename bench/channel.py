@@ -123,7 +123,8 @@ def main() -> None:
     print(machine("start"))
     print(f"settings: {reps} repetitions, window/maxsize {window}, items "
           + ", ".join(f"{n} x {label}" for label, (_, n) in sizes.items())
-          + f", {n_pings} pings; 2 worker processes (one per CPU slot) and one store actor per channel")
+          + f", {n_pings} pings; 2 worker processes (one per CPU slot) and one store actor per channel, reached "
+          "over its socket; channel tensors >= 64 KiB through /dev/shm files (one node), raw ones through Ray's object store")
 
     with Cluster(ClusterConfig(num_cpus=2, object_store_memory_mb=1024)) as cluster:
         placement = cluster.place({"a": "0", "b": "1"})

@@ -1,6 +1,7 @@
 """Typed Channel on a real Ray instance: between the driver and between workers."""
 
 import asyncio
+import os
 import pickle
 import threading
 import time
@@ -69,10 +70,14 @@ def test_items_round_trip_bit_exact_small_and_large(cluster):
 def test_large_payload_is_not_copied_into_the_store(cluster):
     ch = new_channel()
     item = Sample(0, torch.zeros(1 << 20))
+    entry = ch._encode(item)
+    assert entry[0] == "shm"  # one node: the tensor goes into a /dev/shm file the consumer reads
+    # What travels to the store is a path and the pickle stream without the 4 MiB.
+    assert len(pickle.dumps(entry)) < 1024 and os.path.getsize(entry[1]) == 4 << 20
+    os.unlink(entry[1])
+    ch._shm_node = None  # as on a cluster of several nodes: by object-store reference
     kind, data = ch._encode(item)
-    assert kind == "packed"
-    # What travels to the store is the reference only, not the 4 MiB.
-    assert len(pickle.dumps(data[0].hex())) < 1024
+    assert kind == "packed" and len(pickle.dumps(data[0].hex())) < 1024
     assert ch._encode(small(1))[0] == "inline"
     assert payload_nbytes(item) == 4 << 20
     assert payload_nbytes({"a": [torch.zeros(4)]}) == 16

@@ -32,9 +32,15 @@ class Packed:
     buffers: list[np.ndarray]  # one uint8 array per tensor, stored out of band by Ray
 
 
+class OwnedBuffer(bytearray):
+    """Memory the reader owns outright (e.g. read from a file): its tensor wraps it without a copy."""
+
+
 def _rebuild_tensor(buffer, dtype: str, shape: tuple[int, ...], requires_grad: bool, device: str) -> torch.Tensor:
     torch_dtype = getattr(torch, dtype.removeprefix("torch."))
-    raw = np.array(np.frombuffer(buffer, dtype=np.uint8), copy=True)  # own it: store memory is shared
+    raw = np.frombuffer(buffer, dtype=np.uint8)
+    if not isinstance(buffer, OwnedBuffer):
+        raw = np.array(raw, copy=True)  # own it: store memory is shared
     if raw.size == 0:
         tensor = torch.empty(shape, dtype=torch_dtype)
     else:
