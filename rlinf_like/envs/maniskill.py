@@ -28,8 +28,8 @@ import numpy as np
 from rlinf_like.envs.base import ActionSpec, FieldSpec, Obs, VectorEnv
 from rlinf_like.envs.config import EnvConfig
 from rlinf_like.envs.maniskill_gpu import ManiSkillGPUEnv
-from rlinf_like.envs.maniskill_task import (INSTRUCTIONS, MAKE_KWARGS, import_maniskill, make_kwargs, make_task,  # noqa: F401
-                                            to_obs, tokenize, wants_gpu)
+from rlinf_like.envs.maniskill_task import (INSTRUCTIONS, MAKE_KWARGS, episode_seed, import_maniskill,  # noqa: F401
+                                            make_kwargs, make_task, to_obs, tokenize, wants_gpu)
 from rlinf_like.envs.state import rng_state
 
 
@@ -40,8 +40,7 @@ class ManiSkillEnv(VectorEnv):
     def from_config(cls, cfg: EnvConfig, num_envs: int, name: str) -> VectorEnv:
         kwargs = make_kwargs(cfg, name)
         if wants_gpu(kwargs["sim_backend"], name):
-            return ManiSkillGPUEnv(cfg.id, num_envs, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps,
-                                   **{**kwargs, "sim_backend": "physx_cuda"})
+            return ManiSkillGPUEnv.from_config(cfg, num_envs, name)
         return cls(cfg.id, num_envs, name, cfg.obs_mode, cfg.image_size, cfg.max_episode_steps,
                    **{**kwargs, "sim_backend": "physx_cpu"})
 
@@ -68,11 +67,8 @@ class ManiSkillEnv(VectorEnv):
         return {k: v[0] for k, v in to_obs(raw, self.obs_mode, self.instruction).items()}
 
     def _reset_one(self, i: int, seed: int | None) -> Obs:
-        if seed is None:
-            seed = int(self._rngs[i].integers(2**31))
-        else:
-            self._rngs[i] = np.random.default_rng(seed)
-        self._episode_seed[i], self._actions[i] = int(seed), []
+        seed = episode_seed(self._rngs, i, seed)
+        self._episode_seed[i], self._actions[i] = seed, []
         obs, _ = self.envs[i].reset(seed=int(seed))
         return self._convert(obs)
 
@@ -100,7 +96,6 @@ class ManiSkillEnv(VectorEnv):
             env._step_action(torch.from_numpy(a[None]))  # the physics of step() without rendering an observation
             env._elapsed_steps += 1
         self._episode_seed[i], self._actions[i] = int(state["seed"]), list(np.asarray(state["actions"], np.float32))
-        self._rngs[i] = np.random.default_rng()
         self._rngs[i].bit_generator.state = state["rng"]
 
     def close(self) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 
 from rlinf_like.envs.base import ActionSpec, EpisodeStats, FieldSpec, Obs, StepResult, VectorEnv
 from rlinf_like.envs.config import EnvConfig
-from rlinf_like.envs.maniskill_task import INSTRUCTIONS, import_maniskill, make_kwargs, make_task, to_obs, tokenize
+from rlinf_like.envs.maniskill_task import (INSTRUCTIONS, episode_seed, import_maniskill, make_kwargs, make_task,
+                                            to_obs, tokenize)
 from rlinf_like.envs.state import rng_state
 
 
@@ -55,10 +56,7 @@ class ManiSkillGPUEnv(VectorEnv):
     def _reset_one(self, i: int, seed: int | None) -> Obs:
         import torch
 
-        if seed is None:
-            seed = int(self._rngs[i].integers(2**31))
-        else:
-            self._rngs[i] = np.random.default_rng(seed)
+        seed = episode_seed(self._rngs, i, seed)
         idx = torch.tensor([i], device=self.env.device)
         obs, _ = self.env.reset(seed=[int(seed)], options={"env_idx": idx})
         return {k: v[i] for k, v in to_obs(obs, self.obs_mode, self.instruction).items()}
@@ -120,7 +118,6 @@ class ManiSkillGPUEnv(VectorEnv):
         return {"rng": rng_state(self._rngs[i])}
 
     def _set_env_state(self, i: int, state: dict) -> None:
-        self._rngs[i] = np.random.default_rng()
         self._rngs[i].bit_generator.state = state["rng"]
 
     def close(self) -> None:

@@ -36,6 +36,15 @@ def import_maniskill(name: str):
     return gym
 
 
+def episode_seed(rngs: list[np.random.Generator], i: int, seed: int | None) -> int:
+    """The seed env i's next episode resets with: the given one (which also reseeds the env's generator, so the
+    auto-resets after it follow from it), else the next draw of the env's generator."""
+    if seed is None:
+        return int(rngs[i].integers(2**31))
+    rngs[i] = np.random.default_rng(seed)
+    return int(seed)
+
+
 def make_kwargs(cfg: EnvConfig, name: str) -> dict[str, Any]:
     unknown = sorted(set(cfg.kwargs) - set(MAKE_KWARGS))
     if unknown:

@@ -33,7 +33,7 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from rlinf_like.scheduler import channel_wire as wire
-from rlinf_like.scheduler.channel_store import CLAIM, CLOSED, TIMEOUT, RemoteStore
+from rlinf_like.scheduler.channel_store import CLAIM, CLOSED, OK, REF_KINDS, TIMEOUT, RemoteStore
 from rlinf_like.scheduler.errors import ChannelClosed, ChannelTimeout
 from rlinf_like.scheduler.serialization import UsesRaySerializer, pack, unpack
 
@@ -154,7 +154,7 @@ class Channel(Generic[T]):
         """Blocks while the channel is full; ChannelTimeout after `timeout` s, ChannelClosed after close()."""
         entry = self._encode(item)
         try:
-            if entry[0] in ("packed", "ref"):  # the store must borrow the refs through Ray
+            if entry[0] in REF_KINDS:  # the store must borrow the refs through Ray
                 status = self._result(self._store.put_refs.remote(key, entry, weight, timeout))
             else:
                 status = self._call("put", key, entry, weight, timeout)
@@ -162,7 +162,7 @@ class Channel(Generic[T]):
             if entry[0] == "shm":
                 wire.unlink(entry[1])
             raise
-        if status != "ok" and entry[0] == "shm":
+        if status != OK and entry[0] == "shm":
             wire.unlink(entry[1])
         if status == CLOSED:
             raise ChannelClosed(f"put on closed channel {self.name!r}")

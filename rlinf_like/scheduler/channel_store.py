@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from rlinf_like.scheduler.channel_wire import SHM_PREFIX
+from rlinf_like.scheduler.channel_wire import SHM_PREFIX, unlink
 
 OK, TIMEOUT, CLOSED, CLAIM = "ok", "timeout", "closed", "claim"
 REF_KINDS = ("packed", "ref")
@@ -81,10 +81,7 @@ class ChannelStore:
             self.size = 0
         paths = [p[1] for p in entries if p[0] == "shm" and os.path.basename(p[1]).startswith(SHM_PREFIX)]
         for path in paths:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            unlink(path)
         return len(paths)
 
     # --- queue operations (socket and Ray) ---------------------------------------------------------
