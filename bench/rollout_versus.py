@@ -119,6 +119,8 @@ def compare(label: str, model: str, args, python: str) -> float:
 
 def versus_vllm(args) -> None:
     python = vllm_python(args.vllm_python)
+    # a time limit's SIGTERM ends the run through the `finally`s: the stopped (SIGSTOP) sides are resumed and closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     why = missing_vllm(python)
     if why:
         raise SystemExit(f"bench/rollout.py --vs vllm: {why}")

@@ -192,4 +192,7 @@ class VLLMEngine(StagedWeightsEngine):
         self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
     def shutdown(self) -> None:
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()  # its executor stops the TP worker processes now, not at garbage collection
         del self.llm
