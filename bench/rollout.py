@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--vs", choices=("hf", "vllm"), default="hf", help="the engine to compare with")
     parser.add_argument("--threads", type=int, default=0, help="--vs vllm: threads per side (default: the cores)")
+    parser.add_argument("--which", choices=("tiny", "real", "both"), default="both",
+                        help="--vs vllm: the models compared (real: --model; tiny: the tiny Qwen2), so a long "
+                             "comparison can run as two shorter ones")
     parser.add_argument("--vllm-python", default="", help="--vs vllm: an interpreter with vllm (default: "
                                                           "$VLLM_PYTHON, else this one)")
     args = parser.parse_args()

@@ -119,6 +119,8 @@ def compare(label: str, model: str, args, python: str) -> float:
 
 def versus_vllm(args) -> None:
     python = vllm_python(args.vllm_python)
+    # a time limit's SIGTERM ends the run through the `finally`s: the stopped (SIGSTOP) sides are resumed and closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     why = missing_vllm(python)
     if why:
         raise SystemExit(f"bench/rollout.py --vs vllm: {why}")
@@ -126,13 +128,19 @@ def versus_vllm(args) -> None:
 
     machine = Machine.start({"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
                              "temperature": 1.0, "ignore_eos": True, "dtype": "float32", "threads": args.threads,
-                             "reps": args.reps, "vllm_python": python, "real_model": args.model})
+                             "reps": args.reps, "vllm_python": python, "real_model": args.model,
+                             "which": getattr(args, "which", "both")})
+    which = getattr(args, "which", "both")
+    if which == "real" and not args.model:
+        raise SystemExit("bench/rollout.py --vs vllm --which real needs --model PATH")
+    ratios = {}
     with tempfile.TemporaryDirectory() as tmp:
-        # head_dim 64: what vLLM's CPU attention supports
-        spec = TinyModelSpec(arch="qwen2", hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
-                             num_kv_heads=2, max_position_embeddings=1024)
-        ratios = {"ratio_tiny": compare("tiny qwen2", str(write_tiny_model(tmp, spec)), args, python)}
-        if args.model:
+        if which in ("tiny", "both"):
+            # head_dim 64: what vLLM's CPU attention supports
+            spec = TinyModelSpec(arch="qwen2", hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
+                                 num_kv_heads=2, max_position_embeddings=1024)
+            ratios["ratio_tiny"] = compare("tiny qwen2", str(write_tiny_model(tmp, spec)), args, python)
+        if args.model and which in ("real", "both"):
             ratios["ratio_real"] = compare(Path(args.model).name, args.model, args, python)
     machine.end()
     print(result_line("rollout_vs_vllm", **ratios, threads=args.threads))

@@ -2,6 +2,7 @@
 
     python -m rlinf_like.config.show reasoning      # same as examples/reasoning/main_grpo.py --help
     python -m rlinf_like.config.show embodied       # same as examples/embodied/main_embodied.py --help
+    python -m rlinf_like.config.show engines        # rollout engines: capabilities, the CPU recommendation
 """
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ def print_help_if_asked(cls: type, argv: list[str], script: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv == ["engines"]:  # the registry's choices for rollout.engine, as the engine classes declare them
+        from rlinf_like.workers.rollout.engine_advice import engine_listing
+
+        print(engine_listing())
+        return
     if len(argv) != 1 or argv[0] not in SCHEMAS:
-        sys.exit(f"usage: python -m rlinf_like.config.show {{{'|'.join(SCHEMAS)}}}")
+        sys.exit(f"usage: python -m rlinf_like.config.show {{{'|'.join([*SCHEMAS, 'engines'])}}}")
     print(help_text(schema(argv[0]), f"{argv[0]} config ({SCHEMAS[argv[0]]}). {USAGE}"))
 
 

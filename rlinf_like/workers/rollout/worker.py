@@ -19,6 +19,7 @@ from rlinf_like.hybrid_engines.lora_sync import AdapterSpec, with_adapters
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
 from rlinf_like.scheduler import Channel, Worker, control
 from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
+from rlinf_like.workers.rollout.engine_advice import log_cpu_advice
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class RolloutWorker(Worker):
             groups = [dist.new_group(list(range(r * tp, (r + 1) * tp))) for r in range(self.replicas)]
             group = groups[self.replica]
         self.engine = make_engine(config, process_group=group, device=self.torch_device)
+        if self.rank == 0:  # once per run: a real checkpoint on CPU names the recommended engine (no change made)
+            log_cpu_advice(config, self.torch_device)
         self.agent = None
         if agent is not None:
             from rlinf_like.models import load_tokenizer
