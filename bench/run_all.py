@@ -3,10 +3,13 @@
     python bench/run_all.py            # full runs (an hour or more on 2 cores)
     python bench/run_all.py --quick    # each bench's quick mode: checks they all run (under 10 minutes on 2 cores)
     python bench/run_all.py --only channel offload --no-write
+    python bench/run_all.py --merge --only packing --extra "--reps 5"   # replace only packing's rows
 
 Each bench runs in its own process (never two at once: they would share the cores and time each other); its
 output is echoed, and its last line, one JSON object, gives the ratios. The generated table goes between the
-markers below in docs/benchmarks.md; the hand-written sections after them are left as they are. A bench that
+markers below in docs/benchmarks.md; the hand-written sections after them are left as they are. Each bench's rows
+carry their run's provenance (full or quick, start time, wall time, load at its start and end, extra flags), so
+`--merge` can run a few benches and keep the other benches' rows from the table already there. A bench that
 fails, or whose optional package (trl, stable-baselines3, megatron-core) is missing, gets a row saying so; so does
 rollout_vs_vllm when no interpreter here imports vLLM (it may live in a venv of its own: set VLLM_PYTHON).
 """
@@ -17,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -27,12 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Machine, format_load, load_average  # noqa: E402
+from bench import summary_table  # noqa: E402
+from bench.common import Machine, describe_machine, format_load, load_average  # noqa: E402
 from bench.rollout_versus import missing_vllm  # noqa: E402
+from bench.summary_table import BEGIN, END, Table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +52,7 @@ class Bench:
 
 
 # modules in bench/ that are not benchmarks: the shared helper, this runner, and one side of a two-process bench
-SUPPORT = frozenset({"common.py", "run_all.py", "weight_sync_baselines.py", "grpo_trl_side.py", "rollout_side.py",
+SUPPORT = frozenset({"common.py", "run_all.py", "summary_table.py", "weight_sync_baselines.py", "grpo_trl_side.py", "rollout_side.py",
                      "rollout_versus.py"})
 
 BENCHES = (
@@ -104,6 +109,10 @@ class Outcome:
     status: str  # "ok", or why there is no result: "skipped: ...", "failed: ..."
     result: dict | None = None
     seconds: float = 0.0
+    quick: bool = False
+    started: str = ""  # YYYY-MM-DD HH:MM
+    load: tuple[float, float] | None = None  # 1-minute load average at the bench's start and end
+    flags: tuple[str, ...] = ()  # extra flags it ran with (--extra)
 
 
 def last_json(output: str) -> dict | None:
@@ -136,7 +145,13 @@ def verdict(value, target: tuple[str, float] | None) -> str:
 
 
 def rows(outcome: Outcome) -> list[list[str]]:
-    """Table rows (bench, key, value, target, met) for one bench's outcome."""
+    """Table rows (bench, key, value, target, met, run) for one bench's outcome."""
+    run = summary_table.provenance(quick=outcome.quick, started=outcome.started, seconds=outcome.seconds,
+                                   load=outcome.load, flags=outcome.flags)
+    return [cells + [run] for cells in _cells(outcome)]
+
+
+def _cells(outcome: Outcome) -> list[list[str]]:
     targets = TARGETS.get(outcome.bench, {})
     if outcome.status != "ok":
         return [[outcome.bench, "", outcome.status, "", ""]]
@@ -149,20 +164,10 @@ def rows(outcome: Outcome) -> list[list[str]]:
     return out or [[outcome.bench, "", "ok (no targets listed)", "", ""]]
 
 
-def render(outcomes: list[Outcome], machine: Machine, quick: bool) -> str:
+def table(outcomes: list[Outcome], machine: Machine) -> Table:
     info = machine.info
-    mode = "`--quick` (smoke sizes: ratios are not the benches' measurements)" if quick else "full"
-    title = "## Summary: the latest `bench/run_all.py` run (generated; edit `bench/run_all.py`, not this table)"
-    lines = [BEGIN, "", title, "",
-             f"{info['date']}, {mode}; {info['cores']} cores ({info['cpu']}), torch {info['torch']}, python "
-             f"{info['python']}; load average {format_load(machine.load_start)} at start, "
-             f"{format_load(machine.load_end)} at end. Each bench ran alone, in its own process.", "",
-             "| bench | ratio | value | target | |", "|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(row) + " |" for outcome in outcomes for row in rows(outcome)]
-    lines += ["", f"Wall time {sum(o.seconds for o in outcomes):.0f} s: "
-              + ", ".join(f"{o.bench} {o.seconds:.0f} s" for o in outcomes) + ".", "",
-              END]
-    return "\n".join(lines)
+    line = f"Machine: {info['cores']} cores ({info['cpu']}), torch {info['torch']}, python {info['python']}."
+    return Table(machine=line, rows={o.bench: [summary_table.row_line(r) for r in rows(o)] for o in outcomes})
 
 
 def splice(doc: str, block: str) -> str:
@@ -187,14 +192,25 @@ def missing_package(bench: Bench) -> str | None:
     return None
 
 
-def run(bench: Bench, quick: bool) -> Outcome:
+def run(bench: Bench, quick: bool, flags: tuple[str, ...] = ()) -> Outcome:
+    """Run one bench; the outcome carries its provenance (mode, start, wall time, load at start and end, flags)."""
+    load_start = load_average()[0]
+    stamp = {"quick": quick, "started": describe_machine()["date"], "flags": flags}
+    outcome = _run(bench, quick, flags)
+    for key, value in stamp.items():
+        setattr(outcome, key, value)
+    outcome.load = (load_start, load_average()[0])
+    return outcome
+
+
+def _run(bench: Bench, quick: bool, flags: tuple[str, ...]) -> Outcome:
     missing = missing_package(bench)
     if missing:
         return Outcome(bench=bench.name, status=f"skipped: {missing} not installed")
     why = bench.unavailable() if bench.unavailable is not None else None
     if why:
         return Outcome(bench=bench.name, status=f"skipped: {why}")
-    cmd = [sys.executable, str(ROOT / "bench" / bench.script), *bench.args, *(bench.quick if quick else ())]
+    cmd = [sys.executable, str(ROOT / "bench" / bench.script), *bench.args, *(bench.quick if quick else ()), *flags]
     print(f"\n=== {bench.name}: {' '.join(cmd[1:])} (load average {format_load(load_average())})", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
@@ -227,16 +243,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="each bench's quick mode")
     p.add_argument("--only", nargs="+", metavar="BENCH", help=f"a subset of {[b.name for b in BENCHES]}")
     p.add_argument("--no-write", action="store_true", help="print the table, leave docs/benchmarks.md alone")
+    p.add_argument("--merge", action="store_true", help="replace only these benches' rows in the table already there")
+    p.add_argument("--extra", default="", help="flags appended to the one --only bench's command (recorded in its row)")
     args = p.parse_args(argv)
+    unknown = set(args.only or ()) - {b.name for b in BENCHES}
+    if unknown:
+        p.error(f"unknown benches {sorted(unknown)}")
     chosen = [b for b in BENCHES if not args.only or b.name in args.only]
-    machine = Machine.start({"quick": args.quick, "benches": [b.name for b in chosen]})
-    outcomes = [run(bench, args.quick) for bench in chosen]
+    flags = tuple(shlex.split(args.extra))
+    if flags and len(chosen) != 1:
+        p.error("--extra needs exactly one bench in --only")
+    machine = Machine.start({"quick": args.quick, "benches": [b.name for b in chosen], "flags": flags})
+    outcomes = [run(bench, args.quick, flags) for bench in chosen]
     machine.end()
-    block = render(outcomes, machine, args.quick)
+    new = table(outcomes, machine)
+    doc = DOC.read_text()
+    old = summary_table.block_of(doc)
+    if args.merge and old is not None:
+        new = summary_table.merge(summary_table.parse(old), new, [b.name for b in BENCHES])
+    block = summary_table.render(new)
     print("\n" + block)
     if not args.no_write:
-        DOC.write_text(splice(DOC.read_text(), block))
-        print(f"wrote {DOC.relative_to(ROOT)}")
+        DOC.write_text(splice(doc, block))
+        print(f"wrote {DOC}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ package. No real benchmark runs here (the fake benches are three-line scripts)."
 
 from pathlib import Path
 
-from bench import run_all
+from bench import run_all, summary_table
 from bench.common import Machine, median_ratio, result_line
 from bench.run_all import BEGIN, END, Bench, Outcome
 
@@ -27,9 +27,9 @@ def test_rows_judge_each_key_by_its_direction():
     channel = Outcome(bench="channel", status="ok", result={
         "bench": "channel", "latency_ratio": 2.045, "throughput": {"1MiB": {"ratio": 0.81}, "64MiB": {"ratio": 0.5}}})
     rows = {r[1]: r for r in run_all.rows(channel)}
-    assert rows["`throughput.1MiB.ratio`"][2:] == ["0.810", ">= 0.8", "met"]
+    assert rows["`throughput.1MiB.ratio`"][2:5] == ["0.810", ">= 0.8", "met"]
     assert rows["`throughput.64MiB.ratio`"][4] == "missed"
-    assert rows["`latency_ratio`"][2:] == ["2.045", "<= 2.0", "missed"]  # lower is better here
+    assert rows["`latency_ratio`"][2:5] == ["2.045", "<= 2.0", "missed"]  # lower is better here
     sync = run_all.rows(Outcome(bench="weight_sync", status="ok", result={"ratio": 0.2}))
     assert [r[2] for r in sync] == ["not in its output"] * 3 and all(r[4] == "" for r in sync)
     dyn = run_all.rows(Outcome(bench="dynamic_schedule", status="ok", result={"speedup": 1.1,
@@ -39,13 +39,19 @@ def test_rows_judge_each_key_by_its_direction():
     assert failed[2] == "skipped: stable_baselines3 not installed"
 
 
+MACHINE = Machine(info={"cores": 2, "cpu": "Test CPU", "torch": "2.13.0", "python": "3.11", "date": "2026-11-23"},
+                  load_start=(1.0, 1.0, 1.0), load_end=(2.0, 2.0, 2.0))
+
+
+def outcome(bench: str, quick: bool, **result) -> Outcome:
+    return Outcome(bench=bench, status="ok", result={"bench": bench, **result}, seconds=12, quick=quick,
+                   started="2026-11-23 10:00", load=(1.0, 2.5))
+
+
 def test_table_replaces_only_the_marked_block():
-    machine = Machine(info={"cores": 2, "cpu": "Test CPU", "torch": "2.13.0", "python": "3.11", "date": "2026-11-23"},
-                      load_start=(1.0, 1.0, 1.0), load_end=(2.0, 2.0, 2.0))
-    block = run_all.render([Outcome(bench="rollout", status="ok", result={"ratio": 1.6}, seconds=12)], machine, True)
-    assert block.startswith(BEGIN) and block.endswith(END)
-    assert "`--quick`" in block and "2 cores (Test CPU)" in block and "1.00 / 1.00 / 1.00 at start" in block
-    assert "| rollout | `ratio` | 1.600 | >= 1.5 | met |" in block
+    block = summary_table.render(run_all.table([outcome("rollout", True, ratio=1.6)], MACHINE))
+    assert block.startswith(BEGIN) and block.endswith(END) and "2 cores (Test CPU)" in block
+    assert "| rollout | `ratio` | 1.600 | >= 1.5 | met | **quick** 2026-11-23 10:00, 12 s, load 1.00 → 2.50 |" in block
     doc = f"# Title\n\nIntro.\n\n{BEGIN}\nold table\n{END}\n\n## Channels\nhand-written\n"
     out = run_all.splice(doc, block)
     assert "old table" not in out and out.count(BEGIN) == 1
@@ -53,6 +59,73 @@ def test_table_replaces_only_the_marked_block():
     assert run_all.splice(out, block) == out  # a second run rewrites the same place
     fresh = run_all.splice("# Title\n\nIntro.\n\n## Channels\nx\n", block)  # no markers yet: before the first section
     assert fresh == f"# Title\n\nIntro.\n\n{block}\n\n## Channels\nx\n"
+
+
+def test_table_reads_back_exactly_and_a_merge_replaces_only_the_named_benches():
+    first = run_all.table([outcome("channel", True, latency_ratio=1.9), outcome("rollout", True, ratio=1.2),
+                           outcome("packing", True, speedup=1.4)], MACHINE)
+    block = summary_table.render(first)
+    assert summary_table.render(summary_table.parse(block)) == block  # round trip, byte for byte
+    assert summary_table.parse(block).rows == first.rows
+    full = outcome("rollout", False, ratio=1.55)
+    full.flags = ("--reps", "5")
+    merged = summary_table.merge(summary_table.parse(block), run_all.table([full], MACHINE),
+                                 [b.name for b in run_all.BENCHES])
+    assert list(merged.rows) == ["channel", "rollout", "packing"]  # run_all's order, not the order of the runs
+    assert merged.rows["channel"] == first.rows["channel"] and merged.rows["packing"] == first.rows["packing"]
+    assert merged.rows["rollout"] == [
+        "| rollout | `ratio` | 1.550 | >= 1.5 | met | full 2026-11-23 10:00, 12 s, load 1.00 → 2.50, `--reps 5` |"]
+    again = summary_table.render(merged)
+    assert summary_table.render(summary_table.parse(again)) == again
+    added = summary_table.merge(merged, run_all.table([outcome("offload", False, offload_ratio=0.9)], MACHINE),
+                                [b.name for b in run_all.BENCHES])
+    assert list(added.rows) == ["channel", "offload", "rollout", "packing"]
+
+
+OLD_BLOCK = f"""{BEGIN}
+
+## Summary: the latest `bench/run_all.py` run (generated; edit `bench/run_all.py`, not this table)
+
+2026-11-23 08:24, `--quick` (smoke sizes: ratios are not the benches' measurements); 2 cores (AMD EPYC), torch \
+2.13.0+cpu, python 3.11.7; load average 11.46 / 6.10 / 4.68 at start, 1.43 / 3.11 / 4.61 at end. Each bench ran \
+alone, in its own process.
+
+| bench | ratio | value | target | |
+|---|---|---|---|---|
+| channel | `latency_ratio` | 1.939 | <= 2.0 | met |
+| offload | `offload_ratio` | 0.430 | >= 0.8 | missed |
+| offload | `onload_ratio` | 0.325 | >= 0.8 | missed |
+
+Wall time 171 s: channel 158 s, offload 13 s.
+
+{END}"""
+
+
+def test_the_older_single_run_table_is_read_with_its_run_as_each_rows_provenance():
+    old = summary_table.parse(OLD_BLOCK)
+    assert old.machine == "Machine: 2 cores (AMD EPYC), torch 2.13.0+cpu, python 3.11.7."
+    assert old.rows["offload"] == [
+        "| offload | `offload_ratio` | 0.430 | >= 0.8 | missed | **quick** 2026-11-23 08:24, 13 s, whole-run load "
+        "11.46 → 1.43 |",
+        "| offload | `onload_ratio` | 0.325 | >= 0.8 | missed | **quick** 2026-11-23 08:24, 13 s, whole-run load "
+        "11.46 → 1.43 |"]
+    assert old.rows["channel"][0].endswith("| **quick** 2026-11-23 08:24, 158 s, whole-run load 11.46 → 1.43 |")
+
+
+def test_merge_run_writes_only_its_bench(tmp_path, monkeypatch):
+    script = tmp_path / "fake.py"
+    script.write_text('print("rep 1")\nprint(\'{"bench": "offload", "offload_ratio": 0.95, "onload_ratio": 0.9}\')\n')
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# B\n\n{OLD_BLOCK}\n\n## Offload\nhand-written\n")
+    monkeypatch.setattr(run_all, "DOC", doc)
+    monkeypatch.setattr(run_all, "BENCHES", (Bench(name="offload", script=str(script)),))
+    run_all.main(["--merge", "--only", "offload", "--extra", "--reps 3"])
+    table = summary_table.parse(summary_table.block_of(doc.read_text()))
+    assert table.rows["channel"] == summary_table.parse(OLD_BLOCK).rows["channel"]  # kept as it was
+    [offload, onload] = table.rows["offload"]
+    assert offload.startswith("| offload | `offload_ratio` | 0.950 | >= 0.8 | met | full ")
+    assert offload.endswith(", `--reps 3` |") and "whole-run" not in onload
+    assert doc.read_text().endswith(f"{END}\n\n## Offload\nhand-written\n")
 
 
 def test_failing_missing_and_good_benches_each_get_a_row(tmp_path, monkeypatch):
