@@ -57,7 +57,7 @@ def test_a_registered_engine_is_built_by_name_and_its_declarations_drive_the_che
     assert isinstance(engine, ToyEngine) and engine_class("toy_tp") is ToyTPEngine
     # tensor parallelism: refused for the toy, which does not declare it, naming the key and who can
     with pytest.raises(ValueError, match=r"rollout.tp_size=2: rollout.engine='toy' runs on one rank; tensor "
-                                         r"parallelism needs rollout.engine in \['native', 'sglang', 'toy_tp'\]"):
+                                         r"parallelism needs rollout.engine in \['native', 'sglang', 'toy_tp', 'vllm'\]"):
         check_rollout_config(RolloutConfig(engine="toy"), tp_size=2)
     assert check_rollout_config(RolloutConfig(engine="toy_tp"), tp_size=2) is ToyTPEngine
     # rescored logprobs: the toys declare them, so they join native in what the check allows
