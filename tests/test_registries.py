@@ -75,7 +75,7 @@ def test_builtin_engines_declare_what_they_can_do_without_importing_their_gpu_st
     declared = {name: (cls.supports_tp, cls.continues_migrated, cls.rescored_logprobs, cls.needs_gpu)
                 for name in ENGINES for cls in [engine_class(name)]}
     assert declared == {"native": (True, True, True, False), "hf": (False, False, False, False),
-                        "sglang": (True, True, False, True), "vllm": (False, False, False, False)}
+                        "sglang": (True, True, False, True), "vllm": (True, False, False, False)}
     assert ENGINES == ("native", "hf", "sglang", "vllm") and LOGPROB_SOURCES == ("sampled", "rescored")  # the runners' names
 
 
