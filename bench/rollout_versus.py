@@ -126,13 +126,12 @@ def versus_vllm(args) -> None:
         raise SystemExit(f"bench/rollout.py --vs vllm: {why}")
     from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 
-    machine = Machine.start({"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
-                             "temperature": 1.0, "ignore_eos": True, "dtype": "float32", "threads": args.threads,
-                             "reps": args.reps, "vllm_python": python, "real_model": args.model,
-                             "which": getattr(args, "which", "both")})
     which = getattr(args, "which", "both")
     if which == "real" and not args.model:
         raise SystemExit("bench/rollout.py --vs vllm --which real needs --model PATH")
+    machine = Machine.start({"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
+                             "temperature": 1.0, "ignore_eos": True, "dtype": "float32", "threads": args.threads,
+                             "reps": args.reps, "vllm_python": python, "real_model": args.model, "which": which})
     ratios = {}
     with tempfile.TemporaryDirectory() as tmp:
         if which in ("tiny", "both"):

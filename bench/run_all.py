@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -195,13 +195,9 @@ def missing_package(bench: Bench) -> str | None:
 
 def run(bench: Bench, quick: bool, flags: tuple[str, ...] = ()) -> Outcome:
     """Run one bench; the outcome carries its provenance (mode, start, wall time, load at start and end, flags)."""
-    load_start = load_average()[0]
-    stamp = {"quick": quick, "started": describe_machine()["date"], "flags": flags}
+    load_start, started = load_average()[0], describe_machine()["date"]
     outcome = _run(bench, quick, flags)
-    for key, value in stamp.items():
-        setattr(outcome, key, value)
-    outcome.load = (load_start, load_average()[0])
-    return outcome
+    return replace(outcome, quick=quick, started=started, flags=flags, load=(load_start, load_average()[0]))
 
 
 def _run(bench: Bench, quick: bool, flags: tuple[str, ...]) -> Outcome:
