@@ -67,8 +67,8 @@ def main() -> None:
     common = [f"runner.max_steps={args.max_steps}", f"runner.eval_every={args.eval_every}", "runner.save_every=10000"]
     if args.quick:
         args.seeds, args.staleness = 1, args.staleness[:1]
-        common = ["runner.max_steps=3", "runner.eval_every=3", "runner.save_every=10000", "runner.sft_steps=20",
-                  "runner.prompts_per_step=8"]
+        common = ["runner.max_steps=3", "runner.eval_every=3", "runner.save_every=10000", "runner.sft_steps=5",
+                  "runner.prompts_per_step=8", "data.test_problems=40"]
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     print(f"machine: {platform.node()} {os.cpu_count()} CPUs, load {os.getloadavg()}; preset grpo_collocated; "
           f"common overrides {common}; async adds {ASYNC} runner.max_staleness=k (stale_policy wait)", flush=True)

@@ -135,16 +135,18 @@ def main() -> None:
         for label, (nbytes, n) in sizes.items():
             numel = nbytes // 4
             raw_t, ch_t = [], []
+            # one channel for all repetitions, as the raw side reuses its actors: each repetition drains it, so it
+            # starts empty (a store actor per repetition cost ~2-4 s of start-up each, most of a --quick run)
+            ch = Channel.create(f"bench-{label}", item_type=Item, maxsize=window)
+            ch.qsize()  # store is up before timing
             for rep in range(reps):
-                ch = Channel.create(f"bench-{label}-{rep}", item_type=Item, maxsize=window)
-                ch.qsize()  # store is up before timing
                 r, c = alternate(rep, lambda: a.send_raw(peer, n, numel, window).wait()[0],
                                  lambda: a.send_channel(ch, peer, n, numel).wait()[0])
                 raw_t.append(r), ch_t.append(c)
-                ch.destroy()
                 mib = n * nbytes / 2**20
                 print(f"  {label} rep {rep + 1}/{reps} ({'channel' if rep % 2 else 'raw'} first): "
                       f"raw {mib / r:8.1f} MiB/s   channel {mib / c:8.1f} MiB/s", flush=True)
+            ch.destroy()
             raw_mib_s = n * nbytes / 2**20 / statistics.median(raw_t)
             ch_mib_s = n * nbytes / 2**20 / statistics.median(ch_t)
             results[label] = {"raw_mib_s": round(raw_mib_s, 1), "channel_mib_s": round(ch_mib_s, 1),
@@ -153,17 +155,17 @@ def main() -> None:
                   f"ratio {ch_mib_s / raw_mib_s:.3f}")
 
         raw_l, ch_l = [], []
+        ab = Channel.create("ping-ab", item_type=Ping)
+        ba = Channel.create("ping-ba", item_type=Ping)
+        ab.qsize(), ba.qsize()
         for rep in range(reps):
-            ab = Channel.create(f"ping-ab-{rep}", item_type=Ping)
-            ba = Channel.create(f"ping-ba-{rep}", item_type=Ping)
-            ab.qsize(), ba.qsize()
             r, c = alternate(rep, lambda: a.ping_raw(peer, n_pings).wait()[0],
                              lambda: a.ping_channel(ab, ba, peer, n_pings).wait()[0])
             raw_l.append(r), ch_l.append(c)
-            ab.destroy(), ba.destroy()
             print(f"  round trip rep {rep + 1}/{reps} ({'channel' if rep % 2 else 'raw'} first): "
                   f"raw {r * 1e3:.3f} ms   channel {c * 1e3:.3f} ms", flush=True)
         raw_ms, ch_ms = statistics.median(raw_l) * 1e3, statistics.median(ch_l) * 1e3
+        ab.destroy(), ba.destroy()
         print(f"round trip (small message): channel {ch_ms:.3f} ms   raw ray actor call {raw_ms:.3f} ms   "
               f"ratio {ch_ms / raw_ms:.2f}")
         a.shutdown()

@@ -82,10 +82,10 @@ def main() -> None:
     p.add_argument("--migrate-at", type=float, default=0.0, help="dynamic: runner.migrate_at (0 = no migration)")
     p.add_argument("--slots", type=int, default=128, help="rollout.max_batch_size per replica")
     p.add_argument("--gpu", action="store_true")
-    p.add_argument("--quick", action="store_true", help="one 3-step run per side, 8 prompts")
+    p.add_argument("--quick", action="store_true", help="one 2-step run per side (one step kept), 8 prompts")
     args = p.parse_args()
     if args.quick:
-        args.reps, args.steps, args.prompts, args.max_new_tokens = 1, 3, 8, 16
+        args.reps, args.steps, args.prompts, args.max_new_tokens = 1, 2, 8, 16
     limit_threads()
     machine = Machine.start(vars(args))
     times: dict[str, list[float]] = {side: [] for side in SIDES}

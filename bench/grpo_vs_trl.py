@@ -160,7 +160,7 @@ def time_to(points: list[tuple[int, float, float]], target: float) -> tuple[floa
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 30 SFT steps: a smoke run")
+    p.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 10 SFT steps: a smoke run")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--eval-every", type=int, default=5)
@@ -171,7 +171,7 @@ def main() -> None:
     p.add_argument("--warm-only", action="store_true", help="make the warm start in --warm-dir and stop")
     args = p.parse_args()
     if args.quick:
-        args.seeds, args.steps, args.eval_every, args.sft_steps = 1, 4, 2, 30
+        args.seeds, args.steps, args.eval_every, args.sft_steps = 1, 4, 4, 10
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start; torch "
           f"{torch.__version__}; ours: schedule {args.schedule} {SCHEDULES[args.schedule]} {COMMON}; "
           f"{args.seeds} seeds x {args.steps} steps, eval every {args.eval_every}", flush=True)

@@ -33,20 +33,28 @@ def missing_vllm(python: str = "") -> str | None:
     """Why vLLM cannot run here (None: it can): the interpreter, and the install step."""
     python = vllm_python(python)
     try:
-        found = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('vllm') is not None)"],
-                               capture_output=True, text=True, timeout=60).stdout.strip() == "True"
-    except (OSError, subprocess.TimeoutExpired):
-        found = False
-    return None if found else f"vllm is not importable by {python}: install it with {INSTALL}"
+        # vllm, and what the side needs of this project's requirements (a venv of vLLM's own may lack them)
+        found = subprocess.run([python, "-c", "import importlib.util as u; print([m for m in ('vllm', 'ray', "
+                                "'transformers') if u.find_spec(m) is None])"],
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        found = repr(e)
+    if found == "[]":
+        return None
+    if found.startswith("[") and "'vllm'" not in found:
+        return (f"{python} has vllm but not {found} (the project's requirements): install the project there too, "
+                f"{python} -m pip install -c constraints-cpu.txt -e .")
+    return f"vllm is not importable by {python}: install it with {INSTALL}"
 
 
 class Side:
     """An engine process: started at once, then `run()` times one generate call in it."""
 
-    def __init__(self, python: str, engine: str, model: str, threads: int, sizes: tuple[int, int, int]):
+    def __init__(self, python: str, engine: str, model: str, threads: int, sizes: tuple[int, int, int],
+                 eager: bool = False):
         prompts, samples, new_tokens = sizes
         cmd = [python, str(SIDE), "--engine", engine, "--model", model, "--threads", str(threads), "--prompts",
-               str(prompts), "--samples", str(samples), "--new-tokens", str(new_tokens)]
+               str(prompts), "--samples", str(samples), "--new-tokens", str(new_tokens), *(["--eager"] * eager)]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
         self.engine = engine
         self.log = tempfile.TemporaryFile("w+")  # vLLM's log: shown only if the side fails
@@ -95,7 +103,7 @@ def compare(label: str, model: str, args, python: str) -> float:
     sides = {}
     try:
         for engine, exe in (("native", sys.executable), ("vllm", python)):
-            sides[engine] = Side(exe, engine, model, args.threads, sizes)
+            sides[engine] = Side(exe, engine, model, args.threads, sizes, eager=args.quick and engine == "vllm")
             print(f"{label}: {engine} start-up {sides[engine].ready['startup_s']:.1f} s, warm-up call "
                   f"{sides[engine].ready['warmup_s']:.1f} s", flush=True)
         times = {engine: [] for engine in sides}
@@ -131,7 +139,8 @@ def versus_vllm(args) -> None:
         raise SystemExit("bench/rollout.py --vs vllm --which real needs --model PATH")
     machine = Machine.start({"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
                              "temperature": 1.0, "ignore_eos": True, "dtype": "float32", "threads": args.threads,
-                             "reps": args.reps, "vllm_python": python, "real_model": args.model, "which": which})
+                             "reps": args.reps, "vllm_python": python, "real_model": args.model, "which": which,
+                             "vllm_enforce_eager": bool(args.quick)})
     ratios = {}
     with tempfile.TemporaryDirectory() as tmp:
         if which in ("tiny", "both"):
