@@ -9,7 +9,7 @@ cheap epoch); the runner logs env steps/s of every update's collection phase, th
 the machine's load hits both sides alike; the speedup is the ratio of the two medians.
 Last line: one JSON object, speedup = pipelined / sequential env steps/s (target >= 1.3).
 
-    python bench/embodied_pipeline.py [--reps 3] [--updates 5] [--env libero]
+    python bench/embodied_pipeline.py [--reps 3] [--updates 5] [--env libero] [--quick]
 
 `--env libero`: the same comparison on LIBERO (2 envs of libero_spatial task 0, two 128x128 cameras), where the
 simulator dominates (a step ~0.3-0.5 s on CPU against milliseconds of inference), so the overlap can gain little;
@@ -40,8 +40,14 @@ MIXES = {  # env -> (overrides, env steps per update)
 }
 
 
-def one_run(pipeline: bool, updates: int, out: Path, env_name: str = "reach_colour") -> float:
+# --quick: a smoke run (4 envs x 16 steps an update, one run per side); its speedup is not a measurement
+QUICK = (["env.num_envs=4", "runner.steps_per_rollout=16"], 4 * 16)
+
+
+def one_run(pipeline: bool, updates: int, out: Path, env_name: str = "reach_colour", quick: bool = False) -> float:
     mix, per_update = MIXES[env_name]
+    if quick and env_name == "reach_colour":
+        mix, per_update = [*mix, *QUICK[0]], QUICK[1]  # the later value of a key wins in hydra
     cmd = [sys.executable, str(MAIN), *mix, f"runner.total_env_steps={updates * per_update}",
            f"runner.pipeline={str(pipeline).lower()}", f"runner.output_dir={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -63,12 +69,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="runs per side")
     parser.add_argument("--updates", type=int, default=5, help="PPO updates per run (the first is dropped)")
     parser.add_argument("--env", choices=sorted(MIXES), default="reach_colour", help="the env mix (libero: LIBERO)")
+    parser.add_argument("--quick", action="store_true", help="one run per side, 2 updates of 4 envs x 16 steps")
     args = parser.parse_args()
+    if args.quick:
+        args.reps, args.updates = 1, 2
     order = [i % 4 in (1, 2) for i in range(2 * args.reps)]  # False True True False ...: A B B A
     results: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         for i, pipeline in enumerate(order):
-            results[pipeline].append(one_run(pipeline, args.updates, Path(tmp) / f"run{i}", args.env))
+            results[pipeline].append(one_run(pipeline, args.updates, Path(tmp) / f"run{i}", args.env, args.quick))
     seq, pipe = statistics.median(results[False]), statistics.median(results[True])
     print(f"median env steps/s: sequential {seq:.1f}, pipeline {pipe:.1f}; speedup {pipe / seq:.3f}")
     print(json.dumps({"bench": "embodied_pipeline", "env": args.env, "speedup": round(pipe / seq, 3),

@@ -74,10 +74,17 @@ def compose_cfg(overrides: list[str]):
 
 
 def warm_start(root: Path, sft_steps: int, warm: Path) -> None:
-    """The runner's own SFT warm start (ReasoningRun enters: workers, SFT, its eval), exported as HF."""
+    """The runner's own SFT warm start (ReasoningRun enters: workers, SFT, its eval), exported as HF. With 0 SFT
+    steps (--quick) the runner's initial weights, as it writes them before any worker starts."""
+    import shutil
+
     from rlinf_like.runners.run import ReasoningRun
 
     cfg = compose_cfg([f"runner.sft_steps={sft_steps}", f"runner.output_dir={root / 'sft'}"])
+    if sft_steps == 0:  # a smoke run: no workers to start (~25 s) for weights the runner has already written
+        shutil.copytree(ReasoningRun(cfg).model_path, warm)
+        print("warm start: the runner's initial weights (0 SFT steps)", flush=True)
+        return
     with ReasoningRun(cfg) as run:
         run.workers.actor.export_hf(str(warm)).wait()
         load_tokenizer(run.model_path).save_pretrained(warm)
@@ -160,7 +167,7 @@ def time_to(points: list[tuple[int, float, float]], target: float) -> tuple[floa
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 10 SFT steps: a smoke run")
+    p.add_argument("--quick", action="store_true", help="1 seed, 4 steps, no SFT (the initial weights): a smoke run")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--eval-every", type=int, default=5)
@@ -171,7 +178,7 @@ def main() -> None:
     p.add_argument("--warm-only", action="store_true", help="make the warm start in --warm-dir and stop")
     args = p.parse_args()
     if args.quick:
-        args.seeds, args.steps, args.eval_every, args.sft_steps = 1, 4, 4, 10
+        args.seeds, args.steps, args.eval_every, args.sft_steps = 1, 4, 4, 0
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start; torch "
           f"{torch.__version__}; ours: schedule {args.schedule} {SCHEDULES[args.schedule]} {COMMON}; "
           f"{args.seeds} seeds x {args.steps} steps, eval every {args.eval_every}", flush=True)
