@@ -67,7 +67,7 @@ def main() -> None:
     common = [f"runner.max_steps={args.max_steps}", f"runner.eval_every={args.eval_every}", "runner.save_every=10000"]
     if args.quick:
         args.seeds, args.staleness = 1, args.staleness[:1]
-        common = ["runner.max_steps=3", "runner.eval_every=3", "runner.save_every=10000", "runner.sft_steps=5",
+        common = ["runner.max_steps=2", "runner.eval_every=2", "runner.save_every=10000", "runner.sft_steps=5",
                   "runner.prompts_per_step=8", "data.test_problems=40"]
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     print(f"machine: {platform.node()} {os.cpu_count()} CPUs, load {os.getloadavg()}; preset grpo_collocated; "
@@ -92,7 +92,7 @@ def main() -> None:
         missed = sum(not reached for _, reached in times)
         print(f"{name}: time to {target:.3f} per seed {[round(t, 1) for t, _ in times]} s"
               f"{f' ({missed} never reached it: whole clock counted)' if missed else ''}; final accuracy {final[name]:.3f}")
-    by_k = {k: to_target[f"async_k{k}"] / to_target["sync"] for k in args.staleness}
+    by_k = {k: round(to_target[f"async_k{k}"] / to_target["sync"], 3) for k in args.staleness}
     print(json.dumps({"bench": "async_rl", "time_ratio": by_k[args.staleness[0]],
                       "accuracy_async": final[f"async_k{args.staleness[0]}"], "accuracy_sync": final["sync"],
                       "time_ratio_by_staleness": by_k}))
