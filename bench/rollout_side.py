@@ -77,7 +77,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--eager", action="store_true", help="vllm: enforce_eager (a smoke run's start-up, not vLLM's default)")
+    p.add_argument("--eager", action="store_true",
+                   help="vllm: enforce_eager (a smoke run's start-up, not vLLM's default)")
     args = p.parse_args()
     from bench.rollout import MAX_PROMPT, requests_for
     from rlinf_like.models import read_hf_config
