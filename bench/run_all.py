@@ -1,7 +1,7 @@
 """Run every benchmark in bench/, one after another, and write their ratios and targets into docs/benchmarks.md.
 
     python bench/run_all.py            # full runs (an hour or more on 2 cores)
-    python bench/run_all.py --quick    # each bench's quick mode: checks they all run (~11-12 min on 2 cores; target 10)
+    python bench/run_all.py --quick    # each bench's quick mode: checks they all run (~8 min on 2 cores)
     python bench/run_all.py --only channel offload --no-write
     python bench/run_all.py --merge --only packing --extra "--reps 5"   # replace only packing's rows
 
