@@ -78,11 +78,11 @@ def warm_start(root: Path, sft_steps: int, warm: Path) -> None:
     steps (--quick) the runner's initial weights, as it writes them before any worker starts."""
     import shutil
 
-    from rlinf_like.runners.run import ReasoningRun
+    from rlinf_like.runners.run import ReasoningRun, model_path
 
     cfg = compose_cfg([f"runner.sft_steps={sft_steps}", f"runner.output_dir={root / 'sft'}"])
-    if sft_steps == 0:  # a smoke run: no workers to start (~25 s) for weights the runner has already written
-        shutil.copytree(ReasoningRun(cfg).model_path, warm)
+    if sft_steps == 0:  # a smoke run: no workers to start (~25 s) for the weights the runner would start from
+        shutil.copytree(model_path(cfg, root / "sft"), warm)
         print("warm start: the runner's initial weights (0 SFT steps)", flush=True)
         return
     with ReasoningRun(cfg) as run:

@@ -32,17 +32,20 @@ def vllm_python(explicit: str = "") -> str:
 def missing_vllm(python: str = "") -> str | None:
     """Why vLLM cannot run here (None: it can): the interpreter, and the install step."""
     python = vllm_python(python)
+    missing: list[str] | None = None  # None: the interpreter did not answer
     try:
         # vllm, and what the side needs of this project's requirements (a venv of vLLM's own may lack them)
-        found = subprocess.run([python, "-c", "import importlib.util as u; print([m for m in ('vllm', 'ray', "
-                                "'transformers') if u.find_spec(m) is None])"],
-                               capture_output=True, text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as e:
-        found = repr(e)
-    if found == "[]":
+        done = subprocess.run([python, "-c", "import importlib.util as u, json; print(json.dumps([m for m in "
+                               "('vllm', 'ray', 'transformers') if u.find_spec(m) is None]))"],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            missing = json.loads(done.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        pass
+    if missing == []:
         return None
-    if found.startswith("[") and "'vllm'" not in found:
-        return (f"{python} has vllm but not {found} (the project's requirements): install the project there too, "
+    if missing and "vllm" not in missing:
+        return (f"{python} has vllm but not {missing} (the project's requirements): install the project there too, "
                 f"{python} -m pip install -c constraints-cpu.txt -e .")
     return f"vllm is not importable by {python}: install it with {INSTALL}"
 
