@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import ray
 
 from rlinf_like.data.tasks import Problem
 from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup
@@ -48,7 +47,7 @@ def receive(channel: Channel, key: str, serving: GroupResult | None, timeout: fl
         try:
             return channel.get(key=key, timeout=wait)
         except ChannelTimeout:
-            if serving is not None and ray.wait(serving.refs, timeout=0)[0]:
+            if serving is not None and serving.any_done():
                 serving.wait()  # raises the replica's error
                 raise RuntimeError(f"the rollout's serve loop ended while the driver waited for {key!r} results")
             if deadline is not None and time.monotonic() >= deadline:

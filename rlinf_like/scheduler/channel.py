@@ -16,6 +16,9 @@ alive. Such an object is owned by its producer (Ray 2.56 removed `ray.put(_owner
 before the item is read, the get raises an error naming the channel. Small tensor-free items travel inline as
 bytes. Every put is acknowledged by the store before it returns, so per-producer order holds and a full channel
 blocks the producer. The store never unpickles an item, so it does not need the item's class.
+
+On the in-process backend (`cluster.backend=local`) the store is an object of this process, found by name, and
+reached over the same socket; items still cross as copies (inline bytes or a /dev/shm file), as on Ray.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import ray
 import ray.cloudpickle as cloudpickle
 
 from rlinf_like.scheduler import channel_wire as wire
-from rlinf_like.scheduler.channel_store import CLAIM, CLOSED, OK, REF_KINDS, TIMEOUT, RemoteStore
+from rlinf_like.scheduler import local
+from rlinf_like.scheduler.channel_store import CLAIM, CLOSED, OK, REF_KINDS, TIMEOUT, ChannelStore, RemoteStore
 from rlinf_like.scheduler.errors import ChannelClosed, ChannelTimeout
 from rlinf_like.scheduler.serialization import UsesRaySerializer, pack, unpack
 
@@ -84,6 +88,11 @@ class Channel(Generic[T]):
         if maxsize < 0:
             raise ValueError(f"channel {name!r}: maxsize must be >= 0, got {maxsize}")
         authkey = secrets.token_bytes(32)  # travels only inside Ray calls and channel handles
+        if local.owner() is not None:
+            shm_node = "local" if wire.shm_available() else None
+            store = ChannelStore(name, maxsize, cloudpickle.dumps(item_type), authkey, shm_node, host="127.0.0.1")
+            local.register_channel(name, store)
+            return cls(name, item_type, store, authkey, store.address(), shm_node)
         one_node = sum(1 for n in ray.nodes() if n["Alive"]) == 1
         shm_node = _this_node() if one_node and wire.shm_available() else None
         try:
@@ -96,6 +105,10 @@ class Channel(Generic[T]):
 
     @classmethod
     def connect(cls, name: str, namespace: str | None = None) -> Channel:
+        if local.owner() is not None:
+            store = local.find_channel(name)
+            blob, authkey, address, shm_node = store.handle_state()
+            return cls(name, cloudpickle.loads(blob), store, authkey, tuple(address), shm_node)
         try:
             store = ray.get_actor(_actor_name(name), namespace=namespace)
         except ValueError:
@@ -108,6 +121,10 @@ class Channel(Generic[T]):
         calls this before its clock starts, so the first put or get does not pay the process start."""
         self._call("qsize", None)
         return self
+
+    @property
+    def _in_process(self) -> bool:
+        return isinstance(self._store, ChannelStore)
 
     # --- store calls ---------------------------------------------------------------------------
     def _store_gone(self, err: Exception) -> ChannelClosed:
@@ -137,18 +154,19 @@ class Channel(Generic[T]):
                 f"channel {self.name!r} carries {self.item_type.__qualname__}, "
                 f"got {type(item).__module__}.{type(item).__qualname__}"
             )
+        inline = ("inline", cloudpickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
         if payload_nbytes(item) < INLINE_MAX_TENSOR_BYTES:
-            return ("inline", cloudpickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+            return inline
         try:
             packed = pack(item)
         except UsesRaySerializer:  # e.g. the item holds ObjectRefs: Ray must track them
             return ("ref", [ray.put(item)])
-        if self._shm_node is not None and self._shm_node == _this_node():
+        if self._shm_node is not None and (self._in_process or self._shm_node == _this_node()):
             try:
                 return wire.write_shm(packed)
             except OSError:  # /dev/shm full: the object store instead
                 pass
-        return ("packed", [ray.put(packed)])
+        return inline if self._in_process else ("packed", [ray.put(packed)])
 
     def put(self, item: T, key: str = DEFAULT_KEY, weight: float = 1.0, timeout: float | None = None) -> None:
         """Blocks while the channel is full; ChannelTimeout after `timeout` s, ChannelClosed after close()."""
@@ -241,6 +259,11 @@ class Channel(Generic[T]):
 
     def destroy(self, timeout: float = 30.0) -> None:
         """Kill the store (and with it any items still queued); returns once it no longer answers."""
+        if self._in_process:
+            self._store.discard()
+            self._store.shutdown()
+            local.forget_channel(self.name)
+            return
         try:
             ray.get(self._store.discard.remote(), timeout=timeout)  # unlink the queued items' /dev/shm files
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
@@ -256,6 +279,8 @@ class Channel(Generic[T]):
         raise TimeoutError(f"channel {self.name!r}: the store was still answering {timeout:g}s after kill")
 
     def __reduce__(self):
+        if self._in_process:  # the store stays in this process: the copy finds it by name
+            return (Channel.connect, (self.name,))
         return (Channel, (self.name, self.item_type, self._store, self._authkey, self._address, self._shm_node))
 
     def __repr__(self) -> str:

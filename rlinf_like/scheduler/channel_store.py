@@ -42,7 +42,8 @@ class _Entry:
 class ChannelStore:
     """Queue state of one channel. Blocked gets and puts wait on one condition."""
 
-    def __init__(self, name: str, maxsize: int, item_type_blob: bytes, authkey: bytes, shm_node: str | None):
+    def __init__(self, name: str, maxsize: int, item_type_blob: bytes, authkey: bytes, shm_node: str | None,
+                 host: str | None = None):
         self.name, self.maxsize, self.item_type_blob, self.shm_node = name, maxsize, item_type_blob, shm_node
         self.queues: dict[str, deque[_Entry]] = {}
         self.size = 0
@@ -51,7 +52,8 @@ class ChannelStore:
         self.claims: dict[int, tuple] = {}  # ref entries popped over the socket, until the consumer's claim call
         self._tokens = itertools.count()
         self._authkey = authkey
-        self._listener = Listener((ray.util.get_node_ip_address(), 0), family="AF_INET", backlog=128)
+        host = host or ray.util.get_node_ip_address()  # in process (cluster.backend=local): 127.0.0.1
+        self._listener = Listener((host, 0), family="AF_INET", backlog=128)
         threading.Thread(target=self._accept, name=f"channel-{name}-accept", daemon=True).start()
 
     # --- Ray methods -------------------------------------------------------------------------------
@@ -148,9 +150,17 @@ class ChannelStore:
         return self.closed
 
     # --- socket server -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Close the queue and stop listening (an in-process store; a Ray store dies with its actor)."""
+        self.close()
+        self._listener.close()
+
     def _accept(self) -> None:
         while True:
-            conn = self._listener.accept()
+            try:
+                conn = self._listener.accept()
+            except OSError:  # the listener was closed
+                return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn) -> None:

@@ -3,6 +3,10 @@
 Not a process-wide singleton: make one, pass it around, shut it down (or use `with`).
 Devices are reserved lazily, one single-bundle placement group per device pinned to its node,
 so workers always go through Ray's resource accounting.
+
+`backend="local"` starts no Ray: every worker group runs its one rank on threads of this process
+(scheduler/local.py), behind the same WorkerGroup calls, futures, errors and channels, for a debugger
+that steps through a whole run and for tests that need no worker processes.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from rlinf_like.scheduler import comm, local
+from rlinf_like.scheduler.errors import PlacementError
 from rlinf_like.scheduler.placement import Device, Placement, plan_placement
 
 log = logging.getLogger(__name__)
@@ -30,6 +37,9 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 @dataclass(kw_only=True)
 class ClusterConfig:
+    # ray: each worker rank is a Ray actor process. local: no Ray; every worker group runs in this process, one
+    # rank per group, for pdb through a whole step and for fast tests
+    backend: Literal["ray", "local"] = "ray"
     address: str | None = None  # None: $RAY_ADDRESS if set, else start a local Ray instance
     num_cpus: int | None = None  # only for a local instance; None: all of this machine's CPUs
     num_gpus: int | None = None  # only for a local instance
@@ -57,6 +67,20 @@ def _driver_pythonpath() -> str:
     return os.pathsep.join(paths)
 
 
+def _spec_of(spec: Mapping[str, str], component: str) -> str:
+    """The device range a component_placement gives `component` (its key may name several components)."""
+    return next((v for k, v in spec.items() if component in [c.strip() for c in k.split(",")]), "?")
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     rank: int
@@ -70,6 +94,11 @@ class NodeInfo:
 class Cluster:
     def __init__(self, config: ClusterConfig | None = None, **overrides):
         self.config = config or ClusterConfig(**overrides)
+        self._reservations: dict[tuple[str, int], PlacementGroup] = {}
+        self.run_id = uuid.uuid4().hex[:8]
+        if self.in_process:
+            self._start_in_process()
+            return
         if ray.is_initialized():
             raise RuntimeError(
                 "Ray is already initialized in this process; a Cluster owns its Ray connection. "
@@ -98,12 +127,32 @@ class Cluster:
             )
         self.is_local = not address
         ray.init(**init_kwargs)
-        self._reservations: dict[tuple[str, int], PlacementGroup] = {}
-        # names this driver's actors and placement groups, so that two runs can share one Ray cluster
-        self.run_id = uuid.uuid4().hex[:8]
+        # run_id names this driver's actors and placement groups, so that two runs can share one Ray cluster
         self.nodes = self._wait_for_nodes()
         self.devices = self._enumerate_devices(self.nodes)
         log.info("cluster: %s", self.describe())
+
+    @property
+    def in_process(self) -> bool:
+        return self.config.backend == "local"
+
+    def _start_in_process(self) -> None:
+        c = self.config
+        if c.address or c.num_nodes not in (None, 1):
+            raise ValueError(f"cluster.backend=local runs in this process on this machine: cluster.address="
+                             f"{c.address} and cluster.num_nodes={c.num_nodes} need cluster.backend=ray")
+        local.claim_process(self)
+        self.is_local = True
+        self._groups: list = []
+        num_gpus = c.num_gpus if c.num_gpus is not None else _visible_gpus()
+        self.nodes = [NodeInfo(rank=0, node_id="local", ip="127.0.0.1", num_cpus=c.num_cpus or os.cpu_count() or 1,
+                               num_gpus=num_gpus, is_head=True)]
+        self.devices = self._enumerate_devices(self.nodes)
+        log.info("cluster: in process (cluster.backend=local), %s", self.describe())
+
+    def adopt(self, group) -> None:
+        """A worker group launched in process: the cluster ends its threads at shutdown, as ray.shutdown would."""
+        self._groups.append(group)
 
     # --- topology -------------------------------------------------------------------------
     def _wait_for_nodes(self) -> list[NodeInfo]:
@@ -169,7 +218,14 @@ class Cluster:
         """Plan a placement on this cluster's devices (grammar in scheduler/placement.py);
         by default the config's `component_placement`."""
         spec = self.config.component_placement if component_placement is None else component_placement
-        return plan_placement(spec, self.devices, known_components)
+        placement = plan_placement(spec, self.devices, known_components)
+        wide = {n: c.world_size for n, c in placement.components.items() if c.world_size > 1}
+        if self.in_process and wide:
+            keys = ", ".join(f"cluster.component_placement.{n}={_spec_of(spec, n)} ({size} ranks)"
+                             for n, size in wide.items())
+            raise PlacementError(f"cluster.backend=local runs one rank per worker group in this process; {keys}: "
+                                 f"place each on one device (e.g. 0), or use cluster.backend=ray")
+        return placement
 
     def scoped_name(self, name: str) -> str:
         """`name` made unique to this run, for the Ray actors (workers, channels) it names in the
@@ -206,6 +262,14 @@ class Cluster:
 
     # --- lifetime ---------------------------------------------------------------------------
     def shutdown(self) -> None:
+        if self.in_process:
+            if local.owner() is self:
+                for group in self._groups:
+                    group.shutdown()
+                self._groups.clear()
+                local.release_process(self)
+                comm.release_shared_default_group()
+            return
         if not ray.is_initialized():
             return
         self.release_reservations()

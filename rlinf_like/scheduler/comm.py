@@ -52,6 +52,28 @@ def init_default_group(store: dist.Store, rank: int, world_size: int, backend: s
     dist.barrier()
 
 
+_SHARED_DEFAULT = {"made": False}
+
+
+def init_shared_default_group(backend: str, timeout_s: float) -> None:
+    """The in-process backend's default group: one rank, made by the first group launched, shared by all."""
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError(f"this process already has a default process group of {dist.get_world_size()} ranks; "
+                               "the in-process backend (cluster.backend=local) needs it to have one")
+        return
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    _SHARED_DEFAULT["made"] = True
+
+
+def release_shared_default_group() -> None:
+    """Destroy the in-process default group, if this module made it (the cluster shutting down)."""
+    if _SHARED_DEFAULT["made"] and dist.is_initialized():
+        dist.destroy_process_group()
+    _SHARED_DEFAULT["made"] = False
+
+
 def _make_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":

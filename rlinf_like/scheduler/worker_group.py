@@ -8,11 +8,15 @@
 `wait()` returns as soon as every rank answered, and raises as soon as any rank failed:
 a worker exception becomes WorkerError (group, rank, remote traceback), a dead worker process
 becomes WorkerDiedError, and a `timeout` becomes GroupTimeoutError naming the pending ranks.
+On the in-process backend (`cluster.backend=local`, scheduler/local.py) the ranks run on threads of
+this process and the pending results are futures; every call above behaves the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlinf_like.scheduler import comm
 from rlinf_like.scheduler.cluster import Cluster
 from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
+from rlinf_like.scheduler.local import LocalCallError, LocalHost
 from rlinf_like.scheduler.placement import Placement
 from rlinf_like.scheduler.worker_host import WorkerContext, _WorkerHost, is_control
 
@@ -36,6 +41,8 @@ _RemoteHost = ray.remote(concurrency_groups={"control": 1})(_WorkerHost)
 
 
 def _convert(err: Exception, group: str, rank: int, method: str) -> Exception:
+    if isinstance(err, LocalCallError):
+        return WorkerError(group, rank, method, err.remote_traceback, err.cause)
     if isinstance(err, ray.exceptions.RayActorError):
         return WorkerDiedError(group, rank, method, str(err) or type(err).__name__)
     if isinstance(err, ray.exceptions.RayTaskError):
@@ -51,16 +58,29 @@ class GroupResult:
     group: str
     method: str
     ranks: list[int]
-    refs: list[ray.ObjectRef]
+    refs: list  # ray.ObjectRef, or concurrent.futures.Future on the in-process backend
+
+    def done(self) -> bool:
+        """Every rank has answered (or failed); never blocks."""
+        if _is_local(self.refs):
+            return all(f.done() for f in self.refs)
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def any_done(self) -> bool:
+        """Some rank has answered (or failed); never blocks."""
+        if _is_local(self.refs):
+            return any(f.done() for f in self.refs)
+        return bool(ray.wait(self.refs, timeout=0)[0])
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Results in rank order; raises on the first failing rank, without waiting for the others."""
         return wait_all([self], timeout)[0]
 
     async def wait_async(self) -> list[Any]:
-        async def one(ref: ray.ObjectRef, rank: int) -> Any:
+        async def one(ref, rank: int) -> Any:
             try:
-                return await ref
+                return await (asyncio.wrap_future(ref) if isinstance(ref, concurrent.futures.Future) else ref)
             except Exception as err:
                 raise _convert(err, self.group, rank, self.method) from None
 
@@ -75,8 +95,14 @@ class GroupResult:
         return self.wait_async().__await__()
 
 
+def _is_local(refs: Sequence) -> bool:
+    return bool(refs) and isinstance(refs[0], concurrent.futures.Future)
+
+
 def wait_all(results: Sequence[GroupResult], timeout: float | None = None) -> list[list[Any]]:
     """Wait for several pending calls together; the first failure anywhere raises at once."""
+    if any(_is_local(res.refs) for res in results):
+        return _wait_local(results, timeout)
     owner = {ref: (res, rank) for res in results for ref, rank in zip(res.refs, res.ranks)}
     values: dict[ray.ObjectRef, Any] = {}
     pending = list(owner)
@@ -96,6 +122,21 @@ def wait_all(results: Sequence[GroupResult], timeout: float | None = None) -> li
             first = _convert(err, res.group, rank, res.method)
             raise _root_cause(first, pending, owner) from None
     return [[values[ref] for ref in res.refs] for res in results]
+
+
+def _wait_local(results: Sequence[GroupResult], timeout: float | None) -> list[list[Any]]:
+    """`wait_all` over the in-process backend's futures: the same order, errors and timeouts."""
+    owner = {fut: (res, rank) for res in results for fut, rank in zip(res.refs, res.ranks)}
+    done, pending = concurrent.futures.wait(owner, timeout, concurrent.futures.FIRST_EXCEPTION)
+    failed = [f for f in done if f.exception() is not None]
+    if failed:
+        res, rank = owner[failed[0]]
+        raise _convert(failed[0].exception(), res.group, rank, res.method) from None
+    if pending:
+        res, _ = owner[next(iter(pending))]
+        late = sorted(rank for fut, (r, rank) in owner.items() if r is res and fut in pending)
+        raise GroupTimeoutError(res.group, res.method, late, timeout)
+    return [[fut.result() for fut in res.refs] for res in results]
 
 
 def _root_cause(first: Exception, pending: list, owner: dict, grace_s: float = DEATH_GRACE_S) -> Exception:
@@ -148,18 +189,11 @@ class WorkerGroup:
         self.name = name
         self._ranks = list(range(component.world_size))
         for rp in component.ranks:
-            ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s)
-            resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
-            handle = _RemoteHost.options(
-                name=cluster.scoped_name(f"{name}-{rp.rank}"),
-                namespace=cluster.config.namespace,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    cluster.reservation(rp.device), placement_group_bundle_index=0
-                ),
-                max_restarts=0,
-                **resources,
-            ).remote(self.worker_cls, ctx, self._args, self._kwargs)
-            self._hosts.append(handle)
+            ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s,
+                                in_process=cluster.in_process)
+            self._hosts.append(self._start_host(cluster, rp, ctx))
+        if cluster.in_process:
+            cluster.adopt(self)
         try:
             info = self._call_hosts("node_info", self._ranks).wait(timeout)
             self.node_ips = [ip for ip, _ in info]
@@ -174,13 +208,34 @@ class WorkerGroup:
             raise
         return self
 
+    def _start_host(self, cluster: Cluster, rp, ctx: WorkerContext):
+        """One rank's host: a Ray actor on the rank's reserved device, or threads of this process."""
+        if cluster.in_process:
+            return LocalHost(_WorkerHost, self.worker_cls, ctx, self._args, self._kwargs)
+        resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
+        return _RemoteHost.options(
+            name=cluster.scoped_name(f"{self.name}-{rp.rank}"),
+            namespace=cluster.config.namespace,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                cluster.reservation(rp.device), placement_group_bundle_index=0
+            ),
+            max_restarts=0,
+            **resources,
+        ).remote(self.worker_cls, ctx, self._args, self._kwargs)
+
     # --- calls -----------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
         return len(self._ranks)
 
+    def _invoke(self, rank: int, host_method: str, *args: Any, control: bool = False):
+        host = self._hosts[rank]
+        if isinstance(host, LocalHost):
+            return host.call(host_method, *args, control=control)
+        return getattr(host, host_method).remote(*args)
+
     def _call_hosts(self, host_method: str, ranks: Sequence[int], *args: Any) -> GroupResult:
-        refs = [getattr(self._hosts[r], host_method).remote(*args) for r in ranks]
+        refs = [self._invoke(r, host_method, *args) for r in ranks]
         return GroupResult(self.name, host_method, list(ranks), refs)
 
     def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> GroupResult:
@@ -193,8 +248,9 @@ class WorkerGroup:
         bad = [r for r in ranks if r not in self._ranks]
         if bad:
             raise IndexError(f"worker group {self.name!r} has ranks 0-{self.world_size - 1}; asked for {bad}")
-        execute = "execute_control" if is_control(self.worker_cls, method) else "execute"
-        refs = [getattr(self._hosts[r], execute).remote(method, args, kwargs) for r in ranks]
+        control = is_control(self.worker_cls, method)
+        execute = "execute_control" if control else "execute"
+        refs = [self._invoke(r, execute, method, args, kwargs, control=control) for r in ranks]
         return GroupResult(self.name, method, ranks, refs)
 
     def on_ranks(self, *ranks: int) -> _RankSubset:
@@ -207,9 +263,13 @@ class WorkerGroup:
 
     # --- lifetime --------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Kill every rank's process (their device shares go back to Ray)."""
+        """Kill every rank's process (their device shares go back to Ray); in process, end its threads once
+        the calls already queued have run."""
         for handle in self._hosts:
-            ray.kill(handle, no_restart=True)
+            if isinstance(handle, LocalHost):
+                handle.stop()
+            else:
+                ray.kill(handle, no_restart=True)
         self._hosts = []
 
     def actor_handles(self) -> list[ray.actor.ActorHandle]:

@@ -22,6 +22,7 @@ class WorkerContext:
     world_size: int
     device: Device
     collective_timeout_s: float
+    in_process: bool = False  # cluster.backend=local: a thread of the driver process, not a Ray actor
 
 
 def control(method):
@@ -49,7 +50,8 @@ class _WorkerHost:
         if ctx.device.kind == "gpu":
             import torch
 
-            torch.cuda.set_device(0)
+            # a Ray worker sees only its own GPU (CUDA_VISIBLE_DEVICES); in process every GPU is visible
+            torch.cuda.set_device(ctx.device.index if ctx.in_process else 0)
         self._ctx = ctx
         self._stores: dict[str, Any] = {}
         # Bind the context before __init__ so subclasses can use self.rank there without super().
@@ -63,7 +65,7 @@ class _WorkerHost:
         del self._args, self._kwargs
 
     def node_info(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), os.getpid()
+        return ("127.0.0.1" if self._ctx.in_process else ray.util.get_node_ip_address()), os.getpid()
 
     def host_store(self, key: str, host: str, world_size: int) -> int:
         store = comm.host_store(host, world_size, self._ctx.collective_timeout_s)
@@ -78,6 +80,9 @@ class _WorkerHost:
     def init_process_group(self, host: str, port: int) -> None:
         ctx = self._ctx
         store = self._store("default", host, port, ctx.world_size)
+        if ctx.in_process:  # one default group per process: every world-size-1 group shares it
+            comm.init_shared_default_group(comm.backend_for(ctx.device.kind), ctx.collective_timeout_s)
+            return
         comm.init_default_group(
             store, ctx.rank, ctx.world_size, comm.backend_for(ctx.device.kind), ctx.collective_timeout_s
         )
@@ -102,5 +107,5 @@ class _WorkerHost:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if dist.is_initialized() and not self._ctx.in_process:  # in process the cluster owns the default group
             dist.destroy_process_group()

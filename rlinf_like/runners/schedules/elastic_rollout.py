@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-import ray
 
 from rlinf_like.runners.launch import Workers
 from rlinf_like.scheduler import Channel, GroupResult
@@ -66,8 +65,7 @@ class ElasticRollout:
         """Take finished groups off the channel; offload a replica that has served all its requests."""
         self._take(POLL_S)
         for unit, handle in list(self.serving.items()):
-            ready, _ = ray.wait(handle.refs, num_returns=len(handle.refs), timeout=0)
-            if len(ready) == len(handle.refs):
+            if handle.done():
                 handle.wait()  # raises a replica's error, naming its rank
                 self._hand_over(unit)
                 del self.serving[unit]
