@@ -130,6 +130,7 @@ class EmbodiedRunner:
         missing = [c for c in needed if c not in placement.components]
         if missing:
             raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
+        cluster.check_in_process(placement, needed)
         check_actor_split(cfg, placement["actor"].world_size,
                           placement["rollout" if cfg.runner.env_in_rollout else "env"].world_size)
         log.info("%s", placement.describe())

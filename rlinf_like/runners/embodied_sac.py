@@ -63,6 +63,7 @@ class EmbodiedSACRunner(EmbodiedRunner):
         spec = dict(cfg.cluster.component_placement)
         spec.setdefault("replay", spec["actor"])  # unplaced: beside the learner it feeds
         placement = cluster.place(spec, known_components=COMPONENTS)
+        cluster.check_in_process(placement, [c for c in COMPONENTS if c != "env" or not r.env_in_rollout])
         self.stages = 2 if r.pipeline else 1
         if r.env_in_rollout:
             self.env, specs = None, env_specs(cfg.env)

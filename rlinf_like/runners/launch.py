@@ -65,6 +65,7 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
         why = "".join(f" ({c}: with {optional[c][0]})" for c in missing if c in optional)
         raise ValueError(f"cluster.component_placement places no {missing}{why}; "
                          f"it places {sorted(placement.components)}")
+    cluster.check_in_process(placement, needed)
     # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
     split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"
     replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}

@@ -219,13 +219,17 @@ class Cluster:
         by default the config's `component_placement`."""
         spec = self.config.component_placement if component_placement is None else component_placement
         placement = plan_placement(spec, self.devices, known_components)
-        wide = {n: c.world_size for n, c in placement.components.items() if c.world_size > 1}
+        return placement
+
+    def check_in_process(self, placement: Placement, components: Iterable[str]) -> None:
+        """In process, each launched component has one rank: refuse wider ones by key, before any worker starts."""
+        wide = {n: placement[n].world_size for n in components if n in placement and placement[n].world_size > 1}
         if self.in_process and wide:
+            spec = self.config.component_placement
             keys = ", ".join(f"cluster.component_placement.{n}={_spec_of(spec, n)} ({size} ranks)"
                              for n, size in wide.items())
             raise PlacementError(f"cluster.backend=local runs one rank per worker group in this process; {keys}: "
-                                 f"place each on one device (e.g. 0), or use cluster.backend=ray")
-        return placement
+                                 f"place each on one device (e.g. =0), or use cluster.backend=ray")
 
     def scoped_name(self, name: str) -> str:
         """`name` made unique to this run, for the Ray actors (workers, channels) it names in the

@@ -185,6 +185,7 @@ class WorkerGroup:
         if self._hosts:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
         component = placement[name]
+        cluster.check_in_process(placement, [name])
         timeout = cluster.config.collective_timeout_s if timeout is None else timeout
         self.name = name
         self._ranks = list(range(component.world_size))
