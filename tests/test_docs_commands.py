@@ -1,4 +1,4 @@
-"""Every command line the docs show runs, cut down to one step.
+"""Every command line the docs show is checked; one per entry script also runs.
 
 What counts as a command line (`doc_commands`): in README.md, each line of a fenced code block and
 each inline code span; in each example script's module docstring (examples/**/*.py), each line; of
@@ -10,17 +10,22 @@ Skipped, and only these (`test_only_setup_cluster_and_viewer_commands_are_skippe
 and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray cluster), `tensorboard ...`
 (a viewer that never exits).
 
-Every other command runs, as a shell would split it, from a scratch directory holding links to examples/
-and tests/, with its Python
-replaced by this interpreter and the overrides of `CUT` appended (hydra and argparse take the last
-value of a key), so each trains for one step on tiny batches and writes under the scratch directory.
-Two commands whose overrides are the same once cut (`env=cartpole` and `env=cartpole
-runner.total_env_steps=30000`) run once. The two preset runs of main_grpo.py (`main_grpo.py` and
-`--config-name grpo_pipelined`) are what tests/test_golden_runs.py runs, cut to 6 steps, with every
-step's metrics checked: they run there, not twice. The rest run two at a time, the costliest first, the
-behaviour-cloning warm start first (the PPO command that starts from its file waits for it).
+Every other command is checked in this process, from a scratch directory holding links to examples/ and
+tests/, the way its script starts (`test_documented_command_is_valid`): the overrides are checked against the
+schema, the preset composed with them by hydra, the result structured into the dataclass, and then everything
+the run checks before it starts Ray or a worker (`rlinf_like.runners.preflight`: data, model, tokenizer, prompt
+format, placement). `--help` prints the schema; `python -m rlinf_like.config.show` prints its listing. About a
+second each: a broken key, value, preset, data file or placement in the docs fails here.
+
+Then one command per entry script really runs, as a shell would split it, with its Python replaced by this
+interpreter and the overrides of `CUT` appended (hydra and argparse take the last value of a key), so each trains
+for one step on tiny batches and writes under the scratch directory (`test_one_command_per_script_runs`): the
+agentic, embodied and channel-demo scripts on Ray, the behaviour-cloning warm start and the data writers, and
+README's in-process debugging command. The reasoning script's presets run on Ray in tests/test_golden_runs.py,
+cut to 6 steps with every step's metrics checked: they run there, not twice.
 """
 
+import importlib.util
 import os
 import re
 import shlex
@@ -94,16 +99,6 @@ def cut(command: str) -> str:
     return f"{CUT[_script(command)]} {extra}"
 
 
-def effective(command: str) -> tuple[str, ...]:
-    """What a command runs once cut: its script and its arguments, a key's last value winning."""
-    args = {}
-    for word in [*shlex.split(command)[1:], *cut(command).split()]:
-        key = word.split("=", 1)[0] if "=" in word and not word.startswith("-") else word
-        args.pop(key, None)
-        args[key] = word
-    return tuple(sorted(args.values()))
-
-
 def golden_run(command: str) -> str | None:
     """The golden run (tests/test_golden_runs.py) that runs this command's preset, if any."""
     from golden.record import RUNS
@@ -116,22 +111,39 @@ def golden_run(command: str) -> str | None:
 
 
 COMMANDS = doc_commands()
-_unique: dict[tuple[str, ...], tuple[str, str]] = {}
-for _where, _command in COMMANDS:
-    if skip_reason(_command) is None and golden_run(_command) is None:
-        _unique.setdefault(effective(_command), (_where, _command))
-RUN = list(_unique.values())
+CHECKED = [(where, command) for where, command in COMMANDS if skip_reason(command) is None]
+DEBUG_MARK = "cluster.backend=local"  # README's "Debugging a run in one process" command
+
+
+def launched() -> list[tuple[str, str]]:
+    """The commands that really run: each entry script's first documented command (main_grpo.py's Ray runs are the
+    golden runs), README's in-process debugging command, and no `--help` or listing (checked in process)."""
+    first: dict[str, tuple[str, str]] = {}
+    for where, command in CHECKED:
+        script = _script(command)
+        if script == "examples/reasoning/main_grpo.py":
+            if DEBUG_MARK in command:
+                first.setdefault("debug", (where, command))
+        elif script != "rlinf_like.config.show" and "--help" not in command:
+            first.setdefault(script, (where, command))
+    return list(first.values())
+
+
+LAUNCH = launched()
 
 
 def test_only_setup_cluster_and_viewer_commands_are_skipped():
     skipped = sorted((skip_reason(c), c) for _, c in COMMANDS if skip_reason(c))
     assert [why for why, _ in skipped] == ["gpu", "multi-node driver", *["ray cluster"] * 5, "setup", "setup",
                                            "slurm", "viewer", "vllm install"], skipped
-    scripts = {_script(c) for _, c in RUN}
+    scripts = {_script(c) for _, c in CHECKED}
     assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
-    assert len(RUN) >= 10
+    assert len(CHECKED) >= 20
     # the preset runs left to the golden test are exactly its collocated and pipelined runs
     assert sorted({golden_run(c) for _, c in COMMANDS} - {None}) == ["collocated", "pipelined"]
+    # every entry script runs once (main_grpo.py on Ray in the golden runs, and in process here)
+    assert {_script(c) for _, c in LAUNCH} == set(CUT) - {"rlinf_like.config.show"}
+    assert sum(DEBUG_MARK in c for _, c in LAUNCH) == 1
 
 
 def test_readme_placement_overrides_compose_to_the_placement_they_describe():
@@ -171,6 +183,80 @@ def scratch(tmp_path_factory):
     return root
 
 
+# --- checked in process ------------------------------------------------------------------------------------------
+def _entry_module(script: str):
+    """An example script imported as a module (its `__main__` block does not run): the schema it registers with
+    hydra's ConfigStore and the functions its `__main__` calls."""
+    name = "docs_" + re.sub(r"\W", "_", script)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _preset(argv: list[str], source: str) -> tuple[str, str, list[str]]:
+    """(config folder, preset, overrides) as hydra.main reads them from the script's decorator and argv."""
+    folder, default = re.search(r'@hydra.main\(config_path="([^"]+)", config_name="([^"]+)"', source).groups()
+    name, overrides, words = default, [], iter(argv)
+    for word in words:
+        if word in ("--config-name", "-cn"):
+            name = next(words)
+        elif word.startswith("--config-name="):
+            name = word.split("=", 1)[1]
+        elif word.startswith("-"):
+            raise AssertionError(f"a flag the check does not know: {word}")
+        else:
+            overrides.append(word)
+    return folder, name, overrides
+
+
+def check_in_process(command: str) -> str:
+    """What the command's script does before it starts Ray or a worker, in this process; what it printed."""
+    from hydra import compose, initialize_config_dir
+
+    from rlinf_like.config import structure
+    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.embodied_config import EmbodiedConfig
+    from rlinf_like.runners.preflight import preflight
+
+    words = shlex.split(command)[1:]
+    if words[0] == "-m":  # python -m rlinf_like.config.show ...
+        importlib.import_module(words[1]).main(words[2:])
+        return "listing"
+    script, argv = words[0], words[1:]
+    source = (ROOT / script).read_text()
+    if "@hydra.main" not in source:  # an argparse script: it runs in test_one_command_per_script_runs
+        assert (script, command) in {(_script(c), c) for _, c in LAUNCH}, f"{command} is neither checked nor run"
+        return "launched"
+    module = _entry_module(script)
+    schema = getattr(module, re.search(r"check_overrides\((\w+), sys.argv", source).group(1))
+    if "--help" in argv:
+        with pytest.raises(SystemExit) as exit_:
+            module.print_help_if_asked(schema, argv, script)
+        assert exit_.value.code == 0
+        return "help"
+    module.check_overrides(schema, argv)
+    folder, name, overrides = _preset(argv, source)
+    with initialize_config_dir(str((ROOT / script).parent / folder), version_base="1.3"):
+        cfg = structure(schema, compose(name, overrides))
+    if isinstance(cfg, (ReasoningConfig, EmbodiedConfig)):
+        preflight(cfg)
+    return name
+
+
+@pytest.mark.parametrize("where,command", CHECKED, ids=[c for _, c in CHECKED])
+def test_documented_command_is_valid(where, command, scratch, monkeypatch, capsys):
+    monkeypatch.chdir(scratch)  # relative paths as a user in the repository root has them
+    if not command.split()[1].startswith("-"):  # python puts a script's folder first on the path (its reward module)
+        monkeypatch.syspath_prepend(str((ROOT / _script(command)).parent))
+    what = check_in_process(command)
+    if what in ("help", "listing"):
+        assert "runner." in capsys.readouterr().out or "engine" in command
+
+
+# --- one per entry script runs -------------------------------------------------------------------------------------
 def run_command(index: int, command: str, scratch: Path) -> subprocess.CompletedProcess:
     out = scratch / f"out{index}"
     argv = [sys.executable, *shlex.split(command)[1:], *cut(command).format(out=out).split()]
@@ -179,38 +265,25 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
     return subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=400)
 
 
-# what a command costs, roughly (CPU seconds on the 2-core VM, cut): the agent presets ~55-80, a reasoning run
-# ~40-60, an embodied run or the channel demo ~25-40, `--help` and the data writers ~5 or less
-COST = {"examples/embodied/bc_warmstart.py": 4, "examples/agentic/main_agent.py": 3, "examples/reasoning/main_grpo.py": 2,
-        "examples/embodied/main_embodied.py": 1, "examples/channel_demo.py": 1}
-
-
-def cost(command: str) -> int:
-    return 0 if "--help" in command else COST.get(_script(command), 0)
+# what a command costs, roughly (CPU seconds on the 2-core VM, cut): the agent presets ~55-80, an embodied run or the
+# channel demo ~25-40, the behaviour-cloning warm start ~20, the in-process debugging run ~7, the data writers ~2
+COST = {"examples/agentic/main_agent.py": 4, "examples/embodied/main_embodied.py": 3, "examples/channel_demo.py": 3,
+        "examples/embodied/bc_warmstart.py": 2, "examples/reasoning/main_grpo.py": 1}
 
 
 @pytest.fixture(scope="module")
 def results(scratch):
-    """Every command's result, two at a time (each starts its own local Ray; two share the 2 cores without
-    waiting on each other's start-up), the costly first so that no long run is left alone at the end; the
-    producer of a file (the behaviour-cloning warm start) first, and a command that reads its file waits for it."""
-    producers = [i for i, (_, c) in enumerate(RUN) if "bc_warmstart.py" in c]
-    order = sorted(range(len(RUN)), key=lambda i: (i not in producers, -cost(RUN[i][1])))
+    """Every launched command's result, two at a time (each Ray run starts its own local Ray; two share the 2 cores
+    without waiting on each other's start-up), the costly first so that no long run is left alone at the end."""
+    order = sorted(range(len(LAUNCH)), key=lambda i: -COST.get(_script(LAUNCH[i][1]), 0))
     with ThreadPoolExecutor(2) as pool:
-        made = [pool.submit(run_command, i, RUN[i][1], scratch) for i in producers]
-
-        def after_producers(i: int) -> subprocess.CompletedProcess:
-            if "policy.init_weights=" in RUN[i][1]:  # the warm start's file
-                [f.result() for f in made]
-            return run_command(i, RUN[i][1], scratch)
-
-        futures = dict(zip(producers, made)) | {i: pool.submit(after_producers, i) for i in order if i not in producers}
+        futures = {i: pool.submit(run_command, i, LAUNCH[i][1], scratch) for i in order}
         return {i: f.result() for i, f in futures.items()}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the first test waits for all of them
-@pytest.mark.parametrize("where,command", RUN, ids=[c for _, c in RUN])
-def test_documented_command_runs(where, command, results):
-    result = results[RUN.index((where, command))]
+@pytest.mark.timeout(900)  # the first test waits for all of them
+@pytest.mark.parametrize("where,command", LAUNCH, ids=[c for _, c in LAUNCH])
+def test_one_command_per_script_runs(where, command, results):
+    result = results[LAUNCH.index((where, command))]
     assert result.returncode == 0, f"{where}: {command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"

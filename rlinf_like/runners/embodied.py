@@ -40,7 +40,7 @@ from rlinf_like.models.policies import check_policy_fits, policy_class
 from rlinf_like.runners.common import (Checkpoints, connect_env_wire, connect_weight_sync, crash_point, plot_series,
                                        write_worker_pids)
 from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
-from rlinf_like.scheduler import Channel, Cluster, wait_all
+from rlinf_like.scheduler import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
@@ -123,16 +123,22 @@ class EmbodiedRunner:
         self.iteration, self.env_steps, self.version, self.clock = 0, 0, 0, 0.0
 
     # --- setup ------------------------------------------------------------------------------------
-    def _launch(self, cluster: Cluster, seed: int) -> None:
+    def plan(self, devices: dict[str, list[Device]]) -> tuple[Placement, list[str]]:
+        """The placement on `devices` and the components launched, checked before any worker starts."""
         cfg = self.cfg
-        placement = cluster.place(known_components=COMPONENTS)
+        placement = plan_placement(cfg.cluster.component_placement, devices, COMPONENTS)
         needed = [c for c in COMPONENTS if c != "env" or not cfg.runner.env_in_rollout]
         missing = [c for c in needed if c not in placement.components]
         if missing:
             raise ValueError(f"cluster.component_placement places no {missing}; it places {sorted(placement.components)}")
-        cluster.check_in_process(placement, needed)
         check_actor_split(cfg, placement["actor"].world_size,
                           placement["rollout" if cfg.runner.env_in_rollout else "env"].world_size)
+        return placement, needed
+
+    def _launch(self, cluster: Cluster, seed: int) -> None:
+        cfg = self.cfg
+        placement, needed = self.plan(cluster.devices)
+        cluster.check_in_process(placement, needed)
         log.info("%s", placement.describe())
         self.stages = 2 if cfg.runner.pipeline else 1
         if cfg.runner.env_in_rollout:  # the envs live in the rollout ranks: no env group, no wire

@@ -33,7 +33,7 @@ from rlinf_like.models.policies import policy_class
 from rlinf_like.models.sac import SACRolloutPolicy
 from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, write_worker_pids
 from rlinf_like.runners.embodied import CHECKPOINT, WORKER_STATE, EmbodiedRunner, env_specs
-from rlinf_like.scheduler import Channel, Cluster, wait_all
+from rlinf_like.scheduler import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.workers.actor.sac import SACActorWorker
 from rlinf_like.workers.actor.discrete_sac_learner import DiscreteSACLearner
 from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner
@@ -58,12 +58,17 @@ class EmbodiedSACRunner(EmbodiedRunner):
         return (partial(SACRolloutPolicy, obs_dim, specs.action_spec, hidden),
                 partial(SACLearner, obs_dim, specs.action_spec, hidden, sac, a.gamma, a.lr, a.adam_eps), ("state",))
 
+    def plan(self, devices: dict[str, list[Device]]) -> tuple[Placement, list[str]]:
+        """The placement on `devices` and the components launched, checked before any worker starts."""
+        spec = dict(self.cfg.cluster.component_placement)
+        spec.setdefault("replay", spec["actor"])  # unplaced: beside the learner it feeds
+        placement = plan_placement(spec, devices, COMPONENTS)
+        return placement, [c for c in COMPONENTS if c != "env" or not self.cfg.runner.env_in_rollout]
+
     def _launch(self, cluster: Cluster, seed: int) -> None:
         cfg, r = self.cfg, self.cfg.runner
-        spec = dict(cfg.cluster.component_placement)
-        spec.setdefault("replay", spec["actor"])  # unplaced: beside the learner it feeds
-        placement = cluster.place(spec, known_components=COMPONENTS)
-        cluster.check_in_process(placement, [c for c in COMPONENTS if c != "env" or not r.env_in_rollout])
+        placement, needed = self.plan(cluster.devices)
+        cluster.check_in_process(placement, needed)
         self.stages = 2 if r.pipeline else 1
         if r.env_in_rollout:
             self.env, specs = None, env_specs(cfg.env)

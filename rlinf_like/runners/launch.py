@@ -17,7 +17,7 @@ from rlinf_like.runners.agent_format import chat_template_text
 from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
-from rlinf_like.scheduler import Cluster, Placement, PlacementMode, WorkerGroup
+from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, plan_placement
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
@@ -51,12 +51,12 @@ class Workers:
                 "reference": self.reference}
 
 
-def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
-          check_placement: Callable[[Placement], None] | None = None) -> Placement:
-    """The placement, checked before any worker starts: every needed component placed, the batch split
-    evenly over every trained component's data-parallel ranks."""
+def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: AdvantageEstimator,
+         check_placement: Callable[[Placement], None] | None = None) -> tuple[Placement, list[str]]:
+    """The placement on `devices` and the components the run launches, checked before any worker starts: every
+    needed component placed, the batch split evenly over every trained component's data-parallel ranks."""
     a = cfg.algorithm
-    placement = cluster.place(cfg.cluster.component_placement, known_components=COMPONENTS)
+    placement = plan_placement(cfg.cluster.component_placement, devices, COMPONENTS)
     optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0 and not reference_in_actor(cfg)),
                 "critic": (f"algorithm.advantage={a.advantage}", estimator.needs_critic)}
     needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
@@ -65,7 +65,6 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
         why = "".join(f" ({c}: with {optional[c][0]})" for c in missing if c in optional)
         raise ValueError(f"cluster.component_placement places no {missing}{why}; "
                          f"it places {sorted(placement.components)}")
-    cluster.check_in_process(placement, needed)
     # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
     split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"
     replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
@@ -76,6 +75,14 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
     check_batch_split(cfg, replicas)
     if check_placement is not None:
         check_placement(placement)
+    return placement, needed
+
+
+def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
+          check_placement: Callable[[Placement], None] | None = None) -> Placement:
+    """`plan` on the cluster's devices; in process (cluster.backend=local) each launched component has one rank."""
+    placement, needed = plan(cfg, cluster.devices, estimator, check_placement)
+    cluster.check_in_process(placement, needed)
     return placement
 
 

@@ -4,7 +4,7 @@ Knows nothing of RL; everything above builds on it.
 """
 
 from rlinf_like.scheduler.channel import Channel
-from rlinf_like.scheduler.cluster import Cluster, ClusterConfig, NodeInfo
+from rlinf_like.scheduler.cluster import Cluster, ClusterConfig, NodeInfo, devices_of
 from rlinf_like.scheduler.comm import PeerGroup
 from rlinf_like.scheduler.errors import (
     ChannelClosed,
@@ -19,7 +19,7 @@ from rlinf_like.scheduler.worker import Worker, control
 from rlinf_like.scheduler.worker_group import GroupResult, WorkerGroup, connect_groups, wait_all
 
 __all__ = [
-    "Channel", "ChannelClosed", "ChannelTimeout", "Cluster", "ClusterConfig", "Device", "GroupResult",
+    "Channel", "ChannelClosed", "ChannelTimeout", "Cluster", "ClusterConfig", "Device", "devices_of", "GroupResult",
     "GroupTimeoutError", "NodeInfo", "PeerGroup", "Placement", "PlacementError", "PlacementMode", "Worker",
     "WorkerDiedError", "WorkerError", "WorkerGroup", "connect_groups", "control", "plan_placement", "wait_all",
 ]

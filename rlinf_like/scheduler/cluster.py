@@ -72,13 +72,23 @@ def _spec_of(spec: Mapping[str, str], component: str) -> str:
     return next((v for k, v in spec.items() if component in [c.strip() for c in k.split(",")]), "?")
 
 
-def _visible_gpus() -> int:
-    try:
-        import torch
+def this_machine(config: ClusterConfig) -> NodeInfo:
+    """This machine as a one-node cluster would see it: the config's CPU and GPU counts, else what it has."""
+    num_gpus = config.num_gpus
+    if num_gpus is None:
+        try:
+            import torch
 
-        return torch.cuda.device_count()
-    except ImportError:
-        return 0
+            num_gpus = torch.cuda.device_count()
+        except ImportError:
+            num_gpus = 0
+    return NodeInfo(rank=0, node_id="local", ip="127.0.0.1", num_cpus=config.num_cpus or os.cpu_count() or 1,
+                    num_gpus=num_gpus, is_head=True)
+
+
+def devices_of(config: ClusterConfig) -> dict[str, list[Device]]:
+    """The devices a local cluster of `config` has, without starting one (for checks before any worker starts)."""
+    return Cluster._enumerate_devices([this_machine(config)])
 
 
 @dataclass(frozen=True)
@@ -144,9 +154,7 @@ class Cluster:
         local.claim_process(self)
         self.is_local = True
         self._groups: list = []
-        num_gpus = c.num_gpus if c.num_gpus is not None else _visible_gpus()
-        self.nodes = [NodeInfo(rank=0, node_id="local", ip="127.0.0.1", num_cpus=c.num_cpus or os.cpu_count() or 1,
-                               num_gpus=num_gpus, is_head=True)]
+        self.nodes = [this_machine(c)]
         self.devices = self._enumerate_devices(self.nodes)
         log.info("cluster: in process (cluster.backend=local), %s", self.describe())
 
