@@ -57,3 +57,42 @@ def cluster():
     c = Cluster(ClusterConfig(num_cpus=2, num_gpus=0, collective_timeout_s=60, reserve_timeout_s=20))
     yield c
     c.shutdown()
+
+
+# --- the time budget: the suite runs in CI on 2 cores within 15 minutes, and stays there --------------------------
+# A test's time is its setup + call + teardown, so a module fixture's runs count against the first test using it.
+# The largest today are the golden runs (4 preset runs, two at a time) and the launched documented commands.
+TEST_BUDGET_S = 150.0
+SUITE_BUDGET_S = 15 * 60.0
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def _over_budget() -> list[tuple[str, float]]:
+    """The tests over their budget, and the whole suite's time when it is over its own."""
+    over = [(node, s) for node, s in _DURATIONS.items() if s > TEST_BUDGET_S]
+    total = sum(_DURATIONS.values())
+    return over + ([("the whole run", total)] if total > SUITE_BUDGET_S else [])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _DURATIONS:
+        return
+    slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:20]
+    terminalreporter.section(f"the 20 slowest tests (budget {TEST_BUDGET_S:g} s each, {SUITE_BUDGET_S:g} s in all)")
+    for node, seconds in slowest:
+        flag = "  OVER BUDGET" if seconds > TEST_BUDGET_S else ""
+        terminalreporter.write_line(f"{seconds:7.1f} s  {node}{flag}")
+    total = sum(_DURATIONS.values())
+    terminalreporter.write_line(f"{total:7.1f} s  in all ({len(_DURATIONS)} tests)")
+    for node, seconds in _over_budget():
+        terminalreporter.write_line(f"FAILED (time budget): {node} took {seconds:.1f} s, over its budget: share its "
+                                    f"workers, run it in process (cluster.backend=local) or cut it down")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == 0 and _over_budget():
+        session.exitstatus = 1

@@ -1,8 +1,10 @@
 """Record (or check) the golden runs of the reasoning runner: `examples/reasoning/main_grpo.py` with a fixed
 seed, 20 SFT steps and 6 GRPO steps, for each schedule and the critic path. Every step's reward, loss and
-grad norm, and a digest of each exported tensor, go to `reasoning_runs.json` beside this file.
+grad norm, and a digest of each exported tensor, go to `reasoning_runs.json` beside this file, under this
+machine's kernel path (`kernel_path()`): MKL and oneDNN pick their kernels by the CPU's vector units and vendor,
+and the low bits of a run follow the kernels, so a recording is exact only on the path it was made on.
 
-    .venv/bin/python tests/golden/record.py            # record (run before a refactor, commit the file)
+    .venv/bin/python tests/golden/record.py            # record this machine's path (others are kept)
 
 tests/test_golden_runs.py re-runs the same commands and compares.
 """
@@ -31,6 +33,18 @@ RUNS = {
 METRICS = ("reward", "loss", "grad_norm")
 
 
+def kernel_path() -> str:
+    """What decides which float kernels a run takes: torch's CPU capability (AVX2, AVX512, ...), the vendor (MKL
+    takes other paths on AMD), and the bf16/AMX units oneDNN uses when present."""
+    import torch
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    vendor = next((line.split(":")[1].strip() for line in info.splitlines() if line.startswith("vendor_id")), "unknown")
+    flags = next((set(line.split(":")[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+    units = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return " ".join([torch.backends.cpu.get_cpu_capability(), vendor, *units])
+
+
 def run(name: str, out: Path) -> dict:
     """One golden run; its per-step metrics and the exported weights' digests."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
@@ -57,11 +71,15 @@ def main() -> None:
     import tempfile
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    golden = {"commit": commit, "common": COMMON, "runs": {}}
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"common": COMMON, "paths": {}}
+    if golden["common"] != COMMON:
+        raise SystemExit(f"{GOLDEN} was recorded with {golden['common']}; delete it to record all paths anew")
+    recording = {"commit": commit, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in RUNS:
-            golden["runs"][name] = run(name, Path(tmp) / name)
-            print(name, golden["runs"][name]["steps"], flush=True)
+            recording["runs"][name] = run(name, Path(tmp) / name)
+            print(name, recording["runs"][name]["steps"], flush=True)
+    golden["paths"][kernel_path()] = recording
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
 
 
