@@ -17,8 +17,14 @@ from rlinf_like.runners.reasoning import check_config, load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
-REWARD_GAIN = 0.05  # measured +0.10 (0.53 -> 0.63) for this seed; half of it, so only a run that does not learn fails
-COLLOCATED = ["runner.save_every=15", "runner.eval_every=15"]
+# Held-out greedy accuracy after 30 GRPO steps over the step-0 (SFT) accuracy, measured on a Zen 4 host
+# (AVX-512, avx512_bf16) for seeds 0-3 in process (one rank each): +0.135, +0.105, +0.080, +0.090, and for seeds
+# 0-1 on Ray (two FSDP ranks): +0.085, +0.100. The margin is half the smallest. The mean training reward's gain
+# (steps 21-30 over 1-10) varied too much to judge by: +0.011 to +0.072 over the same six runs, +0.10 on an AVX2 host.
+ACCURACY_GAIN = 0.04
+# the main job's preset in process (cluster.backend=local: one rank per group, no Ray start-up) through its script
+COLLOCATED = ["runner.save_every=15", "runner.eval_every=15", "cluster.backend=local",
+              "cluster.component_placement.actor=0", "cluster.component_placement.rollout=0"]
 
 
 def run_main(*overrides, timeout=400):
@@ -31,11 +37,11 @@ def history(out: Path) -> list[dict]:
     return json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
 
 
-@pytest.mark.timeout(900)  # ~2.5 min on a quiet 2-core machine; the bound is for a heavily shared one
+@pytest.mark.timeout(900)  # ~1 min on a quiet 2-core machine; the bound is for a heavily shared one
 def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path):
-    """The default preset, shortened: SFT warm-start, 30 GRPO steps; reward must go up. The 30 steps run
-    as 15, then a resumed run to 30 (instead of 30, then a separate 2-step resumed run): the resumed half
-    continues the committed history, and the reward is judged over both halves."""
+    """The default preset, shortened: SFT warm-start, 30 GRPO steps; held-out accuracy must go up. The 30 steps
+    run as 15, then a resumed run to 30 (instead of 30, then a separate 2-step resumed run): the resumed half
+    continues the committed history, and learning is judged over both halves."""
     out = tmp_path / "run"
     first = run_main(*COLLOCATED, "runner.max_steps=15", f"runner.output_dir={out}", timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -50,9 +56,8 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
     assert "resumed at step 15" in resumed.stdout
     after = history(out)
     assert after[:16] == before and [h["step"] for h in after] == list(range(31))  # the curve continues
-    rewards = [h["reward"] for h in after[1:]]
-    early, late = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    assert late > early + REWARD_GAIN, f"mean reward {early:.3f} over steps 1-10, {late:.3f} over 21-30"
+    start, end = after[0]["eval_accuracy"], after[30]["eval_accuracy"]
+    assert end > start + ACCURACY_GAIN, f"held-out accuracy {start:.3f} at step 0, {end:.3f} at step 30"
     assert all(h["staleness"] == 0.0 for h in after[1:])  # collocated: always on-policy
     assert {"reward", "loss", "entropy", "grad_norm", "rollout_tokens_per_s"} <= set(after[1])
     assert {"reward", "loss", "entropy", "grad_norm", "rollout_tokens_per_s"} <= set(after[16])
