@@ -7,7 +7,13 @@ announcement still gets through while a long `serve` call runs. Calls return `co
 naming the group and rank, with the worker's traceback.
 
 Arguments and results cross a lane as a copy (cloudpickle, as Ray serializes them), so a worker that changes an
-argument in place changes its own copy, never the driver's: runs compute the same numbers on both backends.
+argument in place changes its own copy, never the driver's.
+
+The ranks share what a process has once: torch's, numpy's and `random`'s global generators. A run is reproducible
+run to run when at most one rank draws from them at a time, and a reasoning run, whose sampling and shuffles use
+their own seeded generators, computes Ray's numbers bit for bit. Embodied policies sample from torch's global
+generator, which every rank's seeding moves, so an embodied run draws other actions than on Ray; SAC's rollout and
+learner draw side by side, so a SAC run is reproducible on Ray only.
 
 Why one rank per group: `torch.distributed` has one default process group per process, and a rank's own group
 (FSDP's mesh) is that default group. Every world-size-1 group shares one default group of size 1 in this process
