@@ -19,3 +19,16 @@ def small_reasoning_config(out: Path, *, max_steps: int = 2, save_every: int = 1
     r.eval_every, r.save_every, r.output_dir = 100, save_every, str(out)
     cfg.algorithm.samples_per_prompt = samples_per_prompt
     return cfg
+
+
+ONE_SLOT = {"actor,rollout": "0", "reward": "1"}  # collocated, one rank each: what runs in process
+
+
+def in_process(cfg: ReasoningConfig, placement: dict[str, str] | None = None) -> ReasoningConfig:
+    """`cfg` on the in-process backend (cluster.backend=local): no Ray and no worker processes to start, one rank
+    per group (`placement`, by default actor and rollout collocated on slot 0, the reward on slot 1). For the runs
+    whose subject is not the process boundary."""
+    cfg.cluster.backend = "local"
+    if placement is not None or any("-" in devices for devices in cfg.cluster.component_placement.values()):
+        cfg.cluster.component_placement = dict(placement or ONE_SLOT)
+    return cfg

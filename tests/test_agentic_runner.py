@@ -3,8 +3,6 @@ demonstrations laid out exactly as the rollout lays out an episode, the loss mas
 episode metrics, and an agent program's samples. The presets' end-to-end runs are the docs-command runs of
 examples/agentic/main_agent.py (tests/test_docs_commands.py) and the resume run here."""
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from rlinf_like.workers.rollout.agent_rollout import program_result
 from rlinf_like.workers.rollout.chat_tokens import ChatTokens
 from rlinf_like.workers.rollout.openai_sessions import SessionTrajectory
 from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult
-from small_runs import small_reasoning_config
+from small_runs import in_process, small_reasoning_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = str(ROOT / "examples/agentic/chat_template.jinja")
@@ -147,7 +145,7 @@ def calculator_config(tmp: str, steps: int):
     if not held_out.exists():
         lines = (ROOT / "examples/agentic/data/calculator_test.jsonl").read_text().splitlines(keepends=True)
         held_out.write_text("".join(lines[:8]))
-    cfg = small_reasoning_config(Path(tmp), max_steps=steps, save_every=1, samples_per_prompt=2)
+    cfg = in_process(small_reasoning_config(Path(tmp), max_steps=steps, save_every=1, samples_per_prompt=2))
     cfg.data = DataConfig(source="files", chat_template=TEMPLATE)
     cfg.data.train_files = [str(ROOT / "examples/agentic/data/calculator_train.jsonl")]
     cfg.data.test_files = [str(held_out)]
@@ -159,7 +157,7 @@ def calculator_config(tmp: str, steps: int):
 
 
 def calculator_runs(tmp: str) -> tuple[list, list]:
-    """A 2-step calculator run saving every step, then the same run resumed to step 3, in a spawned process."""
+    """A 2-step calculator run saving every step, then the same run resumed to step 3."""
     from rlinf_like.runners.reasoning import train
 
     return train(calculator_config(tmp, 2)).history, train(calculator_config(tmp, 3)).history
@@ -178,13 +176,10 @@ def served_calculator_run(tmp: str) -> list:
 
 @pytest.mark.slow
 def test_a_calculator_run_trains_on_episodes_and_resumes(tmp_path):
-    # the served run beside the first + resumed pair, each its own local Ray in its own spawned process: a
-    # single run leaves a core idle much of the time (start-up, one slot generating while the other waits)
+    # in process (cluster.backend=local), one run after another: the episodes and the schedules are the subject
     (tmp_path / "served").mkdir()
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        served_future = pool.submit(served_calculator_run, str(tmp_path / "served"))
-        first, resumed = pool.submit(calculator_runs, str(tmp_path)).result()
-        served = served_future.result()
+    first, resumed = calculator_runs(str(tmp_path))
+    served = served_calculator_run(str(tmp_path / "served"))
     assert [h["step"] for h in first] == [0, 1, 2] and [h["step"] for h in resumed] == [0, 1, 2, 3]
     assert resumed[:3] == first  # the history up to the checkpoint is kept as it was
     for h in first[1:] + resumed[3:]:

@@ -2,8 +2,6 @@
 the driver's staleness policies (wait, drop), and end-to-end runs (k=0 equals the synchronous schedule;
 resume continues from the saved buffer)."""
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -183,12 +181,13 @@ def test_groups_that_finish_while_the_trainer_works_are_scored_on_arrival():
 def staleness_0_config(out: Path, schedule: str):
     cfg = small_reasoning_config(out, max_steps=2, save_every=1)
     cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "0"}
+    cfg.cluster.backend = "local"  # in process: the schedules' loops are the subject, not the processes
     cfg.runner.schedule, cfg.rollout.logprobs, cfg.runner.eval_every = schedule, "rescored", 2
     return cfg
 
 
 def sync_run(tmp: str) -> list:
-    """The synchronous (pipelined, k = 0) run, in a spawned process, since a run owns its Ray."""
+    """The synchronous (pipelined, k = 0) run."""
     from rlinf_like.runners.reasoning import train
 
     return train(staleness_0_config(Path(tmp) / "sync", "pipelined")).history
@@ -206,12 +205,8 @@ def async_runs(tmp: str) -> tuple[list, list]:
 
 @pytest.mark.slow
 def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_path):
-    # the synchronous run beside the async pair (each its own local Ray): a single run leaves a core idle
-    # much of the time (start-up, one slot generating while the other waits)
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        sync_future = pool.submit(sync_run, str(tmp_path))
-        asyn, more = pool.submit(async_runs, str(tmp_path)).result()
-        sync = sync_future.result()
+    sync = sync_run(str(tmp_path))
+    asyn, more = async_runs(str(tmp_path))
     keys = ("reward", "policy_loss", "grad_norm", "response_tokens", "eval_accuracy")
     assert all(k in h for h in asyn[1:] for k in keys[:-1]) and "eval_accuracy" in asyn[2]
     for a, b in zip(sync, asyn, strict=True):

@@ -311,20 +311,21 @@ def test_lora_overrides_and_unknown_target_modules(model_dir):
 
 # --- end to end ---------------------------------------------------------------------------------------
 def run_grpo(out):
+    from small_runs import in_process
+
     from rlinf_like.runners.reasoning import train
 
-    cfg = tiny_cfg(out)
+    cfg = in_process(tiny_cfg(out))
     cfg.algorithm.entropy_coef = 0.01  # the untrained tiny model scores 0: the entropy term moves the adapters
     return train(cfg).history, (Path(out) / "workers.json").read_text()
 
 
 @pytest.mark.timeout(300)
 def test_grpo_with_lora_runs_and_launches_no_reference_worker(tmp_path):
-    """3 GRPO steps with actor.lora.rank=8 (all linear layers) and a KL term, in a spawned process (a run owns
-    its Ray): no reference worker, the KL is computed in the actor (0 at the first step: B starts at 0, > 0
-    once the adapters moved), and the syncs after the first send only the adapted weights."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        history, pids = pool.submit(run_grpo, str(tmp_path)).result()
+    """3 GRPO steps with actor.lora.rank=8 (all linear layers) and a KL term, in process: no reference worker, the
+    KL is computed in the actor (0 at the first step: B starts at 0, > 0 once the adapters moved), and the syncs
+    after the first send only the adapted weights."""
+    history, pids = run_grpo(str(tmp_path))
     steps = history[1:]
     assert [h["step"] for h in steps] == [1, 2, 3]
     assert '"reference"' not in pids and '"actor"' in pids
@@ -347,6 +348,7 @@ def real_lora_config(out, model_path, resume=False):
 
     cfg = small_reasoning_config(Path(out), max_steps=2, save_every=1, samples_per_prompt=2)
     cfg.cluster.component_placement = {"actor,rollout": "0", "reward": "0"}
+    cfg.cluster.backend = "local"  # in process: no Ray and no worker processes to start
     cfg.model.path = model_path
     cfg.actor.lora = REAL_LORA
     cfg.data.test_problems = 2
@@ -392,7 +394,8 @@ TIMED = ("_s", "tokens_per_s")  # wall-clock metrics: differ between any two run
 @pytest.mark.timeout(600)
 def test_grpo_with_lora_on_the_real_model(real_model_path, tmp_path):
     """2 GRPO steps on SmolLM2-135M-Instruct with LoRA (all linear layers), then the same run resumed from its
-    step-1 checkpoint, one after the other in one spawned process (a run owns its Ray): (a) the reward is
+    step-1 checkpoint, one after the other in one spawned process (its workers in process, the rollout class
+    replaced there only): (a) the reward is
     computed; (b) the adapters trained (B != 0) and the base is bit-unchanged; (c) the rollout serves peft's
     merge_and_unload() of the actor's adapters on the base, under base names; (d) the resumed step 2 equals the
     uninterrupted one: metrics, actor parameters and served weights bit for bit."""
