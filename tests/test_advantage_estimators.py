@@ -11,7 +11,7 @@ from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advanta
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.reasoning import check_config, train
-from small_runs import small_reasoning_config
+from small_runs import in_process, small_reasoning_config
 
 CALLS: list[torch.Tensor] = []
 
@@ -58,9 +58,9 @@ def test_checks_read_the_declarations(toy_registered, tmp_path):
 
 
 def register_and_train(out):
-    """In a spawned process (a run owns its Ray; the test session's is taken): register the toy, run 2 steps."""
+    """In a spawned process (the registration stays out of this one): register the toy, run 2 steps in process."""
     ADVANTAGE_ESTIMATORS.register("toy_sign")(SignOfReward)
-    result = train(tiny(out))
+    result = train(in_process(tiny(out)))
     return result.history, CALLS
 
 

@@ -4,14 +4,12 @@ arithmetic), the answer conventions (GSM8K's `#### N`, MATH's `\\boxed{}`) on ha
 data, and two 2-step runs on the samples."""
 
 import json
-import multiprocessing
 import os
 import random
 import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from rlinf_like.runners.checks import check_config, reward_config
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import make_requests
 from rlinf_like.workers.reward.builtin import math_reward, reasoning_gym_reward
-from small_runs import small_reasoning_config
+from small_runs import in_process, small_reasoning_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -526,7 +524,7 @@ def test_generated_data_keeps_its_draws_with_replacement():
 # --- 2-step runs on the samples -------------------------------------------------------------------------------------
 
 def tiny_run(out: Path, data: DataConfig, reward_fn: str = "auto") -> ReasoningConfig:
-    cfg = small_reasoning_config(out, samples_per_prompt=2)
+    cfg = in_process(small_reasoning_config(out, samples_per_prompt=2))
     cfg.data = data
     m = cfg.model
     m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads = 32, 64, 2, 1
@@ -550,7 +548,7 @@ def math_run(out: Path) -> ReasoningConfig:
 
 
 def run_both(tmp: Path) -> dict[str, list[dict]]:
-    """In a spawned process (a run owns its Ray; the test session's may be taken): the two runs, one after the other."""
+    """The two runs, one after the other, in process."""
     from rlinf_like.runners.reasoning import train
 
     return {name: train(make(tmp / name)).history for name, make in (("gsm8k", gsm8k_run), ("math", math_run))}
@@ -561,8 +559,7 @@ def histories(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     for name in ("gsm8k", "math"):
         (tmp / name).mkdir()
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return tmp, pool.submit(run_both, tmp).result(timeout=600)
+    return tmp, run_both(tmp)
 
 
 @pytest.mark.timeout(700)

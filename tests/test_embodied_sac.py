@@ -116,7 +116,7 @@ def test_sac_runner_streams_learns_syncs_and_resumes_exactly(tmp_path):
 
 
 def test_grpo_runner_trains_on_grouped_episodes(tmp_path):
-    in_subprocess("grpo_runner_body", tmp_path)
+    grpo_runner_body(tmp_path)  # in process: only the rollout draws from torch's generator
 
 
 def sac_runner_body(tmp_path):
@@ -169,6 +169,7 @@ def grpo_runner_body(tmp_path):
                          algorithm=EmbodiedAlgorithm(advantage="grpo", group_size=2, epochs=1, mini_batches=2),
                          runner=EmbodiedRunnerConfig(total_env_steps=320, steps_per_rollout=40, env_in_rollout=True,
                                                      output_dir=str(tmp_path)))
+    cfg.cluster.backend = "local"
     runner = EmbodiedRunner(cfg)
     runner.run()
     assert len(runner.history) == 2 and all(np.isfinite(h["group_return_mean"]) for h in runner.history)

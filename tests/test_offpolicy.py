@@ -206,6 +206,7 @@ def decoupled_pipelined(out):
     step 2's one-version-old samples have tokens outside it."""
     cfg = small(out, max_steps=2)
     cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "1"}
+    cfg.cluster.backend = "local"  # one rank each: in process
     cfg.runner.max_staleness = 1
     a = cfg.algorithm
     a.recompute_logprobs, a.loss, a.is_correction, a.is_low, a.is_high = True, "decoupled_ppo", "mis", 0.99, 1.01
