@@ -130,9 +130,7 @@ CARTPOLE_STEPS = 3000
 
 
 def test_vla_discrete_sac_runs_syncs_and_resumes_exactly(tmp_path):
-    from test_embodied_sac import in_subprocess
-
-    in_subprocess("vla_body", tmp_path, "test_discrete_sac")
+    vla_body(tmp_path)  # in process: the rollout and the learner each sample from their own generator
 
 
 def vla_body(tmp_path):
@@ -142,10 +140,12 @@ def vla_body(tmp_path):
 
     from rlinf_like.runners.embodied_sac import EmbodiedDiscreteSACRunner
 
-    whole = EmbodiedDiscreteSACRunner(vla_config(tmp_path / "whole"))
+    from test_embodied_sac import in_process
+
+    whole = EmbodiedDiscreteSACRunner(in_process(vla_config(tmp_path / "whole")))
     whole.run()
-    EmbodiedDiscreteSACRunner(vla_config(tmp_path / "cut", total_env_steps=32)).run()
-    resumed = EmbodiedDiscreteSACRunner(vla_config(tmp_path / "cut", resume=True))
+    EmbodiedDiscreteSACRunner(in_process(vla_config(tmp_path / "cut", total_env_steps=32))).run()
+    resumed = EmbodiedDiscreteSACRunner(in_process(vla_config(tmp_path / "cut", resume=True)))
     resumed.run()
     rows = history(whole.history)
     assert [r["updates"] for r in rows] == [0, 16, 16, 16]  # round 0 random, then utd=1 x 16 env steps each

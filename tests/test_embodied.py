@@ -252,9 +252,9 @@ def test_ppo_on_cartpole_learns(cartpole_runs):
     runs, out = cartpole_runs["runs"], cartpole_runs["seq"]
     assert [h["iteration"] for h in runs] == list(range(1, 7))
     returns = [h["episode_return"] for h in runs]
-    # measured 18.4 -> 35.7, 44.7, 45.5 in updates 4-6 on Ray, 20.1 -> 59.1, 35.5, 46.7 in process (random policy:
-    # ~22; the two backends' policies draw other actions); only a run that does not learn fails
-    assert np.mean(returns[-3:]) > returns[0] + 10, returns
+    # mean return of updates 4-6 over update 1's, measured for seeds 0-4 (a random policy scores ~22): +12.1 (this
+    # seed, 24.2 -> 32.7, 38.8, 37.3), +25.2, +24.9, +34.2, +27.3; the margin is half the smallest
+    assert np.mean(returns[-3:]) > returns[0] + 6, returns
     assert (out / "curves.png").stat().st_size > 0 and (out / "tensorboard").is_dir()
 
 

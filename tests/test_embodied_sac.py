@@ -3,8 +3,6 @@ before any worker starts; the replay worker keeps receiving while it serves the 
 env workers streams, learns, syncs weights every `runner.sync_every` updates and resumes exactly; grouped
 episodes share initial states and get group-relative advantages."""
 
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -102,17 +100,14 @@ def history(h: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in timing} for row in h]
 
 
-def in_subprocess(body: str, tmp_path, module: str = Path(__file__).stem) -> None:
-    """Run `body(tmp_path)` of `module` (this one by default) in a fresh Python: each runner owns its Ray, and this
-    pytest process may hold the session's (the `cluster` fixture)."""
-    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import {module} as t; " \
-           f"t.{body}(__import__('pathlib').Path({str(tmp_path)!r}))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def in_process(cfg: EmbodiedConfig) -> EmbodiedConfig:
+    """`cfg` on the in-process backend (its placement has one rank per group): no Ray or worker processes."""
+    cfg.cluster.backend = "local"
+    return cfg
 
 
 def test_sac_runner_streams_learns_syncs_and_resumes_exactly(tmp_path):
-    in_subprocess("sac_runner_body", tmp_path)
+    sac_runner_body(tmp_path)  # in process: the rollout and the learner each sample from their own generator
 
 
 def test_grpo_runner_trains_on_grouped_episodes(tmp_path):
@@ -122,11 +117,11 @@ def test_grpo_runner_trains_on_grouped_episodes(tmp_path):
 def sac_runner_body(tmp_path):
     from rlinf_like.runners.embodied_sac import EmbodiedSACRunner
 
-    whole = EmbodiedSACRunner(sac_config(tmp_path / "whole"))
+    whole = EmbodiedSACRunner(in_process(sac_config(tmp_path / "whole")))
     whole.run()
-    first = EmbodiedSACRunner(sac_config(tmp_path / "cut", total_env_steps=64))
+    first = EmbodiedSACRunner(in_process(sac_config(tmp_path / "cut", total_env_steps=64)))
     first.run()
-    resumed = EmbodiedSACRunner(sac_config(tmp_path / "cut", resume=True))
+    resumed = EmbodiedSACRunner(in_process(sac_config(tmp_path / "cut", resume=True)))
     resumed.run()
     rows = history(whole.history)
     assert [r["updates"] for r in rows] == [0, 32, 32, 32]  # round 0 random, then utd=1 x 32 env steps each
@@ -169,8 +164,7 @@ def grpo_runner_body(tmp_path):
                          algorithm=EmbodiedAlgorithm(advantage="grpo", group_size=2, epochs=1, mini_batches=2),
                          runner=EmbodiedRunnerConfig(total_env_steps=320, steps_per_rollout=40, env_in_rollout=True,
                                                      output_dir=str(tmp_path)))
-    cfg.cluster.backend = "local"
-    runner = EmbodiedRunner(cfg)
+    runner = EmbodiedRunner(in_process(cfg))
     runner.run()
     assert len(runner.history) == 2 and all(np.isfinite(h["group_return_mean"]) for h in runner.history)
     assert all(h["explained_variance"] == 1.0 for h in runner.history)  # no critic target under grpo

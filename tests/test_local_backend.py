@@ -148,14 +148,14 @@ def _final_weights(out: Path) -> str:
     return hashlib.sha256(b"".join(tensors[k].numpy().tobytes() for k in sorted(tensors))).hexdigest()
 
 
-def _grpo(out: Path, backend: str):
+def _grpo(out: Path, backend: str) -> list[dict]:
     from rlinf_like.runners.reasoning import train
 
     cfg = small_reasoning_config(out, max_steps=2)
     cfg.cluster.backend = backend
     cfg.cluster.component_placement = {"actor,rollout": "0", "reward": "1"}
     cfg.reward.fn = "user_rewards:digits"  # rewards that differ within a group: the weights move
-    return train(cfg)
+    return train(cfg).history
 
 
 TIMINGS = ("_s", "per_s", "elapsed")
@@ -165,14 +165,45 @@ TIMINGS = ("_s", "per_s", "elapsed")
 def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path):
     """Two GRPO steps (SFT-free, a reward that moves the weights) with one seed: every metric and every exported
     weight bit the same on both backends."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     local_run = _grpo(tmp_path / "local", "local")
-    ray_run = _grpo(tmp_path / "ray", "ray")
+    # the Ray run in a spawned process: this one may hold the session's Ray (the `cluster` fixture)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ray_run = pool.submit(_grpo, tmp_path / "ray", "ray").result()
 
     def numbers(history):
         return [{k: v for k, v in h.items() if not any(t in k for t in TIMINGS)} for h in history]
 
-    assert len(local_run.history) == 3
-    assert numbers(local_run.history) == numbers(ray_run.history)
-    assert any(h.get("grad_norm", 0) > 0 for h in local_run.history), "no step moved the weights"
-    assert all(math.isfinite(h.get("loss", 0.0)) for h in local_run.history)
+    assert len(local_run) == 3
+    assert numbers(local_run) == numbers(ray_run)
+    assert any(h.get("grad_norm", 0) > 0 for h in local_run), "no step moved the weights"
+    assert all(math.isfinite(h.get("loss", 0.0)) for h in local_run)
     assert _final_weights(tmp_path / "local") == _final_weights(tmp_path / "ray")
+
+
+def _sac(out: Path, backend: str) -> list[dict]:
+    from test_embodied_sac import history, sac_config
+
+    from rlinf_like.runners.embodied_sac import EmbodiedSACRunner
+
+    cfg = sac_config(out)
+    cfg.cluster.backend = backend
+    runner = EmbodiedSACRunner(cfg)
+    runner.run()
+    return history(runner.history)
+
+
+@pytest.mark.slow
+def test_embodied_sac_on_local_equals_ray(tmp_path):
+    """SAC's rollout and learner sample side by side; each from its own generator, so the in-process run draws
+    what the Ray run draws: every round's metrics the same."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    local_rounds = _sac(tmp_path / "local", "local")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ray_rounds = pool.submit(_sac, tmp_path / "ray", "ray").result()
+    assert len(local_rounds) == 4 and "q_loss" in local_rounds[-1]
+    assert local_rounds == ray_rounds

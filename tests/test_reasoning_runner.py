@@ -44,7 +44,7 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
     continues the committed history, and learning is judged over both halves."""
     out = tmp_path / "run"
     first = run_main(*COLLOCATED, "runner.max_steps=15", f"runner.output_dir={out}", timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 0, f"rc {first.returncode}\n{first.stdout[-1500:]}\n{first.stderr[-3000:]}"
     assert "placement mode" in first.stdout and (out / "curves.png").stat().st_size > 0
     before = history(out)
     assert [h["step"] for h in before] == list(range(16))
@@ -52,7 +52,7 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
 
     resumed = run_main(*COLLOCATED, "runner.max_steps=30", f"runner.output_dir={out}", "runner.resume=true",
                        timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, f"rc {resumed.returncode}\n{resumed.stdout[-1500:]}\n{resumed.stderr[-3000:]}"
     assert "resumed at step 15" in resumed.stdout
     after = history(out)
     assert after[:16] == before and [h["step"] for h in after] == list(range(31))  # the curve continues

@@ -16,6 +16,7 @@ from torch.distributions import Categorical
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec
 from rlinf_like.models.policies import ActorCriticPolicy, PolicyConfig, PolicyOut, build_policy, policy_class
+from rlinf_like.models.policy_base import sample
 
 
 def _probe(obs_spec: dict[str, FieldSpec], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -39,6 +40,8 @@ class TokenPolicy(nn.Module):
     """Categoricals over `choices` per token, `dims` tokens per action (flattened from the policy's token shape);
     uniform random tokens while `random_actions` (the warm-up before algorithm.learning_starts)."""
 
+    generator: torch.Generator | None = None  # what its sampling draws from (`use_generator`); None: torch's global
+
     def __init__(self, cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec):
         super().__init__()
         self.net = token_network(cfg, obs_spec, action)
@@ -59,10 +62,10 @@ class TokenPolicy(nn.Module):
         rows = next(iter(obs.values())).shape[0]
         zeros = torch.zeros(rows)
         if self.random_actions:
-            return torch.randint(self.choices, (rows, self.dims)), zeros, zeros, zeros
+            return torch.randint(self.choices, (rows, self.dims), generator=self.generator), zeros, zeros, zeros
         logits = self.logits(obs)
         dist = Categorical(logits=logits)
-        tokens = logits.argmax(-1) if deterministic else dist.sample()
+        tokens = logits.argmax(-1) if deterministic else sample(dist, self.generator)
         return tokens, dist.log_prob(tokens).sum(-1), zeros, zeros
 
     def env_actions(self, tokens: torch.Tensor) -> np.ndarray:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec
-from rlinf_like.models.policy_base import ActorCriticPolicy, PolicyConfig, PolicyOut
+from rlinf_like.models.policy_base import ActorCriticPolicy, PolicyConfig, PolicyOut, sample
 from rlinf_like.utils.registry import Registry
 
 POLICY_REGISTRY: Registry[type[ActorCriticPolicy]] = Registry("policy", key="policy.kind")
@@ -69,11 +69,11 @@ class MLPActorCritic(ActorCriticPolicy):
         if self.continuous:
             dist = Normal(head, self.log_std.exp().expand_as(head))
             if actions is None:
-                actions = head if deterministic else dist.sample()
+                actions = head if deterministic else sample(dist, self.generator)
             return actions, dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), values
         dist = Categorical(logits=head)
         if actions is None:
-            actions = head.argmax(-1) if deterministic else dist.sample()
+            actions = head.argmax(-1) if deterministic else sample(dist, self.generator)
         return actions, dist.log_prob(actions), dist.entropy(), values
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:

@@ -22,6 +22,28 @@ from rlinf_like.envs.base import ActionSpec, FieldSpec
 PolicyOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def use_generator(module: nn.Module, generator: torch.Generator) -> None:
+    """Make every sampling part of `module` (the modules declaring a `generator` attribute) draw from `generator`:
+    the worker's own, so that its draws do not depend on what else in the process draws from torch's global one
+    (other ranks share it on the in-process backend)."""
+    for m in module.modules():
+        if hasattr(m, "generator"):
+            m.generator = generator
+
+
+def sample(dist: torch.distributions.Distribution, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw of a Categorical or Normal from `generator` (None: torch's global one); the same numbers as
+    `dist.sample()` from a global generator in the same state."""
+    if isinstance(dist, torch.distributions.Categorical):
+        probs = dist.probs.reshape(-1, dist.probs.shape[-1])
+        return torch.multinomial(probs, 1, True, generator=generator).reshape(dist.batch_shape)
+    if isinstance(dist, torch.distributions.Normal):
+        with torch.no_grad():
+            return torch.normal(dist.loc.expand(dist.batch_shape), dist.scale.expand(dist.batch_shape),
+                                generator=generator)
+    raise TypeError(f"no seeded draw for {type(dist).__name__}")
+
+
 @dataclass(kw_only=True)
 class PolicyConfig:
     kind: str = "mlp"  # a name in POLICY_REGISTRY (models/policies.py): mlp (state) | vla (image + instruction)
@@ -39,6 +61,7 @@ class ActorCriticPolicy(nn.Module):
     obs_modes: tuple[str, ...] = ("state",)  # the env.obs_mode values whose observations it reads
     obs_keys: tuple[str, ...] = ("state",)  # the observation fields it reads
     action_chunks = False  # predicts policy.chunk actions per inference
+    generator: torch.Generator | None = None  # what its sampling draws from (`use_generator`); None: torch's global
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec) -> ActorCriticPolicy:

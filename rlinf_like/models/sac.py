@@ -28,6 +28,8 @@ def _relu_mlp(sizes: list[int]) -> nn.Sequential:
 
 
 class SquashedGaussianActor(nn.Module):
+    generator: torch.Generator | None = None  # what its sampling draws from (`use_generator`); None: torch's global
+
     def __init__(self, obs_dim: int, act_dim: int, hidden: list[int]):
         super().__init__()
         self.trunk = _relu_mlp([obs_dim, *hidden])
@@ -39,7 +41,7 @@ class SquashedGaussianActor(nn.Module):
         h = self.trunk(obs)
         mu, log_std = self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
         std = log_std.exp()
-        u = mu if deterministic else mu + std * torch.randn_like(mu)
+        u = mu if deterministic else mu + std * torch.randn(mu.shape, generator=self.generator)
         gauss = (-0.5 * ((u - mu) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         # log(1 - tanh(u)^2) in the stable form 2 (log 2 - u - softplus(-2u))
         squash = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
@@ -81,7 +83,7 @@ class SACRolloutPolicy(ActorCriticPolicy):
                 deterministic: bool = False) -> PolicyOut:
         x = obs["state"].float()
         if self.random_actions:
-            a = torch.rand(x.shape[0], self.low.numel()) * 2 - 1
+            a = torch.rand(x.shape[0], self.low.numel(), generator=self.generator) * 2 - 1
             logp = torch.zeros(x.shape[0])
         else:
             a, logp = self.actor(x, deterministic)

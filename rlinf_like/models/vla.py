@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributions import Categorical
 
 from rlinf_like.envs.base import ActionSpec, FieldSpec
-from rlinf_like.models.policy_base import ActorCriticPolicy, PolicyConfig, PolicyOut
+from rlinf_like.models.policy_base import ActorCriticPolicy, PolicyConfig, PolicyOut, sample
 
 
 class KeypointAttention(nn.Module):
@@ -107,7 +107,7 @@ class VLAPolicy(ActorCriticPolicy):
         logits = self.action_head(z).view(-1, self.chunk, self.act_dim, self.bins)
         dist = Categorical(logits=logits)
         if actions is None:
-            actions = logits.argmax(-1) if deterministic else dist.sample()
+            actions = logits.argmax(-1) if deterministic else sample(dist, self.generator)
         return actions, dist.log_prob(actions).sum((1, 2)), dist.entropy().sum((1, 2)), self.value_head(z).squeeze(-1).clone()
 
     def tokens(self, values: np.ndarray) -> torch.Tensor:

@@ -9,11 +9,11 @@ naming the group and rank, with the worker's traceback.
 Arguments and results cross a lane as a copy (cloudpickle, as Ray serializes them), so a worker that changes an
 argument in place changes its own copy, never the driver's.
 
-The ranks share what a process has once: torch's, numpy's and `random`'s global generators. A run is reproducible
-run to run when at most one rank draws from them at a time, and a reasoning run, whose sampling and shuffles use
-their own seeded generators, computes Ray's numbers bit for bit. Embodied policies sample from torch's global
-generator, which every rank's seeding moves, so an embodied run draws other actions than on Ray; SAC's rollout and
-learner draw side by side, so a SAC run is reproducible on Ray only.
+The ranks share what a process has once: torch's, numpy's and `random`'s global generators. The package's workers
+draw from generators of their own (the engine's sampler, the training shuffles, the embodied policies' and the SAC
+learner's draws; `models.policy_base.use_generator`) and seed the global one only to build their modules, one
+group after another at launch; so a run computes the numbers it computes on Ray, bit for bit. Code of your own that
+draws from the global generators in two ranks at the same time shares them here.
 
 Why one rank per group: `torch.distributed` has one default process group per process, and a rank's own group
 (FSDP's mesh) is that default group. Every world-size-1 group shares one default group of size 1 in this process
@@ -26,6 +26,7 @@ whole schedule without starting Ray or worker processes.
 
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import traceback
@@ -78,6 +79,11 @@ class Lane:
     def stop(self) -> None:
         self._queue.put(_STOP)
 
+    def join(self, timeout: float) -> bool:
+        """Wait for the lane's thread to end; False if a call still runs after `timeout` seconds."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
 
 class LocalHost:
     """One rank in this process: its `_WorkerHost` (the same object a Ray actor holds) and its two lanes."""
@@ -102,15 +108,19 @@ class LocalHost:
 
         return (self.control if control else self.main).submit(run)
 
-    def stop(self) -> None:
-        """End both lanes after the calls already queued; drops the worker so its memory goes with it."""
+    def stop(self, timeout: float = 30.0) -> bool:
+        """End both lanes after the calls already queued and wait for them (a thread still inside torch when the
+        interpreter exits can crash it); drops the worker so its memory goes with it. False if a call (e.g. a serve
+        loop nobody stopped) still runs after `timeout` seconds: its daemon thread is then left behind."""
 
         def drop() -> None:
             self._host = None
+            gc.collect()  # its process groups and stores end here, not in the interpreter's exit
 
         self.main.submit(drop)
         self.main.stop()
         self.control.stop()
+        return self.main.join(timeout) and self.control.join(timeout)
 
 
 # --- the one in-process cluster of this process, and its channels ------------------------------------------------

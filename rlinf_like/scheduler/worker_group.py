@@ -15,6 +15,7 @@ this process and the pending results are futures; every call above behaves the s
 from __future__ import annotations
 
 import asyncio
+import logging
 import concurrent.futures
 import os
 import time
@@ -33,6 +34,7 @@ from rlinf_like.scheduler.placement import Placement
 from rlinf_like.scheduler.worker_host import WorkerContext, _WorkerHost, is_control
 
 
+log = logging.getLogger(__name__)
 DEATH_GRACE_S = 5.0
 # One actor class for every worker type (exported once). Ordinary calls run one at a time on the
 # default thread; methods marked @control run on a second thread, so they get through while a long
@@ -266,9 +268,10 @@ class WorkerGroup:
     def shutdown(self) -> None:
         """Kill every rank's process (their device shares go back to Ray); in process, end its threads once
         the calls already queued have run."""
-        for handle in self._hosts:
+        for rank, handle in enumerate(self._hosts):
             if isinstance(handle, LocalHost):
-                handle.stop()
+                if not handle.stop():
+                    log.warning("worker group %r rank %d: a call was still running at shutdown", self.name, rank)
             else:
                 ray.kill(handle, no_restart=True)
         self._hosts = []

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender, replicated
+from rlinf_like.models.policy_base import use_generator
 from rlinf_like.scheduler import Channel, Worker
 from rlinf_like.workers.actor.sac_learner import SoftLearner
 
@@ -22,6 +23,9 @@ class SACActorWorker(Worker):
                              f"cluster.component_placement.actor places {self.world_size}")
         torch.manual_seed(seed)  # the rollout builds the same initial actor from this seed
         self.learner = build()
+        # the learner's sampling (the actor's reparameterised draws) from its own generator, not torch's global one
+        self.generator = torch.Generator().manual_seed(seed + 1)
+        use_generator(self.learner.policy, self.generator)
         self._sender: WeightSender | None = None
 
     # --- weights to the rollout ----------------------------------------------------------------------
@@ -57,9 +61,9 @@ class SACActorWorker(Worker):
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        torch.save({"learner": self.learner.state_dict(), "torch_rng": torch.get_rng_state()}, path)
+        torch.save({"learner": self.learner.state_dict(), "torch_rng": self.generator.get_state()}, path)
 
     def load(self, path: str) -> None:
         state = torch.load(path, weights_only=False)
         self.learner.load_state_dict(state["learner"])
-        torch.set_rng_state(state["torch_rng"])
+        self.generator.set_state(state["torch_rng"])

@@ -23,6 +23,7 @@ from rlinf_like.data.trajectory import Trajectory
 from rlinf_like.envs import ActionSpec, EnvConfig, FieldSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver, replicated
 from rlinf_like.models.policies import PolicyConfig, build_policy
+from rlinf_like.models.policy_base import use_generator
 from rlinf_like.scheduler import Channel, Worker
 from rlinf_like.workers.env.link import Link, action_layout, step_layout
 from rlinf_like.workers.env.local import LocalEnvLink
@@ -45,12 +46,19 @@ class _Stream:
 
 class PolicyRolloutWorker(Worker):
     def __init__(self, policy: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec, seed: int = 0):
-        torch.manual_seed(seed + 7919 * (self.rank + 1))  # sampling noise differs per rank
+        torch.manual_seed(seed + 7919 * (self.rank + 1))
         self.policy = build_policy(policy, obs_spec, action).eval()
+        self._own_sampling(seed)
         self.obs_spec = obs_spec
         self.version = 0
         self._receiver: WeightReceiver | None = None
         self._links: list[Link | LocalEnvLink] = []
+
+    def _own_sampling(self, seed: int) -> None:
+        """The policy samples from this rank's own generator (noise differs per rank), never torch's global one,
+        which other ranks share on the in-process backend; `rng_state` saves it."""
+        self.generator = torch.Generator().manual_seed(seed + 7919 * (self.rank + 1))
+        use_generator(self.policy, self.generator)
 
     # --- weights ----------------------------------------------------------------------------------
     def weight_layouts(self, adapters: None = None) -> list[TensorLayout]:
@@ -75,14 +83,14 @@ class PolicyRolloutWorker(Worker):
     def rng_state(self) -> dict:
         """The sampling RNG (so a resumed run draws the same actions as an uninterrupted one), and the
         state of envs stepped in this process (`attach_envs`), if any."""
-        return {"torch": torch.get_rng_state(),
+        return {"torch": self.generator.get_state(),
                 "envs": [{"env": link.env.get_state(), "obs": link.obs} for link in self._local_envs()]}
 
     def _local_envs(self) -> list[LocalEnvLink]:
         return [link for link in self._links if isinstance(link, LocalEnvLink)]
 
     def set_rng_state(self, state: dict) -> None:
-        torch.set_rng_state(state["torch"])
+        self.generator.set_state(state["torch"])
         local = self._local_envs()
         if len(local) != len(state["envs"]):
             raise ValueError(f"{self.name}: the saved state has {len(state['envs'])} attached env sets, "

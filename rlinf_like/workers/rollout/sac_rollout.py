@@ -29,6 +29,7 @@ class SACRolloutWorker(PolicyRolloutWorker):
         # PolicyRolloutWorker's state, with SAC's actor as the policy
         torch.manual_seed(seed + 7919 * (self.rank + 1))
         self.policy = build().eval()
+        self._own_sampling(seed)
         self.env_action_shape = env_action_shape
         self.obs_spec = obs_spec
         self.version = 0
