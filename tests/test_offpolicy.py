@@ -217,7 +217,9 @@ def on_policy_fp32(out, by_length=False):
     """The true on-policy check's run: collocated, the native engine in fp32 scoring the finished responses
     again (`rescored`), the trainer's recomputed logprobs (padded batches, or one forward per row length);
     one step of the main job's response length (28 tokens: padding varies between rows)."""
-    cfg = small(out, max_steps=1)
+    from small_runs import in_process
+
+    cfg = in_process(small(out, max_steps=1))  # one actor rank and one rollout replica, in process
     cfg.runner.schedule, cfg.runner.max_new_tokens = "collocated", 28
     cfg.rollout.engine, cfg.rollout.dtype, cfg.rollout.logprobs = "native", "float32", "rescored"
     cfg.algorithm.recompute_logprobs, cfg.algorithm.recompute_by_length = True, by_length
@@ -284,8 +286,9 @@ def test_pipelined_decoupled_ppo_with_mis_logs_the_mismatch_every_step(decoupled
 
 # The true on-policy check. Step 1 recomputes before any update, so the trainer's proximal logprobs and the
 # engine's rescored ones come from the same fp32 weights and differ only by numerics. Measured (this seed, 16 rows
-# of up to 28 new tokens, 418 response tokens), padded batches: on an AVX2 AMD EPYC one token was one float32 ulp
-# apart (2^-21 at |logprob| in [4, 8)), mean 1.14e-9; on a Zen 4 (AVX-512) host the mean was 2.28e-9, two tokens.
+# of up to 28 new tokens, 418 response tokens), padded batches: with two actor ranks on Ray, on an AVX2 AMD EPYC one
+# token was one float32 ulp apart (2^-21 at |logprob| in [4, 8)), mean 1.14e-9; on a Zen 4 (AVX-512) host the mean
+# was 2.28e-9, two tokens; with one rank in process on that Zen 4 host, 2.28e-9 and one ulp at most.
 # Which tokens land one ulp apart follows the CPU's attention kernels, so the bounds allow any CPU a few such tokens
 # and nothing more: no token more than one ulp apart for |logprob| < 16 (2^-20), and at most 8 of the 418 tokens
 # at that (mean <= 8 * 2^-20 / 418 = 1.8e-8). A change of numerics (1e-6 and up) is far outside both.
