@@ -88,6 +88,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"{seconds:7.1f} s  {node}{flag}")
     total = sum(_DURATIONS.values())
     terminalreporter.write_line(f"{total:7.1f} s  in all ({len(_DURATIONS)} tests)")
+    files: dict[str, float] = {}
+    for node, seconds in _DURATIONS.items():
+        files[node.split("::")[0]] = files.get(node.split("::")[0], 0.0) + seconds
+    heaviest = sorted(files.items(), key=lambda kv: -kv[1])[:10]
+    terminalreporter.write_line("by file: " + ", ".join(f"{Path(f).stem} {s:.0f} s" for f, s in heaviest))
     for node, seconds in _over_budget():
         terminalreporter.write_line(f"FAILED (time budget): {node} took {seconds:.1f} s, over its budget: share its "
                                     f"workers, run it in process (cluster.backend=local) or cut it down")

@@ -161,17 +161,25 @@ def _grpo(out: Path, backend: str) -> list[dict]:
 TIMINGS = ("_s", "per_s", "elapsed")
 
 
-@pytest.mark.slow
-def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path):
-    """Two GRPO steps (SFT-free, a reward that moves the weights) with one seed: every metric and every exported
-    weight bit the same on both backends."""
+@pytest.fixture(scope="module")
+def ray_sides(tmp_path_factory):
+    """The Ray runs the equality tests compare with, both started at once, each in a spawned process (this one may
+    hold the session's Ray, the `cluster` fixture), while the in-process sides run here."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    root = tmp_path_factory.mktemp("ray_sides")
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield {"grpo": pool.submit(_grpo, root / "grpo", "ray"), "sac": pool.submit(_sac, root / "sac", "ray")}, root
+
+
+@pytest.mark.slow
+def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path, ray_sides):
+    """Two GRPO steps (SFT-free, a reward that moves the weights) with one seed: every metric and every exported
+    weight bit the same on both backends."""
     local_run = _grpo(tmp_path / "local", "local")
-    # the Ray run in a spawned process: this one may hold the session's Ray (the `cluster` fixture)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        ray_run = pool.submit(_grpo, tmp_path / "ray", "ray").result()
+    futures, root = ray_sides
+    ray_run = futures["grpo"].result()
 
     def numbers(history):
         return [{k: v for k, v in h.items() if not any(t in k for t in TIMINGS)} for h in history]
@@ -180,7 +188,7 @@ def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path):
     assert numbers(local_run) == numbers(ray_run)
     assert any(h.get("grad_norm", 0) > 0 for h in local_run), "no step moved the weights"
     assert all(math.isfinite(h.get("loss", 0.0)) for h in local_run)
-    assert _final_weights(tmp_path / "local") == _final_weights(tmp_path / "ray")
+    assert _final_weights(tmp_path / "local") == _final_weights(root / "grpo")
 
 
 def _sac(out: Path, backend: str) -> list[dict]:
@@ -196,14 +204,10 @@ def _sac(out: Path, backend: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_embodied_sac_on_local_equals_ray(tmp_path):
+def test_embodied_sac_on_local_equals_ray(tmp_path, ray_sides):
     """SAC's rollout and learner sample side by side; each from its own generator, so the in-process run draws
     what the Ray run draws: every round's metrics the same."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     local_rounds = _sac(tmp_path / "local", "local")
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        ray_rounds = pool.submit(_sac, tmp_path / "ray", "ray").result()
+    ray_rounds = ray_sides[0]["sac"].result()
     assert len(local_rounds) == 4 and "q_loss" in local_rounds[-1]
     assert local_rounds == ray_rounds
