@@ -45,8 +45,10 @@ class Worker:
 
     @property
     def torch_device(self) -> str:
-        # Ray sets CUDA_VISIBLE_DEVICES to this worker's GPU, so it is always cuda:0 here.
-        return "cuda:0" if self._ctx.device.kind == "gpu" else "cpu"
+        # Ray sets CUDA_VISIBLE_DEVICES to this worker's GPU, so it is cuda:0 there; in process every GPU is visible
+        if self._ctx.device.kind != "gpu":
+            return "cpu"
+        return f"cuda:{self._ctx.device.index}" if self._ctx.in_process else "cuda:0"
 
     @property
     def name(self) -> str:
