@@ -32,6 +32,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The vector units that decide which float kernels MKL and oneDNN run (and whether bf16 is fast): a figure without
+# them does not say which kind of host it came from.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16")
+
+
+def isa_flags() -> str:
+    """The CPU's flags among `ISA_FLAGS` (from /proc/cpuinfo), space-separated; "unknown" off Linux."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return " ".join(flag for flag in ISA_FLAGS if flag in have) or "none of " + ",".join(ISA_FLAGS)
+    except OSError:
+        pass
+    return "unknown"
+
+
 def usable_cores() -> int:
     """Cores this process may run on (affinity), which is what a bench gets; os.cpu_count() counts the host's."""
     try:
@@ -52,7 +70,7 @@ def version_of(package: str) -> str:
 
 
 def describe_machine() -> dict:
-    return {"cores": usable_cores(), "cpu": cpu_model(), "torch": version_of("torch"),
+    return {"cores": usable_cores(), "cpu": cpu_model(), "isa": isa_flags(), "torch": version_of("torch"),
             "python": platform.python_version(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
 
 
@@ -70,7 +88,7 @@ class Machine:
         if settings is not None:
             print("settings:", json.dumps(settings, default=str), flush=True)
         info = machine.info
-        print(f"machine: {info['cores']} cores ({info['cpu']}), torch {info['torch']}, python {info['python']}, "
+        print(f"machine: {info['cores']} cores ({info['cpu']}; {info['isa']}), torch {info['torch']}, python {info['python']}, "
               f"{info['date']}; load average at start {format_load(machine.load_start)}", flush=True)
         return machine
 

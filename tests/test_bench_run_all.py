@@ -39,7 +39,7 @@ def test_rows_judge_each_key_by_its_direction():
     assert failed[2] == "skipped: stable_baselines3 not installed"
 
 
-MACHINE = Machine(info={"cores": 2, "cpu": "Test CPU", "torch": "2.13.0", "python": "3.11", "date": "2026-11-23"},
+MACHINE = Machine(info={"cores": 2, "cpu": "Test CPU", "isa": "avx2 fma", "torch": "2.13.0", "python": "3.11", "date": "2026-11-23"},
                   load_start=(1.0, 1.0, 1.0), load_end=(2.0, 2.0, 2.0))
 
 
@@ -50,7 +50,7 @@ def outcome(bench: str, quick: bool, **result) -> Outcome:
 
 def test_table_replaces_only_the_marked_block():
     block = summary_table.render(run_all.table([outcome("rollout", True, ratio=1.6)], MACHINE))
-    assert block.startswith(BEGIN) and block.endswith(END) and "2 cores (Test CPU)" in block
+    assert block.startswith(BEGIN) and block.endswith(END) and "2 cores (Test CPU; avx2 fma)" in block
     assert "| rollout | `ratio` | 1.600 | >= 1.5 | met | **quick** 2026-11-23 10:00, 12 s, load 1.00 → 2.50 |" in block
     doc = f"# Title\n\nIntro.\n\n{BEGIN}\nold table\n{END}\n\n## Channels\nhand-written\n"
     out = run_all.splice(doc, block)
