@@ -5,7 +5,6 @@ episodes share initial states and get group-relative advantages."""
 
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

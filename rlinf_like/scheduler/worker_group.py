@@ -15,9 +15,8 @@ this process and the pending results are futures; every call above behaves the s
 from __future__ import annotations
 
 import asyncio
-import logging
 import concurrent.futures
-import os
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
