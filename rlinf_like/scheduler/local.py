@@ -9,11 +9,10 @@ naming the group and rank, with the worker's traceback.
 Arguments and results cross a lane as a copy (cloudpickle, as Ray serializes them), so a worker that changes an
 argument in place changes its own copy, never the driver's.
 
-The ranks share what a process has once: torch's, numpy's and `random`'s global generators. The package's workers
-draw from generators of their own (the engine's sampler, the training shuffles, the embodied policies' and the SAC
-learner's draws; `models.policy_base.use_generator`) and seed the global one only to build their modules, one
-group after another at launch; so a run computes the numbers it computes on Ray, bit for bit. Code of your own that
-draws from the global generators in two ranks at the same time shares them here.
+The ranks share what a process has once: torch's, numpy's and `random`'s global generators. So a worker that
+samples draws from a generator of its own and touches the global ones only while it is built (groups launch one
+after another); the package's workers do, and a run computes the numbers it computes on Ray, bit for bit. Two ranks
+drawing from the global generators at the same time would share them here.
 
 Why one rank per group: `torch.distributed` has one default process group per process, and a rank's own group
 (FSDP's mesh) is that default group. Every world-size-1 group shares one default group of size 1 in this process
