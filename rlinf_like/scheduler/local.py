@@ -107,7 +107,7 @@ class LocalHost:
 
         return (self.control if control else self.main).submit(run)
 
-    def stop(self, timeout: float = 30.0) -> bool:
+    def stop(self, timeout: float = 10.0) -> bool:
         """End both lanes after the calls already queued and wait for them (a thread still inside torch when the
         interpreter exits can crash it); drops the worker so its memory goes with it. False if a call (e.g. a serve
         loop nobody stopped) still runs after `timeout` seconds: its daemon thread is then left behind."""
