@@ -88,7 +88,8 @@ class Machine:
         if settings is not None:
             print("settings:", json.dumps(settings, default=str), flush=True)
         info = machine.info
-        print(f"machine: {info['cores']} cores ({info['cpu']}; {info['isa']}), torch {info['torch']}, python {info['python']}, "
+        print(f"machine: {info['cores']} cores ({info['cpu']}; {info['isa']}), torch {info['torch']}, "
+              f"python {info['python']}, "
               f"{info['date']}; load average at start {format_load(machine.load_start)}", flush=True)
         return machine
 

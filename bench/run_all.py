@@ -166,7 +166,8 @@ def _cells(outcome: Outcome) -> list[list[str]]:
 
 def table(outcomes: list[Outcome], machine: Machine) -> Table:
     info = machine.info
-    line = f"Machine: {info['cores']} cores ({info['cpu']}; {info['isa']}), torch {info['torch']}, python {info['python']}."
+    line = (f"Machine: {info['cores']} cores ({info['cpu']}; {info['isa']}), torch {info['torch']}, "
+            f"python {info['python']}.")
     return Table(machine=line, rows={o.bench: [summary_table.row_line(r) for r in rows(o)] for o in outcomes})
 
 

@@ -39,7 +39,8 @@ def test_rows_judge_each_key_by_its_direction():
     assert failed[2] == "skipped: stable_baselines3 not installed"
 
 
-MACHINE = Machine(info={"cores": 2, "cpu": "Test CPU", "isa": "avx2 fma", "torch": "2.13.0", "python": "3.11", "date": "2026-11-23"},
+MACHINE = Machine(info={"cores": 2, "cpu": "Test CPU", "isa": "avx2 fma", "torch": "2.13.0", "python": "3.11",
+                        "date": "2026-11-23"},
                   load_start=(1.0, 1.0, 1.0), load_end=(2.0, 2.0, 2.0))
 
 

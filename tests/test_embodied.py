@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "examples" / "embodied" / "main_embodied.py"
 # in process (cluster.backend=local): no Ray or worker processes to start; each run still its own Python process,
 # so a resumed run restores everything from its checkpoint
-CARTPOLE = ["env=cartpole", "runner.steps_per_rollout=64", "env.num_envs=8", "runner.save_every=3", "cluster.backend=local"]
+CARTPOLE = ["env=cartpole", "runner.steps_per_rollout=64", "env.num_envs=8", "runner.save_every=3",
+            "cluster.backend=local"]
 
 
 def test_gym_vector_env_chunks_autoreset_stats_and_seeding():
