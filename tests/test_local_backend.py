@@ -141,6 +141,39 @@ def test_a_group_of_several_ranks_is_refused_naming_the_key_before_it_starts():
         Cluster(ClusterConfig(backend="local", address="10.0.0.1:6379"))
 
 
+DEBUGGED = """
+from rlinf_like.scheduler import Cluster, ClusterConfig, Worker
+
+
+class Doubler(Worker):
+    def step(self, x):
+        y = x * 2
+        breakpoint()
+        return y
+
+
+with Cluster(ClusterConfig(backend="local", num_cpus=1)) as cluster:
+    group = Doubler.create_group().launch(cluster, cluster.place({"w": "0"}), "w", init_process_group=False)
+    print("result", group.step(21).wait())
+"""
+
+
+def test_a_breakpoint_in_a_worker_method_stops_in_pdb_in_the_driver(tmp_path):
+    """What README's debugging section promises: pdb opens inside the worker's method, reads the driver's stdin,
+    sees the worker's locals and `self`, and the call returns once the session continues."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "debug_me.py").write_text(DEBUGGED)
+    env = {**os.environ, "PYTHONBREAKPOINT": "pdb.set_trace", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "debug_me.py"], input="p y, self.rank, self.name\nc\n", cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "-> return y" in out.stdout and "(42, 0, 'w[rank 0]')" in out.stdout
+    assert out.stdout.rstrip().endswith("result [42]")
+
+
 def _final_weights(out: Path) -> str:
     from safetensors.torch import load_file
 
