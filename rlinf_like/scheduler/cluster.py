@@ -67,9 +67,11 @@ def _driver_pythonpath() -> str:
     return os.pathsep.join(paths)
 
 
-def _spec_of(spec: Mapping[str, str], component: str) -> str:
-    """The device range a component_placement gives `component` (its key may name several components)."""
-    return next((v for k, v in spec.items() if component in [c.strip() for c in k.split(",")]), "?")
+def _spec_of(spec: Mapping[str, str], component: str, placement: Placement) -> str:
+    """The device range the config's component_placement gives `component` (its key may name several components),
+    else the devices it was placed on."""
+    given = (v for k, v in spec.items() if component in [c.strip() for c in k.split(",")])
+    return next(given, ",".join(str(r.device.index) for r in placement[component].ranks))
 
 
 def this_machine(config: ClusterConfig) -> NodeInfo:
@@ -226,15 +228,14 @@ class Cluster:
         """Plan a placement on this cluster's devices (grammar in scheduler/placement.py);
         by default the config's `component_placement`."""
         spec = self.config.component_placement if component_placement is None else component_placement
-        placement = plan_placement(spec, self.devices, known_components)
-        return placement
+        return plan_placement(spec, self.devices, known_components)
 
     def check_in_process(self, placement: Placement, components: Iterable[str]) -> None:
         """In process, each launched component has one rank: refuse wider ones by key, before any worker starts."""
         wide = {n: placement[n].world_size for n in components if n in placement and placement[n].world_size > 1}
         if self.in_process and wide:
             spec = self.config.component_placement
-            keys = ", ".join(f"cluster.component_placement.{n}={_spec_of(spec, n)} ({size} ranks)"
+            keys = ", ".join(f"cluster.component_placement.{n}={_spec_of(spec, n, placement)} ({size} ranks)"
                              for n, size in wide.items())
             raise PlacementError(f"cluster.backend=local runs one rank per worker group in this process; {keys}: "
                                  f"place each on one device (e.g. =0), or use cluster.backend=ray")
