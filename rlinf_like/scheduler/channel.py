@@ -154,9 +154,8 @@ class Channel(Generic[T]):
                 f"channel {self.name!r} carries {self.item_type.__qualname__}, "
                 f"got {type(item).__module__}.{type(item).__qualname__}"
             )
-        inline = ("inline", cloudpickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
         if payload_nbytes(item) < INLINE_MAX_TENSOR_BYTES:
-            return inline
+            return _inline(item)
         try:
             packed = pack(item)
         except UsesRaySerializer:  # e.g. the item holds ObjectRefs: Ray must track them
@@ -166,7 +165,7 @@ class Channel(Generic[T]):
                 return wire.write_shm(packed)
             except OSError:  # /dev/shm full: the object store instead
                 pass
-        return inline if self._in_process else ("packed", [ray.put(packed)])
+        return _inline(item) if self._in_process else ("packed", [ray.put(packed)])
 
     def put(self, item: T, key: str = DEFAULT_KEY, weight: float = 1.0, timeout: float | None = None) -> None:
         """Blocks while the channel is full; ChannelTimeout after `timeout` s, ChannelClosed after close()."""
@@ -285,6 +284,10 @@ class Channel(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r}, item_type={self.item_type.__qualname__})"
+
+
+def _inline(item: Any) -> tuple:
+    return ("inline", cloudpickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _actor_name(name: str) -> str:
