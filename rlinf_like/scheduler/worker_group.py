@@ -200,7 +200,9 @@ class WorkerGroup:
             info = self._call_hosts("node_info", self._ranks).wait(timeout)
             self.node_ips = [ip for ip, _ in info]
             self.pids = [pid for _, pid in info]
-            if init_process_group:
+            if init_process_group and cluster.in_process:  # one shared group of one rank: no rendezvous
+                self._call_hosts("init_process_group", self._ranks, None, None).wait(timeout)
+            elif init_process_group:
                 host = comm.rendezvous_host(self.node_ips, self.node_ips[0])
                 [port] = self._call_hosts("host_store", [0], "default", host, component.world_size).wait(timeout)
                 self._call_hosts("init_process_group", self._ranks, host, port).wait(timeout)

@@ -77,12 +77,14 @@ class _WorkerHost:
             return self._stores.pop(key)
         return comm.connect_store(host, port, world_size, self._ctx.collective_timeout_s)
 
-    def init_process_group(self, host: str, port: int) -> None:
+    def init_process_group(self, host: str | None, port: int | None) -> None:
+        """Join the group's default group at the rendezvous `host:port`; in process (no rendezvous), the one
+        default group every world-size-1 group of the process shares."""
         ctx = self._ctx
-        store = self._store("default", host, port, ctx.world_size)
-        if ctx.in_process:  # one default group per process: every world-size-1 group shares it
+        if ctx.in_process:
             comm.init_shared_default_group(comm.backend_for(ctx.device.kind), ctx.collective_timeout_s)
             return
+        store = self._store("default", host, port, ctx.world_size)
         comm.init_default_group(
             store, ctx.rank, ctx.world_size, comm.backend_for(ctx.device.kind), ctx.collective_timeout_s
         )
