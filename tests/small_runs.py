@@ -29,6 +29,7 @@ def in_process(cfg: ReasoningConfig, placement: dict[str, str] | None = None) ->
     per group (`placement`, by default actor and rollout collocated on slot 0, the reward on slot 1). For the runs
     whose subject is not the process boundary."""
     cfg.cluster.backend = "local"
-    if placement is not None or any("-" in devices for devices in cfg.cluster.component_placement.values()):
+    several = any(mark in devices for devices in cfg.cluster.component_placement.values() for mark in "-,*a")
+    if placement is not None or several:  # a range, a list, "0*2" or "all": more than one rank
         cfg.cluster.component_placement = dict(placement or ONE_SLOT)
     return cfg
