@@ -19,35 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from importlib import metadata
 
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# The vector units that decide which float kernels MKL and oneDNN run (and whether bf16 is fast): a figure without
-# them does not say which kind of host it came from.
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16")
-
-
-def isa_flags() -> str:
-    """The CPU's flags among `ISA_FLAGS` (from /proc/cpuinfo), space-separated; "unknown" off Linux."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return " ".join(flag for flag in ISA_FLAGS if flag in have) or "none of " + ",".join(ISA_FLAGS)
-    except OSError:
-        pass
-    return "unknown"
+from rlinf_like.utils.hardware import cpu_model, isa_flags  # noqa: F401  (benches print them)
 
 
 def usable_cores() -> int:

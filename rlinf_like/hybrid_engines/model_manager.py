@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from rlinf_like.data.batch import shard_rows
+from rlinf_like.hybrid_engines import head_stats
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
@@ -74,17 +75,26 @@ def _packed_logits(model: nn.Module, packing: Packing) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
-def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0,
-                entropy_grad: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0, entropy_grad: bool | None = None,
+                chunk_bytes: int = head_stats.CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs [B, T-1] (position t: log p(token t+1 | tokens <= t)) and, unless
     `entropy_grad` is None, the entropy of each next-token distribution (with gradient when True).
     With a "packing" entry the model runs on the packed rows and the softmax covers real tokens
-    only; positions whose next token is padding are then 0 (every loss masks them)."""
+    only; positions whose next token is padding are then 0 (every loss masks them).
+
+    When the batch's fp32 logits would exceed `chunk_bytes`, an HF causal LM's output layer runs only at the
+    positions a loss reads (`response_mask`, else `loss_mask`, else the non-padding tokens), `chunk_bytes` of
+    logits at a time (hybrid_engines/head_stats.py); the other positions are 0. Smaller batches take one plain
+    pass over every position."""
     packing = batch.get("packing")
+    ids = batch["input_ids"] if packing is None else packing.input_ids
+    head = head_stats.output_head(model)
+    if head is not None and ids.numel() * head.out_features * 4 > chunk_bytes:
+        return _chunked_token_stats(model, batch, head, temperature, entropy_grad, chunk_bytes)
     if packing is None:
-        logits, targets = model_logits(model, batch)[:, :-1].float(), batch["input_ids"][:, 1:]
+        logits, targets = model_logits(model, batch)[:, :-1].float(), ids[:, 1:]
     else:
-        logits, targets = _packed_logits(model, packing)[:, :-1].float(), packing.input_ids[:, 1:]
+        logits, targets = _packed_logits(model, packing)[:, :-1].float(), ids[:, 1:]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -97,6 +107,37 @@ def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0,
         logprobs = packing.unpack_next(logprobs)
         entropy = None if entropy is None else packing.unpack_next(entropy)
     return logprobs, entropy
+
+
+def _read_positions(batch: Batch) -> torch.Tensor:
+    """[B, T-1] bool: the positions some loss reads (aligned with `token_logprobs`)."""
+    for key in ("response_mask", "loss_mask"):
+        if key in batch:
+            mask = batch[key]
+            return (mask if key == "response_mask" else mask[:, 1:]).bool()
+    mask = batch.get("attention_mask")
+    ids = batch["input_ids"]
+    return mask[:, 1:].bool() if mask is not None else torch.ones_like(ids[:, 1:], dtype=torch.bool)
+
+
+def _chunked_token_stats(model: nn.Module, batch: Batch, head: nn.Linear, temperature: float,
+                         entropy_grad: bool | None, chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    packing = batch.get("packing")
+    entropy = "none" if entropy_grad is None else ("grad" if entropy_grad else "value")
+    rows = head_stats.chunk_rows(head.out_features, chunk_bytes)
+    if packing is None:
+        ids = batch["input_ids"]
+        positions = _read_positions(batch).to(ids.device)
+    else:  # packed rows hold real tokens only: every position is read
+        ids = packing.input_ids
+        positions = torch.ones_like(ids[:, 1:], dtype=torch.bool)
+    with head_stats.stats_head(model, head, ids[:, 1:], positions, temperature, entropy, rows):
+        stats = model_logits(model, batch) if packing is None else _packed_logits(model, packing)
+    logprobs, ent = stats[:, :-1, 0], (stats[:, :-1, 1] if entropy != "none" else None)
+    if packing is not None:
+        logprobs = packing.unpack_next(logprobs)
+        ent = None if ent is None else packing.unpack_next(ent)
+    return logprobs, ent
 
 
 def token_logprobs(model: nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:

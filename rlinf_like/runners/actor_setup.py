@@ -29,6 +29,9 @@ def check_actor_section(cfg: ReasoningConfig) -> None:
         raise ValueError(f"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend={act.backend} "
                          f"(pipeline stages exchange fixed shapes), got actor.pp_size={act.pp_size}")
     check_lora_support(act.backend, act.lora)
+    if cfg.algorithm.recompute_by_length and act.precision == "bf16":
+        raise ValueError("algorithm.recompute_by_length=true reproduces the rollout's fp32 logprobs bit for bit and "
+                         "needs actor.precision=fp32 (or auto), got actor.precision=bf16")
     if act.lora.enabled and cfg.algorithm.kl_beta > 0 and cfg.runner.sft_steps > 0:
         raise ValueError(f"actor.lora.rank={act.lora.rank} with algorithm.kl_beta > 0 takes the KL reference from the "
                          f"base model (adapters disabled), which an SFT warm-start would leave behind: set "
@@ -59,5 +62,11 @@ def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: 
     megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
                               # packed micro-batches run on the local layer spec (TE would need PackedSeqParams)
                               layer_spec="local" if cfg.runner.pack_sequences else "auto")
-    return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora), loss=loss, loop=loop,
-                       backend=cfg.actor.backend, megatron=megatron)
+    return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora,
+                                                              precision=actor_precision(cfg)),
+                       loss=loss, loop=loop, backend=cfg.actor.backend, megatron=megatron)
+
+
+def actor_precision(cfg: ReasoningConfig) -> str:
+    """What the actor's `auto` may choose: the bit-identical on-policy mode (recompute_by_length) is fp32 only."""
+    return "fp32" if cfg.algorithm.recompute_by_length and cfg.actor.precision == "auto" else cfg.actor.precision

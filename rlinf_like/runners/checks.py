@@ -194,10 +194,12 @@ def check_async(cfg: ReasoningConfig) -> None:
     check_serves_continuously(cfg.rollout, "runner.schedule=async")
 
 
-def runner_loop(cfg: ReasoningConfig) -> LoopConfig:
-    """The actor's and critic's training loop from the runner and algorithm sections."""
+def runner_loop(cfg: ReasoningConfig, micro_batch_tokens: int | None = None) -> LoopConfig:
+    """The actor's and critic's training loop from the runner and algorithm sections; `micro_batch_tokens`: the
+    memory budget's tokens, which size micro-batches when runner.micro_batch_size is null (runners/memory.py)."""
     r, a = cfg.runner, cfg.algorithm
     return LoopConfig(mini_batches=a.mini_batches, micro_batch_size=r.micro_batch_size, epochs=a.epochs,
+                      micro_batch_tokens=micro_batch_tokens,
                       seed=r.seed, pack_sequences=r.pack_sequences, max_batch_seqlen=r.max_batch_seqlen,
                       max_tokens_per_micro_batch=r.max_tokens_per_micro_batch)
 

@@ -82,6 +82,12 @@ class ActorSection:
     pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
     # LoRA adapters (peft; fsdp only): rank 0 = off; with algorithm.kl_beta > 0 the reference is the base in the actor
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # fsdp: auto = bf16 on a GPU or a CPU with bf16 units (AVX512_BF16, AMX), else fp32; bf16 keeps fp32 weights and
+    # optimizer state. algorithm.recompute_by_length needs fp32 (auto picks it then)
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # host memory (GB) one actor rank may use; sizes the token-budget micro-batches and the pre-launch estimate.
+    # null: a share of this machine's memory (runners/memory.py)
+    memory_gb: float | None = bounded(None, gt=0)
 
 
 @dataclass(kw_only=True)
@@ -101,8 +107,9 @@ class RunnerConfig:
     save_every: int = bounded(20, gt=0)  # steps between checkpoints
     resume: bool = False  # continue from the checkpoint in output_dir
     output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
-    # rows per forward (per rank); null: a whole mini-batch / shard in one pass
-    micro_batch_size: int | None = bounded(64, gt=0)
+    # rows per forward (per rank); null: as many as the actor's memory holds (actor.memory_gb and the model's
+    # shape: runners/memory.py), at most 64
+    micro_batch_size: int | None = bounded(None, gt=0)
     # a loop in runners/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
     # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step) | async (own devices;
     # the rollout serves without a step boundary and takes new weights between decode steps)

@@ -154,7 +154,8 @@ class EmbodiedRunner:
             self.rollout.attach_envs(cfg.env, seed).wait()
         a = cfg.algorithm
         ppo = PPOConfig(**{k: getattr(a, k) for k in PPOConfig.__dataclass_fields__})
-        fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm))
+        # fp32: a control policy's matmuls are too small for bf16 units to pay for the casts
+        fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm), precision="fp32")
         self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec, ppo, fsdp,
                                                       cfg.runner.seed).launch(cluster, placement, "actor")
         if self.env is not None:  # env rank e talks to rollout rank e % rollout ranks

@@ -25,7 +25,11 @@ from rlinf_like.training.micro_batching import sequence_lengths, token_budget_pl
 @dataclass(kw_only=True)
 class LoopConfig:
     mini_batches: int = 1  # optimizer steps per batch and epoch
-    micro_batch_size: int | None = 64  # rows per forward/backward (per rank); None: a mini-batch in one pass
+    micro_batch_size: int | None = 64  # rows per forward/backward (per rank); None: see micro_batch_tokens
+    # with micro_batch_size None: rows per micro-batch = this token budget // the batch's padded length, at most
+    # AUTO_ROWS_CAP (the runner derives it from the model and the actor's memory: runners/memory.py); None as well:
+    # a mini-batch in one pass
+    micro_batch_tokens: int | None = None
     epochs: int = 1  # passes over each batch
     seed: int = 0
     pack_sequences: bool = False  # run micro-batches packed (no compute on padding)
@@ -35,7 +39,7 @@ class LoopConfig:
 
 def check_loop(loop: LoopConfig, owner: str = "loop") -> None:
     """Errors name the key (`owner.field`) and what is allowed."""
-    for key in ("micro_batch_size", "max_batch_seqlen", "max_tokens_per_micro_batch"):
+    for key in ("micro_batch_size", "max_batch_seqlen", "max_tokens_per_micro_batch", "micro_batch_tokens"):
         value = getattr(loop, key)
         if value is not None and value < 1:
             raise ValueError(f"{owner}.{key} must be >= 1 or null, got {value}")
@@ -66,17 +70,29 @@ def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
     return [select_rows(batch, slice(i, i + size)) for i in range(0, n, size)]
 
 
+AUTO_ROWS_CAP = 64  # a CPU GEMM is as fast per row well before this many rows of a real prompt and answer
+
+
+def micro_rows(batch: Batch, loop: LoopConfig) -> int | None:
+    """Rows per micro-batch of `batch` (None: all in one pass); the same on every rank, since every rank holds
+    rows padded to the whole batch's length."""
+    if loop.micro_batch_size is not None or loop.micro_batch_tokens is None:
+        return loop.micro_batch_size
+    length = batch["input_ids"].shape[1] if "input_ids" in batch else 1
+    return max(1, min(AUTO_ROWS_CAP, loop.micro_batch_tokens // length))
+
+
 def _prepare(micro: Batch, loop: LoopConfig) -> Batch:
     return pack_batch(micro, loop.max_batch_seqlen) if loop.pack_sequences else micro
 
 
 def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generator) -> list[list[tuple[Batch, float]]]:
-    """Per optimizer step: this rank's (micro-batch, loss scale) pairs, `micro_batch_size` rows each."""
+    """Per optimizer step: this rank's (micro-batch, loss scale) pairs, `micro_rows` rows each."""
     mine = shard_rows(batch, rank, world_size)
     order = torch.randperm(num_rows(mine), generator=generator)
     steps = []
     for mini in order.tensor_split(loop.mini_batches):  # always that many pieces (chunk may give fewer)
-        micros = micro_batches(select_rows(mine, mini), loop.micro_batch_size)
+        micros = micro_batches(select_rows(mine, mini), micro_rows(mine, loop))
         steps.append([(_prepare(m, loop), 1 / len(micros)) for m in micros])
     return steps
 

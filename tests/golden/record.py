@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
 GOLDEN = Path(__file__).with_name("reasoning_runs.json")
 COMMON = ["runner.seed=0", "runner.sft_steps=20", "runner.max_steps=6", "runner.prompts_per_step=8",
-          "runner.eval_every=100", "runner.save_every=100", "data.test_problems=16"]
+          "runner.eval_every=100", "runner.save_every=100", "data.test_problems=16",
+          "actor.precision=fp32"]  # fp32: the pinned bits are those of the bit-identical mode
 RUNS = {
     "collocated": ["--config-name", "grpo_collocated"],
     "pipelined": ["--config-name", "grpo_pipelined"],

@@ -35,7 +35,7 @@ from rlinf_like.hybrid_engines.reshard.layout import replicated
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.workers.actor.loss import rl_loss
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
-from rlinf_like.training.loop import micro_batches
+from rlinf_like.training.loop import micro_batches, micro_rows
 
 MAX_RANKS = 4  # 2^n - n - 1 subset groups are made eagerly
 
@@ -116,7 +116,7 @@ class ElasticActorWorker(ActorWorker):
 
     # --- one optimizer step on the active ranks --------------------------------------------------------
     def _block_gradient(self, block: Batch, loss_fn) -> tuple[list[torch.Tensor], dict[str, float]]:
-        micros = micro_batches(block, self.config.loop.micro_batch_size)
+        micros = micro_batches(block, micro_rows(block, self.config.loop))
         metrics: dict[str, float] = {}
         for micro in micros:
             for k, v in self.manager.forward_backward(micro, loss_fn, loss_scale=1 / len(micros)).items():

@@ -18,7 +18,7 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import LossFn, model_logits
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.training.loop import LoopConfig, check_loop, micro_batches, train_epochs
+from rlinf_like.training.loop import LoopConfig, check_loop, micro_batches, micro_rows, train_epochs
 
 
 @dataclass(kw_only=True)
@@ -64,7 +64,7 @@ class CriticWorker(TrainedWorker):
         """Values of this rank's rows (the caller concatenates the ranks' parts in rank order)."""
         mine = shard_rows(batch, self.rank, self.world_size)
         parts = [token_values(self.manager.model, m).cpu()  # the driver's batch lives on the host
-                 for m in micro_batches(mine, self.config.loop.micro_batch_size)]
+                 for m in micro_batches(mine, micro_rows(mine, self.config.loop))]
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 
     def train_step(self, batch: Batch) -> dict[str, float]:

@@ -1,0 +1,98 @@
+"""The actor's memory, estimated before any worker starts: what a rank holds whatever the batch (weights,
+gradients, optimizer state), what each token of a micro-batch adds (the activations the backward keeps), and from
+the two the token budget that sizes its micro-batches.
+
+The per-token figure counts, per decoder layer, the tensors an HF Llama-style layer saves for its backward:
+about 10 hidden-sized (norms, q/k/v, attention and MLP outputs, residuals) and 4 intermediate-sized (gate, up,
+their activation and product), in fp32, with a quarter on top. Measured on SmolLM2-135M (30 layers, hidden 576,
+intermediate 1536), one forward+backward on 8 x 128 tokens: 1.78 MB per token in fp32 and 1.56 MB under bf16
+autocast, against 1.79 MB estimated (docs/benchmarks.md). The output layer never adds a [B, T, V] tensor
+(hybrid_engines/head_stats.py): it adds a few chunks of `CHUNK_BYTES`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rlinf_like.hybrid_engines.head_stats import CHUNK_BYTES
+
+GB = 1e9
+DEFAULT_SHARE = 0.35  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
+RUNTIME_BYTES = 0.6 * GB  # python, torch and the worker's own state
+REDUCE_KEYS = ("actor.memory_gb", "runner.micro_batch_size", "actor.lora.rank", "runner.max_new_tokens",
+               "cluster.component_placement.actor")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    params: int
+
+
+@dataclass(frozen=True)
+class ActorMemory:
+    ranks: int
+    budget: float  # bytes one rank may use
+    static: float  # bytes per rank whatever the batch
+    per_token: float  # bytes per micro-batch token
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch that fit (0: not even one)."""
+        return max(0, int((self.budget - self.static) // self.per_token))
+
+    def describe(self) -> str:
+        return (f"{self.static / GB:.1f} GB whatever the batch + {self.per_token / 1e6:.2f} MB per token, "
+                f"budget {self.budget / GB:.1f} GB per rank: {self.tokens} tokens per micro-batch")
+
+
+def model_shape(cfg) -> ModelShape:
+    """The policy's shape: from model.path's config.json, else the tiny model's keys."""
+    from rlinf_like.workers.rollout.engine_advice import parameter_count
+
+    if cfg.model.path:
+        from rlinf_like.models import read_hf_config
+
+        hf = read_hf_config(cfg.model.path, "model.path")
+        hf = hf.get("text_config", hf)
+        return ModelShape(hf["num_hidden_layers"], hf["hidden_size"], hf.get("intermediate_size", 4 * hf["hidden_size"]),
+                          hf["vocab_size"], parameter_count(hf))
+    m = cfg.model
+    hf = {"hidden_size": m.hidden_size, "vocab_size": 128, "num_hidden_layers": m.num_layers,
+          "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
+          "intermediate_size": m.intermediate_size}
+    return ModelShape(m.num_layers, m.hidden_size, m.intermediate_size, 128, parameter_count(hf))
+
+
+def machine_bytes() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def actor_memory(cfg, ranks: int) -> ActorMemory:
+    shape = model_shape(cfg)
+    budget = cfg.actor.memory_gb * GB if cfg.actor.memory_gb else DEFAULT_SHARE * machine_bytes() / ranks
+    lora = cfg.actor.lora
+    # LoRA trains ~2 * rank * (in + out) per adapted matrix: a small share; bound it by 1% of the base per rank 16
+    trainable = shape.params * min(1.0, 0.01 * lora.rank / 16) if lora.rank > 0 else shape.params
+    # fp32 weights, then per trainable weight its fp32 gradient and Adam's two moments (sharded over the ranks),
+    # and a bf16 copy under autocast
+    static = 4 * shape.params + 12 * trainable / ranks + 2 * shape.params + RUNTIME_BYTES + 3 * CHUNK_BYTES
+    per_token = 1.25 * 4 * shape.layers * (10 * shape.hidden + 4 * shape.intermediate)
+    return ActorMemory(ranks, budget, static, per_token)
+
+
+def check_actor_memory(memory: ActorMemory, row_tokens: int, rows: int | None) -> None:
+    """Refuse, before any worker starts, a plan whose actor cannot fit: not one row, or `rows` rows (an explicit
+    runner.micro_batch_size) of `row_tokens` tokens, naming the estimate and the keys that reduce it."""
+    need_rows = rows or 1
+    need = memory.static + need_rows * row_tokens * memory.per_token
+    if need <= memory.budget:
+        return
+    what = f"{need_rows} row(s) of up to {row_tokens} tokens"
+    raise ValueError(f"actor: a micro-batch of {what} needs ~{need / GB:.1f} GB per rank, over its "
+                     f"{memory.budget / GB:.1f} GB ({memory.describe()}). Reduce it with: " + ", ".join(REDUCE_KEYS)
+                     + " (more ranks), or raise actor.memory_gb")
