@@ -17,10 +17,15 @@ until `empty_cache()`. On CPU the default allocator hands large blocks back to t
 page-faults every fresh page (measured: 4-6x slower than a copy into warm memory), so for CPU storages
 the manager swaps the block out into a spare storage instead of `resize_(0)` and swaps it back on onload.
 `release_cache()` gives those blocks back (CUDA: `torch.cuda.empty_cache()` does the same for its cache).
+
+Whether a worker *should* move anything when it hands its device to a collocated peer is `turn_moves`: on CPU the
+device memory is the host memory an offload would copy into, so a move frees nothing. The workers' offload verbs ask
+it; this manager moves whatever it is asked to (on CPU too: its tests and `force=True` rely on that).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -31,8 +36,27 @@ from torch import nn
 
 from rlinf_like.hybrid_engines.tensors import local_tensor
 
+log = logging.getLogger(__name__)
+
 PARTS = ("params", "grads", "optimizer")
 HISTORY = 64  # moves kept; a long run offloads every step
+CPU_STAYS = ("collocated turns on CPU move nothing (the trainers, the reference and the rollout keep their memory): "
+             "the device memory is the host memory an offload would copy into, so a move frees nothing and costs a "
+             "copy each way (and the native rollout's KV cache a re-allocation)")
+_said_why = False
+
+
+def turn_moves(device: str | torch.device, force: bool = False, say: bool = False) -> bool:
+    """Whether a worker on `device` moves its memory off when it gives the device to a collocated peer: not on CPU
+    (`CPU_STAYS`), unless `force`. With `say` (one rank of one group: the run's log says it once) the first decision
+    to stay is logged."""
+    global _said_why
+    if force or torch.device(device).type != "cpu":
+        return True
+    if say and not _said_why:
+        _said_why = True
+        log.info(CPU_STAYS)
+    return False
 
 
 @dataclass

@@ -27,6 +27,14 @@ from rlinf_like.workers.rollout.agent_rollout import AgentSetup
 from rlinf_like.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
+# per component, the keys that reduce its memory: named by the WorkerDiedError of a rank killed for memory
+MEMORY_ADVICE = {
+    "actor": "runner.max_tokens_per_micro_batch (or runner.micro_batch_size), actor.memory_gb, actor.lora.rank",
+    "critic": "runner.max_tokens_per_micro_batch (or runner.micro_batch_size)",
+    "rollout": "rollout.kv_cache_memory_gb (or rollout.kv_cache_memory_fraction), rollout.max_batch_size, "
+               "rollout.max_context",
+    "reference": "runner.micro_batch_size",
+}
 
 
 @dataclass(kw_only=True)
@@ -106,17 +114,19 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     log.info(placement.describe())
     loop = runner_loop(cfg)
     actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop)).launch(
-        cluster, placement, "actor")
+        cluster, placement, "actor", memory_advice=MEMORY_ADVICE["actor"])
     critic = None
     if estimator.needs_critic:
         critic_cfg = CriticConfig(model_path=model_path, fsdp=FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop=loop,
                                   value_clip=a.value_clip)
-        critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic")
+        critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
+                                                              memory_advice=MEMORY_ADVICE["critic"])
     serving = cfg.runner.schedule == "async" or cfg.agent.multi_turn
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path,
                           # serving continuously: every rank on its own (tp 0 would make the group one engine)
                           tp_size=cfg.rollout.tp_size or (1 if serving else 0))
-    rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(cluster, placement, "rollout")
+    rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(
+        cluster, placement, "rollout", memory_advice=MEMORY_ADVICE["rollout"])
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
                                                                       init_process_group=False)
     connect_weight_sync(actor, rollout, "weights", *placement.weight_link("actor", "rollout"))
@@ -152,5 +162,6 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
         if cfg.actor.backend == "megatron" else None
     r = cfg.runner
     w.reference = InferenceWorker.create_group(str(start), r.micro_batch_size, r.temperature, r.pack_sequences,
-                                               r.max_batch_seqlen, megatron).launch(cluster, w.placement, "reference")
+                                               r.max_batch_seqlen, megatron).launch(
+        cluster, w.placement, "reference", memory_advice=MEMORY_ADVICE["reference"])
     write_worker_pids(out, w.all_groups())

@@ -13,10 +13,11 @@ class WorkerError(RuntimeError):
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process is gone (killed, crashed, out of memory)."""
+    """A worker process is gone (killed, crashed, out of memory). `memory_kill`: it was killed for memory (the
+    message then names its last measured memory and the keys that reduce it, not Ray's dump)."""
 
-    def __init__(self, group: str, rank: int, method: str, detail: str):
-        self.group, self.rank, self.method = group, rank, method
+    def __init__(self, group: str, rank: int, method: str, detail: str, memory_kill: bool = False):
+        self.group, self.rank, self.method, self.memory_kill = group, rank, method, memory_kill
         super().__init__(f"worker {group}[rank {rank}] died during {method}(): {detail}")
 
 

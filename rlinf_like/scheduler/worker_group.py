@@ -8,6 +8,9 @@
 `wait()` returns as soon as every rank answered, and raises as soon as any rank failed:
 a worker exception becomes WorkerError (group, rank, remote traceback), a dead worker process
 becomes WorkerDiedError, and a `timeout` becomes GroupTimeoutError naming the pending ranks.
+A worker killed for memory (Ray's memory monitor, or a SIGKILL: most often the kernel's OOM killer) becomes a
+WorkerDiedError that says so in a few lines: the group, the rank's last measured memory (the driver reads the
+ranks on its node from /proc while it waits on them) and the config keys that reduce it (`launch(memory_advice=)`).
 On the in-process backend (`cluster.backend=local`, scheduler/local.py) the ranks run on threads of
 this process and the pending results are futures; every call above behaves the same.
 """
@@ -17,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -35,15 +40,72 @@ from rlinf_like.scheduler.worker_host import WorkerContext, _WorkerHost, is_cont
 
 log = logging.getLogger(__name__)
 DEATH_GRACE_S = 5.0
+SAMPLE_EVERY_S = 1.0  # while a wait blocks, the memory of the ranks it waits on is read this often
+GIB = 1 << 30
+# Ray's words for a worker its memory monitor killed (an actor's death, or a task's OutOfMemoryError) ...
+_MONITOR_KILL = ("NODE_OUT_OF_MEMORY", "running low on memory", "memory pressure")
+# ... and for a process that vanished with no Python error: a SIGKILL (most often the kernel's OOM killer) or a crash
+_VANISHED = ("unexpectedly exits", "SIGKILL")
+_NODE_USAGE = re.compile(r"was ([\d.]+) ?GB used / ([\d.]+) ?GB limit")
 # One actor class for every worker type (exported once). Ordinary calls run one at a time on the
 # default thread; methods marked @control run on a second thread, so they get through while a long
 # call is running.
 _RemoteHost = ray.remote(concurrency_groups={"control": 1})(_WorkerHost)
 
 
-def _convert(err: Exception, group: str, rank: int, method: str) -> Exception:
+@dataclass(frozen=True)
+class MemorySample:
+    """A rank's process memory as the driver last read it."""
+
+    rss: int  # bytes resident
+    peak: int  # the most it has had resident (VmHWM)
+    at: float  # time.monotonic() of the reading
+
+    def describe(self) -> str:
+        return (f"{self.rss / GIB:.2f} GiB resident (peak {self.peak / GIB:.2f} GiB), "
+                f"{time.monotonic() - self.at:.0f} s before it died")
+
+
+def read_memory(pid: int) -> MemorySample | None:
+    """`pid`'s resident and peak memory from /proc (Linux, this node); None when it cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = {key: value.split() for key, _, value in (line.partition(":") for line in status.splitlines())}
+    try:
+        return MemorySample(int(fields["VmRSS"][0]) * 1024, int(fields["VmHWM"][0]) * 1024, time.monotonic())
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def memory_kill_cause(err: BaseException) -> str | None:
+    """One line on how `err`'s worker was killed for memory, or None when `err` does not read as a memory kill."""
+    text = str(err)
+    if isinstance(err, ray.exceptions.OutOfMemoryError) or (
+            isinstance(err, ray.exceptions.RayActorError) and any(m in text for m in _MONITOR_KILL)):
+        usage = _NODE_USAGE.search(text)
+        node = f" (the node had {usage[1]} GB used of a {usage[2]} GB limit)" if usage else ""
+        return f"killed for memory by Ray's memory monitor{node}"
+    if isinstance(err, ray.exceptions.RayActorError) and any(m in text for m in _VANISHED):
+        return "killed with no Python error: a SIGKILL, most often the kernel's OOM killer (or a crash: see its log)"
+    return None
+
+
+def _memory_detail(cause: str, group: str, rank: int, source: WorkerGroup | None) -> str:
+    sample = source.memory.get(rank) if source is not None else None
+    measured = sample.describe() if sample is not None else "none (the rank is not on the driver's node)"
+    advice = source.memory_advice if source is not None else ""
+    return (f"{cause}. Last measured memory of {group}[rank {rank}]: {measured}." +
+            (f" To give {group} less to hold: {advice}" if advice else ""))
+
+
+def _convert(err: Exception, group: str, rank: int, method: str, source: WorkerGroup | None = None) -> Exception:
     if isinstance(err, LocalCallError):
         return WorkerError(group, rank, method, err.remote_traceback, err.cause)
+    cause = memory_kill_cause(err)
+    if cause is not None:  # Ray's dump (its advice is about Ray, not this run's config) stays out
+        return WorkerDiedError(group, rank, method, _memory_detail(cause, group, rank, source), memory_kill=True)
     if isinstance(err, ray.exceptions.RayActorError):
         return WorkerDiedError(group, rank, method, str(err) or type(err).__name__)
     if isinstance(err, ray.exceptions.RayTaskError):
@@ -60,6 +122,7 @@ class GroupResult:
     method: str
     ranks: list[int]
     refs: list  # ray.ObjectRef, or concurrent.futures.Future on the in-process backend
+    source: WorkerGroup | None = field(default=None, repr=False)  # where a death's memory figures come from
 
     def done(self) -> bool:
         """Every rank has answered (or failed); never blocks."""
@@ -83,7 +146,7 @@ class GroupResult:
             try:
                 return await (asyncio.wrap_future(ref) if isinstance(ref, concurrent.futures.Future) else ref)
             except Exception as err:
-                raise _convert(err, self.group, rank, self.method) from None
+                raise _convert(err, self.group, rank, self.method, self.source) from None
 
         tasks = [asyncio.ensure_future(one(ref, rank)) for ref, rank in zip(self.refs, self.ranks)]
         try:
@@ -108,9 +171,19 @@ def wait_all(results: Sequence[GroupResult], timeout: float | None = None) -> li
     values: dict[ray.ObjectRef, Any] = {}
     pending = list(owner)
     deadline = None if timeout is None else time.monotonic() + timeout
+    sampled = time.monotonic()
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+        ready, pending = ray.wait(pending, num_returns=1,
+                                  timeout=SAMPLE_EVERY_S if remaining is None else min(remaining, SAMPLE_EVERY_S))
+        if time.monotonic() - sampled >= SAMPLE_EVERY_S:  # the last reading before a death is at most this old
+            sampled = time.monotonic()
+            for ref in pending:
+                res, rank = owner[ref]
+                if res.source is not None:
+                    res.source.sample_memory(rank)
+        if not ready and (deadline is None or time.monotonic() < deadline):
+            continue
         if not ready:
             res, _ = owner[pending[0]]
             late = sorted(rank for ref, (r, rank) in owner.items() if r is res and ref in pending)
@@ -120,7 +193,7 @@ def wait_all(results: Sequence[GroupResult], timeout: float | None = None) -> li
             values[ref] = ray.get(ref)
         except Exception as err:
             res, rank = owner[ref]
-            first = _convert(err, res.group, rank, res.method)
+            first = _convert(err, res.group, rank, res.method, res.source)
             raise _root_cause(first, pending, owner) from None
     return [[values[ref] for ref in res.refs] for res in results]
 
@@ -132,7 +205,7 @@ def _wait_local(results: Sequence[GroupResult], timeout: float | None) -> list[l
     failed = [f for f in done if f.exception() is not None]
     if failed:
         res, rank = owner[failed[0]]
-        raise _convert(failed[0].exception(), res.group, rank, res.method) from None
+        raise _convert(failed[0].exception(), res.group, rank, res.method, res.source) from None
     if pending:
         res, _ = owner[next(iter(pending))]
         late = sorted(rank for fut, (r, rank) in owner.items() if r is res and fut in pending)
@@ -153,7 +226,7 @@ def _root_cause(first: Exception, pending: list, owner: dict, grace_s: float = D
                 ray.get(ref)
             except ray.exceptions.RayActorError as err:
                 res, rank = owner[ref]
-                died = _convert(err, res.group, rank, res.method)
+                died = _convert(err, res.group, rank, res.method, res.source)
                 died.add_note(f"meanwhile: {str(first).splitlines()[0]}")
                 return died
             except Exception:
@@ -169,6 +242,9 @@ class WorkerGroup:
         self._ranks: list[int] = []
         self.node_ips: list[str] = []
         self.pids: list[int] = []
+        self.memory_advice = ""  # the config keys that reduce this component's memory, named when it is killed for it
+        self.memory: dict[int, MemorySample] = {}  # each rank's last measured memory (ranks on the driver's node)
+        self._measured: set[int] = set()  # those ranks
 
     # --- launch --------------------------------------------------------------------------------
     def launch(
@@ -179,16 +255,18 @@ class WorkerGroup:
         *,
         init_process_group: bool = True,
         timeout: float | None = None,
+        memory_advice: str = "",
     ) -> WorkerGroup:
         """Start one Ray actor per rank of `placement[name]`, construct the workers, make the group's
         process group (eagerly, barrier-checked); everything bounded by `timeout` (default: the
-        cluster's collective timeout)."""
+        cluster's collective timeout). `memory_advice`: the config keys that reduce this component's memory,
+        named when a rank is killed for memory."""
         if self._hosts:
             raise RuntimeError(f"worker group {self.name!r} is already launched")
         component = placement[name]
         cluster.check_in_process(placement, [name])
         timeout = cluster.config.collective_timeout_s if timeout is None else timeout
-        self.name = name
+        self.name, self.memory_advice = name, memory_advice
         self._ranks = list(range(component.world_size))
         for rp in component.ranks:
             ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s,
@@ -200,6 +278,9 @@ class WorkerGroup:
             info = self._call_hosts("node_info", self._ranks).wait(timeout)
             self.node_ips = [ip for ip, _ in info]
             self.pids = [pid for _, pid in info]
+            if not cluster.in_process:  # in process every rank is the driver: a memory kill takes the driver too
+                here = ray.util.get_node_ip_address()
+                self._measured = {r for r in self._ranks if self.node_ips[r] == here}
             if init_process_group and cluster.in_process:  # one shared group of one rank: no rendezvous
                 self._call_hosts("init_process_group", self._ranks, None, None).wait(timeout)
             elif init_process_group:
@@ -207,6 +288,7 @@ class WorkerGroup:
                 [port] = self._call_hosts("host_store", [0], "default", host, component.world_size).wait(timeout)
                 self._call_hosts("init_process_group", self._ranks, host, port).wait(timeout)
             self._call_hosts("construct", self._ranks).wait(timeout)
+            self.sample_memory(*self._ranks)
         except BaseException:
             self.shutdown()
             raise
@@ -240,7 +322,7 @@ class WorkerGroup:
 
     def _call_hosts(self, host_method: str, ranks: Sequence[int], *args: Any) -> GroupResult:
         refs = [self._invoke(r, host_method, *args) for r in ranks]
-        return GroupResult(self.name, host_method, list(ranks), refs)
+        return GroupResult(self.name, host_method, list(ranks), refs, self)
 
     def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> GroupResult:
         """Run `method(*args, **kwargs)` on `ranks` (default: all) without waiting."""
@@ -255,7 +337,13 @@ class WorkerGroup:
         control = is_control(self.worker_cls, method)
         execute = "execute_control" if control else "execute"
         refs = [self._invoke(r, execute, method, args, kwargs, control=control) for r in ranks]
-        return GroupResult(self.name, method, ranks, refs)
+        return GroupResult(self.name, method, ranks, refs, self)
+
+    def sample_memory(self, *ranks: int) -> None:
+        """Read these ranks' memory now (a /proc read each; ranks on other nodes are skipped)."""
+        for rank in ranks:
+            if rank in self._measured and (sample := read_memory(self.pids[rank])) is not None:
+                self.memory[rank] = sample
 
     def on_ranks(self, *ranks: int) -> _RankSubset:
         return _RankSubset(self, list(ranks))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.model_manager import ModelManager
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
+from rlinf_like.hybrid_engines.residency import turn_moves
 from rlinf_like.scheduler import Worker
 
 
@@ -36,11 +37,16 @@ class TrainedWorker(Worker):
         return self._sender.publish(version, self.manager.named_shards())
 
     # --- memory, checkpoints ----------------------------------------------------------------------------
-    def offload(self) -> None:
-        self.manager.offload()
+    def offload(self, force: bool = False) -> int:
+        """Hand the device to a collocated peer; returns the bytes moved to host memory: 0 on CPU, where nothing
+        moves unless `force` (`residency.turn_moves`)."""
+        if not turn_moves(self.torch_device, force):
+            return 0
+        return sum(move.bytes for move in self.manager.offload())
 
-    def onload(self) -> None:
-        self.manager.onload()
+    def onload(self) -> int:
+        """Take the device back; returns the bytes moved (0 when nothing was offloaded)."""
+        return sum(move.bytes for move in self.manager.onload())
 
     def save(self, path: str) -> None:
         self.manager.save(path)

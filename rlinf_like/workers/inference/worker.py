@@ -14,7 +14,7 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
-from rlinf_like.hybrid_engines.residency import ResidencyManager
+from rlinf_like.hybrid_engines.residency import ResidencyManager, turn_moves
 from rlinf_like.scheduler import Worker
 from rlinf_like.training.loop import micro_batches
 
@@ -54,8 +54,11 @@ class InferenceWorker(Worker):
             parts.append(token_logprobs(self.model, micro, self.temperature).cpu())
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 
-    def offload(self) -> None:
-        self.residency.offload(["params"])
+    def offload(self, force: bool = False) -> int:
+        """Hand the device to a collocated peer; returns the bytes moved: 0 on CPU unless `force` (`turn_moves`)."""
+        if not turn_moves(self.torch_device, force):
+            return 0
+        return sum(move.bytes for move in self.residency.offload(["params"]))
 
-    def onload(self) -> None:
-        self.residency.onload(["params"])
+    def onload(self) -> int:
+        return sum(move.bytes for move in self.residency.onload(["params"]))

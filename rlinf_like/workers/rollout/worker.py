@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec, with_adapters
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
+from rlinf_like.hybrid_engines.residency import turn_moves
 from rlinf_like.scheduler import Channel, Worker, control
 from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
 from rlinf_like.workers.rollout.engine_advice import log_cpu_advice
@@ -61,6 +62,7 @@ class RolloutWorker(Worker):
         self._wake = threading.Condition()
         self._closed = False
         self._announced = 0  # the newest weight version announced by `update_weights`
+        self._moved_out = False  # the engine was offloaded (on CPU only when forced)
 
     @property
     def is_leader(self) -> bool:
@@ -167,11 +169,20 @@ class RolloutWorker(Worker):
         """Stop the running generate: finished groups are kept, the rest come back partial ('abort')."""
         self.engine.abort()
 
-    def offload(self) -> None:
+    def offload(self, force: bool = False) -> bool:
+        """Hand the device to a collocated peer; returns whether the engine moved anything. Not on CPU unless
+        `force` (`residency.turn_moves`): the weights and the native engine's KV cache (and its prefix cache) stay
+        allocated from one step to the next."""
+        if not turn_moves(self.torch_device, force, say=self.rank == 0):
+            return False
         self.engine.offload()
+        self._moved_out = True
+        return True
 
     def onload(self) -> None:
-        self.engine.onload()
+        if self._moved_out or turn_moves(self.torch_device):  # on GPU every onload reaches the engine, as before
+            self.engine.onload()
+            self._moved_out = False
 
     def weight_layouts(self, adapters: AdapterSpec | None = None) -> list[TensorLayout]:
         """The engine's TP layouts, repeated for every replica (group rank r holds TP rank r % tp's box); with
