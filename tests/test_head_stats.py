@@ -113,3 +113,46 @@ def test_chunked_stats_on_cuda_match_the_full_pass():
     torch.testing.assert_close(chunked[1], full[1], rtol=0, atol=1e-5)
     for name, grad in full[2].items():
         torch.testing.assert_close(chunked[2][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+def test_under_fsdp2_bf16_on_cuda_the_chunked_step_trains_like_the_full_one(tmp_path):
+    """The stand-in head inside FSDP2's root forward, with its mixed-precision policy: the root's parameters are
+    unsharded there and the chunked path's gradient reaches them."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
+    from rlinf_like.hybrid_engines.model_manager import OptimConfig
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.cuda.set_device(0)
+        cfg = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        results = {}
+        for name, budget in (("full", FULL), ("chunked", head_stats.MIN_CHUNK_ROWS * cfg.vocab_size * 4)):
+            torch.manual_seed(0)
+            manager = FSDPModelManager(LlamaForCausalLM(cfg).float(), FSDPConfig(precision="bf16",
+                                                                                  optim=OptimConfig(lr=1e-3)))
+            assert manager.sharded and not manager.autocast
+
+            def loss_fn(model, batch, budget=budget):
+                lp, ent = token_stats(model, batch, entropy_grad=True, chunk_bytes=budget)
+                mask = batch["response_mask"]
+                return -(lp * mask).sum() / mask.sum() - 0.01 * (ent * mask).sum() / mask.sum(), {}
+
+            batch = _batch(cfg.vocab_size)
+            losses = [manager.forward_backward(batch, loss_fn)["loss"]]
+            grad = manager.optim_step()["grad_norm"]
+            losses.append(manager.forward_backward(batch, loss_fn)["loss"])
+            results[name] = (losses, grad)
+        full, chunked = results["full"], results["chunked"]
+        assert chunked[0][1] < chunked[0][0]  # the step lowered the loss
+        assert chunked[1] > 0 and abs(chunked[1] - full[1]) <= 0.02 * full[1]
+        for a, b in zip(full[0], chunked[0]):
+            assert abs(a - b) <= 0.02 * abs(a)
+    finally:
+        dist.destroy_process_group()

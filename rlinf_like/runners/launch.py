@@ -7,17 +7,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
-from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
-from rlinf_like.runners.actor_setup import actor_config, actor_replicas, reference_in_actor
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.runners import memory
+from rlinf_like.runners.actor_setup import actor_config, actor_precision, actor_replicas, reference_in_actor
 from rlinf_like.runners.agent_format import chat_template_text
 from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
 from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, plan_placement
+from rlinf_like.training.loop import AUTO_ROWS_CAP
+from rlinf_like.utils import hardware
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
@@ -83,7 +88,26 @@ def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: Adva
     check_batch_split(cfg, replicas)
     if check_placement is not None:
         check_placement(placement)
+    if placement["actor"].device_kind == "cpu":
+        memory.check_actor_memory(memory.actor_memory(cfg, placement["actor"].world_size),
+                                  cfg.runner.max_new_tokens + 1, cfg.runner.micro_batch_size)
     return placement, needed
+
+
+def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> int:
+    """The token budget that sizes the actor's micro-batches when runner.micro_batch_size is null, logged with the
+    precision `auto` chose. Host memory bounds a CPU actor; a GPU actor keeps 64-row micro-batches."""
+    kind = placement["actor"].device_kind
+    precision, why = hardware.auto_precision(torch.device("cuda" if kind == "gpu" else "cpu"))
+    if cfg.actor.precision != "auto" or actor_precision(cfg) != "auto":
+        precision, why = actor_precision(cfg), "set in the config" if cfg.actor.precision != "auto" else \
+            "algorithm.recompute_by_length"
+    log.info(f"actor precision: {precision} ({why})")
+    if kind == "gpu":  # no host-memory bound: micro-batches of AUTO_ROWS_CAP rows
+        return 1 << 62
+    budget = memory.actor_memory(cfg, placement["actor"].world_size)
+    log.info(f"actor memory: {budget.describe()}")
+    return budget.tokens
 
 
 def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
@@ -112,13 +136,13 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     placement = place(cfg, cluster, estimator, check_placement)
     check_targets_of(cfg.actor.lora, model_path)  # names in actor.lora.target_modules, before any worker starts
     log.info(placement.describe())
-    loop = runner_loop(cfg)
+    loop = runner_loop(cfg, actor_tokens(cfg, placement))
     actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop)).launch(
         cluster, placement, "actor", memory_advice=MEMORY_ADVICE["actor"])
     critic = None
     if estimator.needs_critic:
-        critic_cfg = CriticConfig(model_path=model_path, fsdp=FSDPConfig(optim=OptimConfig(lr=a.critic_lr)), loop=loop,
-                                  value_clip=a.value_clip)
+        fsdp = FSDPConfig(optim=OptimConfig(lr=a.critic_lr), precision=actor_precision(cfg))
+        critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=loop, value_clip=a.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
                                                               memory_advice=MEMORY_ADVICE["critic"])
     serving = cfg.runner.schedule == "async" or cfg.agent.multi_turn
@@ -161,7 +185,8 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
     megatron = actor_config(cfg, str(start), loss_config(cfg), runner_loop(cfg)).megatron \
         if cfg.actor.backend == "megatron" else None
     r = cfg.runner
-    w.reference = InferenceWorker.create_group(str(start), r.micro_batch_size, r.temperature, r.pack_sequences,
+    rows = r.micro_batch_size or AUTO_ROWS_CAP
+    w.reference = InferenceWorker.create_group(str(start), rows, r.temperature, r.pack_sequences,
                                                r.max_batch_seqlen, megatron).launch(
         cluster, w.placement, "reference", memory_advice=MEMORY_ADVICE["reference"])
     write_worker_pids(out, w.all_groups())

@@ -1,0 +1,83 @@
+"""A real model at the default preset's batch shape stays inside the actor's memory estimate (runners/memory.py).
+
+One actor rank's training step on SmolLM2-135M-Instruct, at the main preset with only model.path changed (its
+rows of a 32 x 8 batch, a chat prompt plus 28 new tokens, precision auto), in a process of its own whose peak RSS is
+measured. The step runs two of the micro-batches the estimate sizes (the peak is per micro-batch; a whole step's
+128 rows would only repeat them). Before the chunked output layer and the memory-sized micro-batches, the same
+step ran 64-row micro-batches over full-vocabulary fp32 logits and peaked over 10 GB per rank."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REAL_MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT_TOKENS = 40  # the arithmetic task's chat prompt, measured with SmolLM2's template: 33-41 tokens
+
+STEP = textwrap.dedent("""
+    import json, os, resource, sys, tempfile
+    import torch, torch.distributed as dist
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from transformers import AutoModelForCausalLM
+    from rlinf_like.config import hydra_schema, structure
+    from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
+    from rlinf_like.hybrid_engines.model_manager import OptimConfig
+    from rlinf_like.runners import memory
+    from rlinf_like.runners.actor_setup import actor_precision
+    from rlinf_like.runners.checks import runner_loop
+    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.launch import loss_config
+    from rlinf_like.training.loop import micro_rows, train_epochs
+    from rlinf_like.workers.actor.loss import rl_loss
+
+    model_path, prompt_tokens = sys.argv[1], int(sys.argv[2])
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
+    with initialize_config_dir(config_dir=os.path.abspath("examples/reasoning/config"), version_base="1.3"):
+        raw = compose("grpo_collocated", overrides=[f"model.path={model_path}"])
+    cfg = structure(ReasoningConfig, raw)
+    ranks = 2  # the preset's actor: "0-1"
+    estimate = memory.actor_memory(cfg, ranks)
+    loop = runner_loop(cfg, estimate.tokens)
+    rows_per_rank = cfg.runner.prompts_per_step * cfg.algorithm.samples_per_prompt // ranks
+    length = prompt_tokens + cfg.runner.max_new_tokens
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    manager = FSDPModelManager(model, FSDPConfig(optim=OptimConfig(lr=cfg.algorithm.lr),
+                                                 precision=actor_precision(cfg)))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (rows_per_rank, length), generator=g)
+    response = torch.zeros(rows_per_rank, length - 1)
+    response[:, prompt_tokens - 1:] = 1
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=response,
+                 old_logprobs=torch.full((rows_per_rank, length - 1), -2.0),
+                 advantages=torch.randn(rows_per_rank, length - 1, generator=g) * response)
+    rows = micro_rows(batch, loop) or rows_per_rank
+    two = {k: v[: 2 * rows] for k, v in batch.items()}
+    metrics = train_epochs(manager, two, rl_loss(loss_config(cfg)), 0, 1, loop)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # this one rank holds the whole optimizer state, which 2 ranks would split: the estimate for 1 rank
+    whole = memory.actor_memory(cfg, 1)
+    print(json.dumps(dict(peak=peak, rows=rows, length=length, precision=manager.precision,
+                          estimate=whole.static + rows * length * whole.per_token, budget=estimate.budget,
+                          finite=all(v == v for v in metrics.values()))))
+""")
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(300)
+def test_one_actor_rank_at_the_default_preset_stays_inside_its_memory_estimate():
+    proc = subprocess.run([sys.executable, "-c", STEP, str(REAL_MODEL), str(PROMPT_TOKENS)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=280,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["finite"] and 1 <= got["rows"] <= 64
+    # the estimate is an upper bound of what the step used, and the micro-batches it sized fit the budget
+    assert got["peak"] <= got["estimate"], got
+    assert got["peak"] <= 5e9, got  # measured 3.3 GB on a 24 GB host (before: > 10 GB per rank)
