@@ -47,9 +47,16 @@ def test_chunked_logprobs_and_entropy_equal_the_full_pass_in_fp32_with_matching_
     chunked = _run(model, batch, rows * model.config.vocab_size * 4)  # 64-row chunks: the 640 response rows in 10
     assert int(batch["response_mask"].sum()) >= 10 * rows
     assert torch.equal(full[0], chunked[0]) and torch.equal(full[1], chunked[1])
-    for name, grad in full[2].items():  # the head's gradient sums over chunks in another order: not bit for bit
-        torch.testing.assert_close(chunked[2][name], grad, rtol=1e-5, atol=1e-6, msg=name)
-    assert any(g.abs().max() > 0 for g in chunked[2].values())
+    # the head's gradient sums over chunks in another order: not bit for bit (on an Intel AMX host its elements
+    # differed beyond 1e-5 relative), so each gradient is compared as a whole; a lost chunk would be ~10% off
+    _same_gradients(full[2], chunked[2])
+
+
+def _same_gradients(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], tol: float = 1e-4) -> None:
+    assert want.keys() == got.keys()
+    for name, grad in want.items():
+        assert grad.norm() > 0, name
+        assert (got[name] - grad).norm() <= tol * grad.norm(), (name, float((got[name] - grad).norm() / grad.norm()))
 
 
 def test_the_backward_keeps_no_vocabulary_sized_tensor_of_the_whole_batch(model):
@@ -111,8 +118,7 @@ def test_chunked_stats_on_cuda_match_the_full_pass():
     chunked = _run(model, batch, head_stats.MIN_CHUNK_ROWS * model.config.vocab_size * 4)
     torch.testing.assert_close(chunked[0], full[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(chunked[1], full[1], rtol=0, atol=1e-5)
-    for name, grad in full[2].items():
-        torch.testing.assert_close(chunked[2][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    _same_gradients(full[2], chunked[2])
 
 
 @pytest.mark.gpu
