@@ -67,7 +67,10 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="8 rows, 2 layers, 1 repetition")
     args = p.parse_args()
+    if args.quick:
+        args.rows, args.layers, args.reps = 8, 2, 1
     from transformers import LlamaConfig, LlamaForCausalLM
 
     device = torch.device(args.device)

@@ -65,6 +65,7 @@ BENCHES = (
           quick=("--quick", "--which", "tiny"),  # one vLLM start-up (70-170 s each) in a quick run
           unavailable=missing_vllm),  # optional: vLLM in this interpreter or $VLLM_PYTHON
     Bench(name="packing", script="packing.py"),
+    Bench(name="logprob_head", script="logprob_head.py"),
     Bench(name="agentic", script="agentic.py"),
     Bench(name="lora", script="lora.py", needs=("peft",)),
     Bench(name="dynamic_schedule", script="dynamic_schedule.py"),
@@ -89,6 +90,9 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "rollout": {"ratio": (">=", 1.5)},
     "rollout_vs_vllm": {"ratio_real": (">=", 1.0), "ratio_tiny": None},  # issue 22
     "packing": {"speedup": (">=", 1.5)},
+    "logprob_head": {"fp32_memory_chunked_over_full": ("<=", 1.0), "bf16_memory_chunked_over_full": ("<=", 1.0),
+                     "fp32_time_chunked_over_full": ("<=", 1.1), "bf16_time_chunked_over_full": ("<=", 1.1),
+                     "time_bf16_over_fp32_chunked": None},  # issue 33
     "agentic": {"throughput_ratio": (">=", 2.0)},
     "lora": {"step_time_ratio": ("<=", 0.6), "memory_ratio": ("<=", 0.6), "sync_bytes_ratio": ("<=", 0.1)},
     "dynamic_schedule": {"speedup": None, "speedup_vs_collocated": None},  # no target set yet

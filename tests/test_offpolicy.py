@@ -208,6 +208,7 @@ def decoupled_pipelined(out):
     cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "1"}
     cfg.cluster.backend = "local"  # one rank each: in process
     cfg.runner.max_staleness = 1
+    cfg.actor.precision = "fp32"  # step 1's ratios within ulps of 1 hold when trainer and engine both run fp32
     a = cfg.algorithm
     a.recompute_logprobs, a.loss, a.is_correction, a.is_low, a.is_high = True, "decoupled_ppo", "mis", 0.99, 1.01
     return cfg
@@ -222,6 +223,7 @@ def on_policy_fp32(out, by_length=False):
     cfg = in_process(small(out, max_steps=1))  # one actor rank and one rollout replica, in process
     cfg.runner.schedule, cfg.runner.max_new_tokens = "collocated", 28
     cfg.rollout.engine, cfg.rollout.dtype, cfg.rollout.logprobs = "native", "float32", "rescored"
+    cfg.actor.precision = "fp32"  # both sides in fp32 (auto would pick bf16 training on a CPU with bf16 units)
     cfg.algorithm.recompute_logprobs, cfg.algorithm.recompute_by_length = True, by_length
     return cfg
 

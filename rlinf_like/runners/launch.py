@@ -123,9 +123,12 @@ def loss_config(cfg: ReasoningConfig) -> LossConfig:
     loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
     policy = PolicyLossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                               aggregation=a.aggregation)
+    # without a recomputation, the loss's own logprobs before the step's only update are the trainer's: the
+    # train/rollout mismatch costs nothing to report then
+    single_update = a.mini_batches == 1 and a.epochs == 1
     return LossConfig(policy=policy, kl_beta=loss_kl, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
                       objective=a.loss, is_correction=a.is_correction, is_thresholds=is_thresholds(a),
-                      temperature=cfg.runner.temperature)
+                      temperature=cfg.runner.temperature, report_mismatch=single_update and not a.recompute_logprobs)
 
 
 def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, estimator: AdvantageEstimator,
@@ -187,6 +190,7 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
     r = cfg.runner
     rows = r.micro_batch_size or AUTO_ROWS_CAP
     w.reference = InferenceWorker.create_group(str(start), rows, r.temperature, r.pack_sequences,
-                                               r.max_batch_seqlen, megatron).launch(
+                                               r.max_batch_seqlen, megatron,
+                                               actor_precision(cfg)).launch(
         cluster, w.placement, "reference", memory_advice=MEMORY_ADVICE["reference"])
     write_worker_pids(out, w.all_groups())

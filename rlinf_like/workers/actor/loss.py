@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rlinf_like.algorithms import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig, policy_loss
-from rlinf_like.algorithms.offpolicy import ISThresholds, policy_terms
+from rlinf_like.algorithms.offpolicy import ISThresholds, mismatch_metrics, policy_terms
 from rlinf_like.algorithms.masked import masked_mean
 from rlinf_like.hybrid_engines.model_manager import token_stats
 
@@ -28,6 +28,13 @@ class LossConfig:
     is_correction: str = "none"  # a name in IS_CORRECTIONS: proximal / behaviour weights and loss mask
     is_thresholds: ISThresholds = field(default_factory=ISThresholds)
     temperature: float = 1.0  # the rollout's sampling temperature: logprobs are taken under it
+    # report mismatch/kl_k3 and mismatch/abs_log_ratio_mean of the loss's logprobs against the rollout's: the
+    # train/rollout mismatch when every micro-batch runs before the step's one optimizer update
+    report_mismatch: bool = False
+
+
+# the keys a mean over micro-batches keeps meaning (a max or a percentile would not)
+MEAN_MISMATCH = ("mismatch/kl_k3", "mismatch/abs_log_ratio_mean")
 
 
 def rl_loss(config: LossConfig):
@@ -48,6 +55,9 @@ def rl_loss(config: LossConfig):
             kl_term = AGGREGATIONS.get(config.policy.aggregation)(kl, mask)
             loss = loss + config.kl_beta * kl_term
             metrics["kl"] = float(kl_term.detach())
+        if config.report_mismatch:
+            got = mismatch_metrics(logprobs, batch["old_logprobs"], mask)
+            metrics.update({k: got[k] for k in MEAN_MISMATCH if k in got})
         mean_entropy = masked_mean(entropy, mask)
         metrics["entropy"] = float(mean_entropy.detach())
         if config.entropy_coef > 0:

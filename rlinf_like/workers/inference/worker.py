@@ -17,13 +17,19 @@ from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager, turn_moves
 from rlinf_like.scheduler import Worker
 from rlinf_like.training.loop import micro_batches
+from rlinf_like.utils import hardware
 
 
 class InferenceWorker(Worker):
     def __init__(self, model_path: str, micro_batch_size: int | None = 64, temperature: float = 1.0,
                  pack_sequences: bool = False, max_batch_seqlen: int | None = None,
-                 megatron: MegatronConfig | None = None):
+                 megatron: MegatronConfig | None = None, precision: str = "fp32"):
+        """`precision`: the actor's (auto | bf16 | fp32), so a KL reference shares its numerics: bf16 runs the
+        forward under autocast, as the CPU actor does (utils/hardware.py decides auto)."""
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        if precision == "auto":
+            precision = hardware.auto_precision(torch.device(self.torch_device))[0]
+        self.autocast = precision == "bf16"
         self.pack_sequences, self.max_batch_seqlen = pack_sequences, max_batch_seqlen
         self.manager = None
         if megatron is not None:
@@ -51,7 +57,8 @@ class InferenceWorker(Worker):
             micro = {k: v.to(self.torch_device) for k, v in micro.items()}
             if self.pack_sequences:  # no compute on padding; logprobs come back padded
                 micro = pack_batch(micro, self.max_batch_seqlen)
-            parts.append(token_logprobs(self.model, micro, self.temperature).cpu())
+            with torch.autocast(torch.device(self.torch_device).type, dtype=torch.bfloat16, enabled=self.autocast):
+                parts.append(token_logprobs(self.model, micro, self.temperature).cpu())
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 
     def offload(self, force: bool = False) -> int:
