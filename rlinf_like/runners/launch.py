@@ -110,6 +110,22 @@ def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> int:
     return budget.tokens
 
 
+def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens: int | None) -> float:
+    """rollout.kv_cache_memory_gb, or for the native engine on CPU with it unset, what this run's samples need
+    (`memory.rollout_kv_gb`): a share of free memory sized for the model's whole context took 1.9 GiB per
+    SmolLM2 replica where the default preset needs 0.5. The engine's fraction of free memory stays the ceiling."""
+    r = cfg.rollout
+    if r.kv_cache_memory_gb > 0 or r.engine != "native" or prompt_tokens is None \
+            or placement["rollout"].device_kind != "cpu":
+        return r.kv_cache_memory_gb
+    tp = r.tp_size or placement["rollout"].world_size
+    need = memory.rollout_kv_gb(cfg, placement["rollout"].world_size // tp, prompt_tokens)
+    ceiling = r.kv_cache_memory_fraction * memory.available_bytes() / 2**30
+    log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (sized for this run's samples; "
+             f"rollout.kv_cache_memory_gb sets it)")
+    return round(min(need, ceiling), 4)
+
+
 def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
           check_placement: Callable[[Placement], None] | None = None) -> Placement:
     """`plan` on the cluster's devices; in process (cluster.backend=local) each launched component has one rank."""
@@ -133,8 +149,10 @@ def loss_config(cfg: ReasoningConfig) -> LossConfig:
 
 def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, estimator: AdvantageEstimator,
                    out: Path, actor_worker: type[ActorWorker] = ActorWorker,
-                   check_placement: Callable[[Placement], None] | None = None) -> Workers:
-    """Actor (and critic), rollout and reward, with the actor -> rollout weight sync connected."""
+                   check_placement: Callable[[Placement], None] | None = None,
+                   prompt_tokens: int | None = None) -> Workers:
+    """Actor (and critic), rollout and reward, with the actor -> rollout weight sync connected. `prompt_tokens`:
+    the longest prompt the run has seen, which sizes the native engine's KV cache on CPU."""
     a = cfg.algorithm
     placement = place(cfg, cluster, estimator, check_placement)
     check_targets_of(cfg.actor.lora, model_path)  # names in actor.lora.target_modules, before any worker starts
@@ -151,7 +169,8 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     serving = cfg.runner.schedule == "async" or cfg.agent.multi_turn
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path,
                           # serving continuously: every rank on its own (tp 0 would make the group one engine)
-                          tp_size=cfg.rollout.tp_size or (1 if serving else 0))
+                          tp_size=cfg.rollout.tp_size or (1 if serving else 0),
+                          kv_cache_memory_gb=rollout_kv_budget(cfg, placement, prompt_tokens))
     rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(
         cluster, placement, "rollout", memory_advice=MEMORY_ADVICE["rollout"])
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rlinf_like.hybrid_engines.head_stats import CHUNK_BYTES
 
 GB = 1e9
-DEFAULT_SHARE = 0.35  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
+DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
 RUNTIME_BYTES = 0.6 * GB  # python, torch and the worker's own state
 REDUCE_KEYS = ("actor.memory_gb", "runner.micro_batch_size", "actor.lora.rank", "runner.max_new_tokens",
                "cluster.component_placement.actor")
@@ -68,8 +68,46 @@ def model_shape(cfg) -> ModelShape:
     return ModelShape(m.num_layers, m.hidden_size, m.intermediate_size, 128, parameter_count(hf))
 
 
+def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
+    """One token's keys and values over every layer of the policy."""
+    if cfg.model.path:
+        from rlinf_like.models import read_hf_config
+
+        hf = read_hf_config(cfg.model.path, "model.path")
+        hf = hf.get("text_config", hf)
+        layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
+        kv_heads, head_dim = hf.get("num_key_value_heads") or heads, hf.get("head_dim") or hf["hidden_size"] // heads
+    else:
+        m = cfg.model
+        layers, kv_heads, head_dim = m.num_layers, m.num_kv_heads, m.hidden_size // m.num_heads
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def rollout_kv_gb(cfg, replicas: int, prompt_tokens: int) -> float:
+    """The native engine's KV cache for this run: every slot a replica can fill (its share of a step's samples, at
+    most rollout.max_batch_size) holding the longest prompt seen plus runner.max_new_tokens, with a quarter on top.
+    A longer prompt later still runs: the paged cache then admits fewer sequences at a time."""
+    r = cfg.runner
+    samples = r.prompts_per_step * cfg.algorithm.samples_per_prompt
+    slots = min(cfg.rollout.max_batch_size, -(-samples // max(1, replicas)))
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.rollout.dtype]
+    return 1.25 * slots * (prompt_tokens + r.max_new_tokens) * kv_bytes_per_token(cfg, dtype_bytes) / 2**30
+
+
 def machine_bytes() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_bytes() -> float:
+    """MemAvailable (Linux), else the machine's memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return machine_bytes()
 
 
 def actor_memory(cfg, ranks: int) -> ActorMemory:

@@ -93,12 +93,20 @@ class ReasoningRun:
         self.extra_state: Callable[[], dict] | None = None  # saved with each checkpoint
         self.resumed_extra: dict = {}  # what the checkpoint resumed from saved of it
 
+    def longest_prompt(self, sample: int = 512) -> int | None:
+        """Tokens of the longest prompt among the first `sample` RL and test problems (what sizes the rollout's
+        KV cache; a longer one later still runs). None for multi-turn runs, whose context grows turn by turn."""
+        if self.cfg.agent.multi_turn:
+            return None
+        problems = list(self.tasks.pool[:sample]) + list(self.tasks.test[:sample])
+        return max((len(self.prompts.prompt_ids(p)) for p in problems), default=0)
+
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
         self.cluster = Cluster(self.cfg.cluster).__enter__()
         try:
             self.workers = launch_workers(self.cfg, self.cluster, self.model_path, self.estimator, self.out,
-                                          self.actor_worker, self.check_placement)
+                                          self.actor_worker, self.check_placement, self.longest_prompt())
             if self.cfg.runner.resume and self.checkpoints.exists():
                 self._restore()
             else:
