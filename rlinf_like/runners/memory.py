@@ -91,7 +91,23 @@ def rollout_kv_gb(cfg, replicas: int, prompt_tokens: int) -> float:
     samples = r.prompts_per_step * cfg.algorithm.samples_per_prompt
     slots = min(cfg.rollout.max_batch_size, -(-samples // max(1, replicas)))
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.rollout.dtype]
-    return 1.25 * slots * (prompt_tokens + r.max_new_tokens) * kv_bytes_per_token(cfg, dtype_bytes) / 2**30
+    token = kv_bytes_per_token(cfg, dtype_bytes)
+    # the engine refuses a cache that cannot hold one sequence of its whole context (plus a scratch block)
+    block = cfg.rollout.kv_block_size
+    one_sequence = (-(-context_tokens(cfg) // block) + 2) * block * token
+    return max(1.25 * slots * (prompt_tokens + r.max_new_tokens) * token, one_sequence) / 2**30
+
+
+def context_tokens(cfg) -> int:
+    """rollout.max_context, else the policy's own context."""
+    if cfg.rollout.max_context:
+        return cfg.rollout.max_context
+    if cfg.model.path:
+        from rlinf_like.models import read_hf_config
+
+        hf = read_hf_config(cfg.model.path, "model.path")
+        return hf.get("text_config", hf)["max_position_embeddings"]
+    return cfg.model.max_positions
 
 
 def machine_bytes() -> float:

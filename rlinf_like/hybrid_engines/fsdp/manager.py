@@ -72,9 +72,7 @@ class FSDPConfig:
     # fp32 unless asked: the runners pass their actor.precision, whose default is auto
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "fp32"
     activation_checkpointing: bool = False
-    # free each layer's gathered weights after its forward (gathered again for the backward); None: on GPU yes, on
-    # CPU no, where gloo's all-gathers over loopback cost more than holding the weights whole between the two
-    reshard_after_forward: bool | None = None
+    reshard_after_forward: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0: full fine-tuning
@@ -132,9 +130,7 @@ class FSDPModelManager(ModelManager):
         self.mesh = None
         if self.sharded:
             self.mesh = mesh if mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
-            reshard = self.config.reshard_after_forward
-            reshard = on_gpu if reshard is None else reshard
-            shard_kwargs: dict[str, Any] = dict(mesh=self.mesh, reshard_after_forward=reshard)
+            shard_kwargs: dict[str, Any] = dict(mesh=self.mesh, reshard_after_forward=self.config.reshard_after_forward)
             if precision in ("bf16", "fp16") and not self.autocast:  # fp32 masters, low-precision compute, fp32 reduce
                 compute = torch.bfloat16 if precision == "bf16" else torch.float16
                 shard_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
@@ -168,8 +164,6 @@ class FSDPModelManager(ModelManager):
         # Non-last micro-batches accumulate unsharded gradients locally; the last one reduce-scatters.
         if self.sharded:
             self.model.set_requires_gradient_sync(sync_gradients)
-            if self.device.type == "cpu":  # keep the gathered weights for the next micro-batch (see FSDPConfig)
-                self.model.set_reshard_after_backward(sync_gradients)
         with self._compute():
             loss, metrics = (loss_fn or token_nll_loss)(self.model, self._to_device(batch))
         grad_scaling.backward(loss * loss_scale, self.scaler)
