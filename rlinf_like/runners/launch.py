@@ -113,16 +113,19 @@ def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> int:
 def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens: int | None) -> float:
     """rollout.kv_cache_memory_gb, or for the native engine on CPU with it unset, what this run's samples need
     (`memory.rollout_kv_gb`): a share of free memory sized for the model's whole context took 1.9 GiB per
-    SmolLM2 replica where the default preset needs 0.5. The engine's fraction of free memory stays the ceiling."""
+    SmolLM2 replica where the default preset needs 0.5. The ceiling: the engine's fraction of free memory, and
+    `memory.ROLLOUT_KV_SHARE` of the machine over the replicas (longer answers then decode fewer at a time)."""
     r = cfg.rollout
     if r.kv_cache_memory_gb > 0 or r.engine != "native" or prompt_tokens is None \
             or placement["rollout"].device_kind != "cpu":
         return r.kv_cache_memory_gb
     tp = r.tp_size or placement["rollout"].world_size
-    need = memory.rollout_kv_gb(cfg, placement["rollout"].world_size // tp, prompt_tokens)
-    ceiling = r.kv_cache_memory_fraction * memory.available_bytes() / 2**30
-    log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (sized for this run's samples; "
-             f"rollout.kv_cache_memory_gb sets it)")
+    replicas = placement["rollout"].world_size // tp
+    need = memory.rollout_kv_gb(cfg, replicas, prompt_tokens)
+    ceiling = min(r.kv_cache_memory_fraction * memory.available_bytes(),
+                  memory.ROLLOUT_KV_SHARE * memory.machine_bytes() / replicas) / 2**30
+    log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (this run's samples need {need:.2f}, "
+             f"the ceiling is {ceiling:.2f}; rollout.kv_cache_memory_gb sets it)")
     return round(min(need, ceiling), 4)
 
 

@@ -19,6 +19,9 @@ from rlinf_like.hybrid_engines.head_stats import CHUNK_BYTES
 
 GB = 1e9
 DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
+# the rollout's KV caches together, when rollout.kv_cache_memory_gb is unset (runners/launch.py rollout_kv_budget):
+# with the actor's share this keeps a collocated CPU run of a real model under 14 GB of a 24 GB machine
+ROLLOUT_KV_SHARE = 0.08
 RUNTIME_BYTES = 0.6 * GB  # python, torch and the worker's own state
 REDUCE_KEYS = ("actor.memory_gb", "runner.micro_batch_size", "actor.lora.rank", "runner.max_new_tokens",
                "cluster.component_placement.actor")
