@@ -84,3 +84,30 @@ def test_one_actor_rank_at_the_default_preset_stays_inside_its_memory_estimate()
     # 9.5 GB (bf16; 10.5 GB per rank in fp32 before this change).
     assert got["peak"] <= 1.3 * got["estimate"], got
     assert got["peak"] <= 7e9, got
+
+
+def test_a_plan_whose_actor_cannot_fit_is_refused_before_any_worker_starts(tmp_path):
+    from small_runs import small_reasoning_config
+
+    from rlinf_like.runners.preflight import preflight
+
+    cfg = small_reasoning_config(tmp_path)
+    cfg.runner.micro_batch_size = None
+    preflight(cfg)  # fits at the default share of this machine
+    cfg.actor.memory_gb = 1.0  # under what the tiny model's rank holds whatever the batch (runtime and head chunks)
+    with pytest.raises(ValueError, match=r"^actor: a micro-batch of 1 row\(s\) of up to 9 tokens needs ~1\.\d GB "
+                                         r"per rank, over its 1\.0 GB .*actor\.memory_gb, runner\.micro_batch_size"):
+        preflight(cfg)
+
+
+def test_memory_sized_micro_batches_hold_the_budget_s_tokens_at_the_batch_s_length():
+    import torch
+
+    from rlinf_like.training.loop import AUTO_ROWS_CAP, LoopConfig, micro_rows
+
+    batch = {"input_ids": torch.zeros(200, 68, dtype=torch.long)}
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=432)) == 6  # 432 // 68
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=50)) == 1  # never 0 rows
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=10**9)) == AUTO_ROWS_CAP
+    assert micro_rows(batch, LoopConfig(micro_batch_size=8, micro_batch_tokens=432)) == 8  # explicit rows win
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None)) is None  # neither: one pass
