@@ -111,3 +111,19 @@ def test_memory_sized_micro_batches_hold_the_budget_s_tokens_at_the_batch_s_leng
     assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=10**9)) == AUTO_ROWS_CAP
     assert micro_rows(batch, LoopConfig(micro_batch_size=8, micro_batch_tokens=432)) == 8  # explicit rows win
     assert micro_rows(batch, LoopConfig(micro_batch_size=None)) is None  # neither: one pass
+
+
+@pytest.mark.real_model
+def test_the_native_kv_cache_is_sized_for_the_run_s_samples_not_the_model_s_context():
+    from rlinf_like.runners import memory
+    from rlinf_like.runners.config import ReasoningConfig
+
+    cfg = ReasoningConfig()
+    cfg.model.path, cfg.runner.prompts_per_step = str(REAL_MODEL), 32  # the default preset's 32 x 8 samples
+    per_token = 2 * 30 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads of 64, fp32 keys and values
+    assert memory.kv_bytes_per_token(cfg, 4) == per_token
+    # 128 slots per replica (256 samples over 2, at most rollout.max_batch_size) x (40 + 28 tokens), +25%
+    assert memory.rollout_kv_gb(cfg, 2, 40) == pytest.approx(1.25 * 128 * 68 * per_token / 2**30)
+    # never below what the engine needs for one sequence of the model's 8192-token context
+    cfg.runner.prompts_per_step = 1
+    assert memory.rollout_kv_gb(cfg, 2, 40) == pytest.approx((8192 // 16 + 2) * 16 * per_token / 2**30)

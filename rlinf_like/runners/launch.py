@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -126,7 +127,7 @@ def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens:
                   memory.ROLLOUT_KV_SHARE * memory.machine_bytes() / replicas) / 2**30
     log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (this run's samples need {need:.2f}, "
              f"the ceiling is {ceiling:.2f}; rollout.kv_cache_memory_gb sets it)")
-    return round(min(need, ceiling), 4)
+    return math.ceil(min(need, ceiling) * 1e4) / 1e4  # rounded up: never below one sequence of the context
 
 
 def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
