@@ -76,3 +76,18 @@ def test_a_sigkilled_worker_names_its_group_last_memory_and_the_keys(cluster):
     assert message.endswith(f"To give hog less to hold: {ADVICE}") and "\n" not in message
     peak = group.memory[0].peak
     assert peak > 256 << 20 and f"(peak {peak / GIB:.2f} GiB)" in message
+
+
+def test_worker_errors_survive_pickling_with_their_fields():
+    """A spawned process pool (the tests' side-by-side runs) sends a worker's error back pickled; before, unpickling
+    called __init__ with the message alone and broke the pool instead of showing the error."""
+    import pickle
+
+    from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
+
+    for err in (WorkerError("actor", 1, "train_step", "Traceback ...\nValueError: x", ValueError("x")),
+                WorkerDiedError("rollout", 0, "generate", "killed for memory", memory_kill=True),
+                GroupTimeoutError("actor", "train_step", [0, 1], 5.0)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.group == err.group
+    assert pickle.loads(pickle.dumps(WorkerDiedError("r", 0, "g", "d", memory_kill=True))).memory_kill

@@ -11,6 +11,9 @@ class WorkerError(RuntimeError):
         self.remote_traceback = remote_traceback
         super().__init__(f"worker {group}[rank {rank}] raised in {method}():\n{remote_traceback}")
 
+    def __reduce__(self):  # pickled with its fields (a process pool sends it back; the default passes only args)
+        return type(self), (self.group, self.rank, self.method, self.remote_traceback, None)
+
 
 class WorkerDiedError(RuntimeError):
     """A worker process is gone (killed, crashed, out of memory). `memory_kill`: it was killed for memory (the
@@ -18,17 +21,24 @@ class WorkerDiedError(RuntimeError):
 
     def __init__(self, group: str, rank: int, method: str, detail: str, memory_kill: bool = False):
         self.group, self.rank, self.method, self.memory_kill = group, rank, method, memory_kill
+        self.detail = detail
         super().__init__(f"worker {group}[rank {rank}] died during {method}(): {detail}")
+
+    def __reduce__(self):
+        return type(self), (self.group, self.rank, self.method, self.detail, self.memory_kill)
 
 
 class GroupTimeoutError(TimeoutError):
     """Some ranks did not answer in time."""
 
     def __init__(self, group: str, method: str, pending_ranks: list[int], timeout: float):
-        self.group, self.method, self.pending_ranks = group, method, pending_ranks
+        self.group, self.method, self.pending_ranks, self.timeout = group, method, pending_ranks, timeout
         super().__init__(
             f"worker group {group!r}: ranks {pending_ranks} did not finish {method}() within {timeout:g}s"
         )
+
+    def __reduce__(self):
+        return type(self), (self.group, self.method, self.pending_ranks, self.timeout)
 
 
 class PlacementError(ValueError):
