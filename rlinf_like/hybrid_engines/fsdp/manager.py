@@ -5,8 +5,9 @@ Every nn.ModuleList item (e.g. HF decoder layers) becomes its own FSDP unit, the
 Precision `auto` is bf16 on a GPU and on a CPU with bf16 units (AVX512_BF16, AMX), fp32 elsewhere
 (`utils/hardware.py`); fp16 on request, with a gradient scaler (`hybrid_engines/grad_scaling.py`). bf16 keeps
 fp32 master weights, gradients and optimizer state: on GPU FSDP's mixed-precision policy casts the weights for
-compute and reduces gradients in fp32; on CPU the forward runs under `torch.autocast` (measured on a Zen 4 host:
-within ~15% of pure-bf16 weights' speed, and an update smaller than a bf16 weight's ulp is not lost).
+compute and reduces gradients in fp32; on CPU the forward runs under `torch.autocast` (measured on a Zen 4 host,
+SmolLM2 forward+backward on 8 x 128 tokens: autocast 3.67 s, pure bf16 weights 3.43 s, fp32 9.41 s; and an update
+smaller than a bf16 weight's ulp is not lost).
 
 On one rank in fp32 there is nothing to shard or reduce, so the model stays a plain module (no
 DTensors, no FSDP hooks, no collectives per step): same math, and for a small MLP a third of the
