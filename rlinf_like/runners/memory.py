@@ -62,8 +62,8 @@ def model_shape(cfg) -> ModelShape:
 
         hf = read_hf_config(cfg.model.path, "model.path")
         hf = hf.get("text_config", hf)
-        return ModelShape(hf["num_hidden_layers"], hf["hidden_size"], hf.get("intermediate_size", 4 * hf["hidden_size"]),
-                          hf["vocab_size"], parameter_count(hf))
+        width = hf.get("intermediate_size", 4 * hf["hidden_size"])
+        return ModelShape(hf["num_hidden_layers"], hf["hidden_size"], width, hf["vocab_size"], parameter_count(hf))
     m = cfg.model
     hf = {"hidden_size": m.hidden_size, "vocab_size": 128, "num_hidden_layers": m.num_layers,
           "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
