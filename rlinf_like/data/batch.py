@@ -75,6 +75,15 @@ def build_sft_batch(prompts: Sequence[Sequence[int]], targets: Sequence[Sequence
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 
+def read_mask(batch: Batch) -> torch.Tensor | None:
+    """[B, T-1], aligned with `token_logprobs`: the positions a loss reads. `response_mask`, else `loss_mask` or
+    `attention_mask` shifted to the predicted tokens; None when the batch has none (every position)."""
+    if "response_mask" in batch:
+        return batch["response_mask"]
+    mask = batch.get("loss_mask", batch.get("attention_mask"))
+    return mask[:, 1:] if mask is not None else None
+
+
 def select_rows(batch: Batch, rows: torch.Tensor | slice) -> Batch:
     return {k: v[rows] for k, v in batch.items()}
 

@@ -66,19 +66,16 @@ def chunked_stats(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, 
                   rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`_rows_stats` over `hidden` [N, H] in chunks of `rows`; under autograd each chunk is recomputed in the
     backward, so at most one chunk's logits are alive at any time."""
-    out_lp, out_ent = [], []
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if entropy != "none" else None)
+    parts = []
     for start in range(0, hidden.shape[0], rows):
         args = (hidden[start:start + rows], head, targets[start:start + rows], temperature, entropy)
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_rows_stats, *args, use_reentrant=False)
-        else:
-            lp, ent = _rows_stats(*args)
-        out_lp.append(lp)
-        out_ent.append(ent)
-    cat = (lambda xs: torch.cat(xs) if len(xs) > 1 else xs[0])
-    empty = hidden.new_zeros(0, dtype=torch.float32)
-    logprobs = cat(out_lp) if out_lp else empty
-    return logprobs, (cat(out_ent) if out_lp else empty) if entropy != "none" else None
+        parts.append(checkpoint(_rows_stats, *args, use_reentrant=False) if torch.is_grad_enabled()
+                     else _rows_stats(*args))
+    logprobs = torch.cat([lp for lp, _ in parts])
+    return logprobs, (torch.cat([ent for _, ent in parts]) if entropy != "none" else None)
 
 
 def _stand_in(head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor, temperature: float, entropy: str,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlinf_like.data.batch import shard_rows
+from rlinf_like.data.batch import read_mask, shard_rows
 from rlinf_like.hybrid_engines import head_stats
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
@@ -109,25 +109,14 @@ def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0, entrop
     return logprobs, entropy
 
 
-def _read_positions(batch: Batch) -> torch.Tensor:
-    """[B, T-1] bool: the positions some loss reads (aligned with `token_logprobs`)."""
-    for key in ("response_mask", "loss_mask"):
-        if key in batch:
-            mask = batch[key]
-            return (mask if key == "response_mask" else mask[:, 1:]).bool()
-    mask = batch.get("attention_mask")
-    ids = batch["input_ids"]
-    return mask[:, 1:].bool() if mask is not None else torch.ones_like(ids[:, 1:], dtype=torch.bool)
-
-
 def _chunked_token_stats(model: nn.Module, batch: Batch, head: nn.Linear, temperature: float,
                          entropy_grad: bool | None, chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     packing = batch.get("packing")
     entropy = "none" if entropy_grad is None else ("grad" if entropy_grad else "value")
     rows = head_stats.chunk_rows(head.out_features, chunk_bytes)
     if packing is None:
-        ids = batch["input_ids"]
-        positions = _read_positions(batch).to(ids.device)
+        ids, mask = batch["input_ids"], read_mask(batch)
+        positions = torch.ones_like(ids[:, 1:], dtype=torch.bool) if mask is None else mask.bool().to(ids.device)
     else:  # packed rows hold real tokens only: every position is read
         ids = packing.input_ids
         positions = torch.ones_like(ids[:, 1:], dtype=torch.bool)

@@ -95,15 +95,19 @@ def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: Adva
     return placement, needed
 
 
+def precision_choice(cfg: ReasoningConfig, kind: str) -> tuple[str, str]:
+    """(precision, why) of the actor on devices of `kind`, as its workers will resolve it."""
+    chosen = actor_precision(cfg)
+    if chosen != "auto":
+        return chosen, "set in the config" if cfg.actor.precision != "auto" else "algorithm.recompute_by_length"
+    return hardware.auto_precision(torch.device("cuda" if kind == "gpu" else "cpu"))
+
+
 def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> int:
     """The token budget that sizes the actor's micro-batches when runner.micro_batch_size is null, logged with the
     precision `auto` chose. Host memory bounds a CPU actor; a GPU actor keeps 64-row micro-batches."""
     kind = placement["actor"].device_kind
-    precision, why = hardware.auto_precision(torch.device("cuda" if kind == "gpu" else "cpu"))
-    if cfg.actor.precision != "auto" or actor_precision(cfg) != "auto":
-        precision, why = actor_precision(cfg), "set in the config" if cfg.actor.precision != "auto" else \
-            "algorithm.recompute_by_length"
-    log.info(f"actor precision: {precision} ({why})")
+    log.info("actor precision: %s (%s)" % precision_choice(cfg, kind))
     if kind == "gpu":  # no host-memory bound: micro-batches of AUTO_ROWS_CAP rows
         return 1 << 62
     budget = memory.actor_memory(cfg, placement["actor"].world_size)

@@ -53,15 +53,20 @@ class ActorMemory:
                 f"budget {self.budget / GB:.1f} GB per rank: {self.tokens} tokens per micro-batch")
 
 
+def _hf_text_config(cfg) -> dict:
+    """model.path's config.json (a multimodal checkpoint's text model's part)."""
+    from rlinf_like.models import read_hf_config
+
+    hf = read_hf_config(cfg.model.path, "model.path")
+    return hf.get("text_config", hf)
+
+
 def model_shape(cfg) -> ModelShape:
     """The policy's shape: from model.path's config.json, else the tiny model's keys."""
     from rlinf_like.workers.rollout.engine_advice import parameter_count
 
     if cfg.model.path:
-        from rlinf_like.models import read_hf_config
-
-        hf = read_hf_config(cfg.model.path, "model.path")
-        hf = hf.get("text_config", hf)
+        hf = _hf_text_config(cfg)
         width = hf.get("intermediate_size", 4 * hf["hidden_size"])
         return ModelShape(hf["num_hidden_layers"], hf["hidden_size"], width, hf["vocab_size"], parameter_count(hf))
     m = cfg.model
@@ -74,10 +79,7 @@ def model_shape(cfg) -> ModelShape:
 def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
     """One token's keys and values over every layer of the policy."""
     if cfg.model.path:
-        from rlinf_like.models import read_hf_config
-
-        hf = read_hf_config(cfg.model.path, "model.path")
-        hf = hf.get("text_config", hf)
+        hf = _hf_text_config(cfg)
         layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
         kv_heads, head_dim = hf.get("num_key_value_heads") or heads, hf.get("head_dim") or hf["hidden_size"] // heads
     else:
@@ -106,10 +108,7 @@ def context_tokens(cfg) -> int:
     if cfg.rollout.max_context:
         return cfg.rollout.max_context
     if cfg.model.path:
-        from rlinf_like.models import read_hf_config
-
-        hf = read_hf_config(cfg.model.path, "model.path")
-        return hf.get("text_config", hf)["max_position_embeddings"]
+        return _hf_text_config(cfg)["max_position_embeddings"]
     return cfg.model.max_positions
 
 

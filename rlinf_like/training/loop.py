@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlinf_like.data.batch import Batch, select_rows, shard_rows
+from rlinf_like.data.batch import Batch, read_mask, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.training.micro_batching import sequence_lengths, token_budget_plan, trim_padding
@@ -58,10 +58,8 @@ def num_rows(batch: Batch) -> int:
 def loss_tokens(batch: Batch) -> float:
     """The tokens a token-mean loss averages over: response_mask, else loss_mask / attention_mask
     shifted to the predicted tokens, else every predicted token."""
-    if "response_mask" in batch:
-        return float(batch["response_mask"].sum())
-    mask = batch.get("loss_mask", batch.get("attention_mask"))
-    return float(mask[:, 1:].sum()) if mask is not None else float(batch["input_ids"][:, 1:].numel())
+    mask = read_mask(batch)
+    return float(mask.sum()) if mask is not None else float(batch["input_ids"][:, 1:].numel())
 
 
 def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
