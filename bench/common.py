@@ -16,6 +16,8 @@ import json
 import os
 import platform
 import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -91,3 +93,62 @@ def result_line(bench: str, digits: int = 3, **fields) -> str:
             return [rounded(x) for x in v]
         return v
     return json.dumps({"bench": bench, **{k: rounded(v) for k, v in fields.items()}})
+
+
+def assert_cold(engine) -> None:
+    """Raise if `engine`'s prefix cache holds any block. A timed call must prefill every prompt, as a baseline
+    without a prefix cache does; a cache kept from an earlier call (the warm-up, the last repetition) would time
+    a lookup instead. Engines without a prefix cache pass."""
+    pool = getattr(engine, "_pool", None)  # the native engine's block pool; None before its first call
+    cached = pool.cached if pool is not None else 0
+    if cached:
+        raise AssertionError(f"prefix cache warm before a timed call: {cached} blocks cached "
+                             "(reset_prefix_cache() first)")
+
+
+@contextmanager
+def cold_prefix_cache(engine) -> Iterator[None]:
+    """Around one timed call of a native engine: its prefix cache emptied and checked empty before, and after
+    it, no prompt token found in the cache and no sequence preempted (a re-admitted one finds its own blocks)
+    during the call. Time inside the block; the reset and the checks stay outside the timing."""
+    engine.reset_prefix_cache()
+    assert_cold(engine)
+    hits, preempted = engine.prefix_hit_tokens, engine.preemptions
+    yield
+    if engine.preemptions != preempted:
+        raise AssertionError(f"{engine.preemptions - preempted} preemptions in a timed call: the KV cache budget "
+                             "is short for the batch (raise it), so the timing is not of the decode asked for")
+    if engine.prefix_hit_tokens != hits:
+        raise AssertionError(f"{engine.prefix_hit_tokens - hits} prompt tokens came from the prefix cache "
+                             "in a timed call (prompts repeated within it?)")
+
+
+def alternating(measures: dict[str, Callable[[int], float]], reps: int,
+                show: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, list[float]]:
+    """`measures[name](rep)` for each rep and name, the order reversed every other rep (a, b, b, a, ...), so a
+    drift in the machine's load hits every side alike. Returns each side's values in rep order."""
+    values: dict[str, list[float]] = {name: [] for name in measures}
+    for rep in range(reps):
+        for name in (list(measures) if rep % 2 == 0 else list(measures)[::-1]):
+            values[name].append(measures[name](rep))
+        if show is not None:
+            show(rep, {name: v[-1] for name, v in values.items()})
+    return values
+
+
+def step_seconds(full_s: float, one_s: float, new_tokens: int) -> float:
+    """A decode step's time: a call making `new_tokens` tokens per sequence less one making 1 (the same prompts,
+    so the same prefill), over the steps between them."""
+    return (full_s - one_s) / (new_tokens - 1)
+
+
+def seed_for(batch: int, rep: int) -> int:
+    """The prompts' seed of one timed call, so that every call gets prompts of its own: by the measurement (0: the
+    throughput call, else the decode-step batch size) and the repetition (-1: the untimed warm-up)."""
+    return 100_000 * batch + rep + 1
+
+
+def parse_batches(text: str) -> list[int]:
+    """`--step-batches 1,32,128`: the batch sizes; empty or "none": none."""
+    text = text.strip()
+    return [] if text in ("", "none") else [int(b) for b in text.split(",")]

@@ -2,9 +2,25 @@
 
 Each engine runs in its own process (`bench/rollout_side.py`): the native one under this interpreter, vLLM under the
 interpreter that has it (`--vllm-python`, else $VLLM_PYTHON, else this one), since vLLM often lives in a venv of its
-own. Both processes start first (start-up and a warm-up call reported apart), then the timed calls alternate
-(native, vLLM, vLLM, native, ...), the idle side stopped (SIGSTOP to its process group). Same thread count.
-Last line: {"bench": "rollout_vs_vllm", "ratio_tiny": .., "ratio_real": ..}, native tokens/s over vLLM's, medians.
+own. Both processes start first (start-up and a warm-up call reported apart), then one untimed call per batch size
+each, then the timed calls alternate (native, vLLM, vLLM, native, ...), the idle side stopped (SIGSTOP to its
+process group). Every timed call has prompts of its own and a cold prefix cache on both sides.
+
+The comparisons (`--which`):
+- tiny: the tiny Qwen2 (hidden 256, head dim 64), float32 on both, --threads on both (`ratio_tiny`);
+- real-bf16: --model with vLLM at its defaults: its dtype (bfloat16 for SmolLM2's float32 checkpoint on a CPU with
+  bf16 units; the one it ran is printed and in the JSON) and its own thread binding (neither
+  VLLM_CPU_OMP_THREADS_BIND nor OMP_NUM_THREADS set); the native side in --dtype (auto: bfloat16 where the CPU
+  has bf16 units) on --threads (`ratio_real_bf16`);
+- real-fp32: --model, float32 and --threads on both (`ratio_real_fp32`).
+Both sides share the batch (max_num_seqs), the context, a 2 GiB KV cache and one seed; vLLM keeps its other
+defaults (torch.compile, prefix caching, chunked prefill, its multiprocess engine core).
+
+Each comparison times throughput (prompts x samples x new tokens, as bench/rollout.py) and, for each of
+--step-batches, the decode step: (t_N - t_1) / (N - 1) over the same prompts. Last line: {"bench":
+"rollout_vs_vllm", "ratio_tiny", "ratio_real_bf16", "ratio_real_fp32": native tokens/s over vLLM's of the medians,
+"ratios_*": per repetition, "step": per comparison and batch size, medians in ms, ratio vLLM / native, per
+repetition}.
 """
 
 from __future__ import annotations
@@ -12,13 +28,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from bench.common import Machine, result_line
+from bench.common import Machine, alternating, result_line, seed_for, step_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDE = ROOT / "bench" / "rollout_side.py"
@@ -53,12 +69,16 @@ def missing_vllm(python: str = "") -> str | None:
 class Side:
     """An engine process: started at once, then `run()` times one generate call in it."""
 
-    def __init__(self, python: str, engine: str, model: str, threads: int, sizes: tuple[int, int, int],
+    def __init__(self, python: str, engine: str, model: str, threads: int, dtype: str, slots: int, context: int,
                  eager: bool = False):
-        prompts, samples, new_tokens = sizes
-        cmd = [python, str(SIDE), "--engine", engine, "--model", model, "--threads", str(threads), "--prompts",
-               str(prompts), "--samples", str(samples), "--new-tokens", str(new_tokens), *(["--eager"] * eager)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
+        cmd = [python, str(SIDE), "--engine", engine, "--model", model, "--threads", str(threads), "--dtype", dtype,
+               "--slots", str(slots), "--context", str(context), *(["--eager"] * eager)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
+        else:  # the engine's own choice, as a user who sets nothing gets it
+            env.pop("OMP_NUM_THREADS", None)
+            env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
         self.engine = engine
         self.log = tempfile.TemporaryFile("w+")  # vLLM's log: shown only if the side fails
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -82,14 +102,19 @@ class Side:
         tail = "".join(self.log.readlines()[-15:])
         raise RuntimeError(f"{self.engine} side exited ({self.proc.wait()}) before answering; its log ends:\n{tail}")
 
-    def run(self) -> dict:
+    def run(self, prompts: int, samples: int, new_tokens: int, seed: int) -> float:
+        """Seconds of one generate call of `requests_for(prompts, samples, new_tokens, seed)`, its tokens checked."""
         self.resume()
         try:
-            self.proc.stdin.write("run\n")
+            self.proc.stdin.write(json.dumps({"prompts": prompts, "samples": samples, "new_tokens": new_tokens,
+                                              "seed": seed}) + "\n")
             self.proc.stdin.flush()
-            return self._reply()
+            out = self._reply()
         finally:
             self.pause()
+        if out["tokens"] != prompts * samples * new_tokens:
+            raise RuntimeError(f"{self.engine} produced {out['tokens']} tokens, not {prompts * samples * new_tokens}")
+        return out["seconds"]
 
     def close(self) -> None:
         self.resume()
@@ -100,35 +125,68 @@ class Side:
             os.killpg(self.proc.pid, signal.SIGKILL)  # its whole group: vLLM's engine core outlived its parent
 
 
-def compare(label: str, model: str, args, python: str) -> float:
-    sizes = (args.prompts, args.samples, args.new_tokens)
+def compare(label: str, model: str, args, python: str, native_dtype: str, vllm_dtype: str, vllm_threads: int) -> dict:
+    """One comparison: throughput and decode-step summaries (bench.rollout.summary), and the dtypes that ran."""
+    from bench.rollout import MAX_PROMPT, summary
+
+    batches, n_step = args.step_batches, args.step_tokens
+    slots = max([args.prompts * args.samples, *batches])
+    context = MAX_PROMPT + max([args.new_tokens] + [n_step] * bool(batches))
     tokens = args.prompts * args.samples * args.new_tokens
-    sides = {}
+    sides: dict[str, Side] = {}
     try:
-        for engine, exe in (("native", sys.executable), ("vllm", python)):
-            sides[engine] = Side(exe, engine, model, args.threads, sizes, eager=args.quick and engine == "vllm")
-            print(f"{label}: {engine} start-up {sides[engine].ready['startup_s']:.1f} s, warm-up call "
-                  f"{sides[engine].ready['warmup_s']:.1f} s", flush=True)
-        times = {engine: [] for engine in sides}
-        for rep in range(args.reps):
-            for engine in (("native", "vllm") if rep % 2 == 0 else ("vllm", "native")):
-                out = sides[engine].run()
-                if out["tokens"] != tokens:
-                    raise RuntimeError(f"{engine} produced {out['tokens']} tokens, not {tokens}")
-                times[engine].append(out["seconds"])
-            print(f"{label} rep {rep + 1}: native {tokens / times['native'][-1]:.1f} tok/s, vLLM "
-                  f"{tokens / times['vllm'][-1]:.1f} tok/s", flush=True)
+        for engine, exe, dtype, threads in (("native", sys.executable, native_dtype, args.threads),
+                                            ("vllm", python, vllm_dtype, vllm_threads)):
+            sides[engine] = Side(exe, engine, model, threads, dtype, slots, context,
+                                 eager=args.quick and engine == "vllm")
+            print(f"{label}: {engine} ({sides[engine].ready['dtype']}, threads {threads or 'its default'}) start-up "
+                  f"{sides[engine].ready['startup_s']:.1f} s, warm-up call {sides[engine].ready['warmup_s']:.1f} s",
+                  flush=True)
+        for engine, side in sides.items():  # untimed: first-call costs of each batch size (vLLM compiles per size)
+            start = time.perf_counter()
+            for kind, prompts, samples in [(0, args.prompts, args.samples)] + [(b, b, 1) for b in batches]:
+                side.run(prompts, samples, 2, seed_for(kind, -1))
+            print(f"{label}: {engine} warm-up calls (one per batch size) {time.perf_counter() - start:.1f} s",
+                  flush=True)
+
+        def throughput(engine):
+            return lambda rep: tokens / sides[engine].run(args.prompts, args.samples, args.new_tokens,
+                                                          seed_for(0, rep))
+
+        rates = alternating({engine: throughput(engine) for engine in sides}, args.reps, lambda rep, r: print(
+            f"{label} rep {rep + 1}: native {r['native']:.1f} tok/s, vLLM {r['vllm']:.1f} tok/s", flush=True))
+
+        def step(engine, batch):
+            def measure(rep):
+                full = sides[engine].run(batch, 1, n_step, seed_for(batch, rep))
+                one = sides[engine].run(batch, 1, 1, seed_for(batch, rep))
+                return step_seconds(full, one, n_step) * 1e3
+            return measure
+
+        steps = {}
+        for batch in batches:
+            steps[batch] = summary(alternating({engine: step(engine, batch) for engine in sides}, args.reps,
+                                               lambda rep, ms: print(f"{label} batch {batch} rep {rep + 1}: step "
+                                                                     f"native {ms['native']:.2f} ms, vLLM "
+                                                                     f"{ms['vllm']:.2f} ms", flush=True)))
     finally:
         for side in sides.values():
             side.close()
-    rate = {engine: tokens / statistics.median(t) for engine, t in times.items()}
-    ratio = rate["native"] / rate["vllm"]
-    print(f"{label}: native {rate['native']:.1f} tok/s, vLLM {rate['vllm']:.1f} tok/s (medians), ratio {ratio:.2f}",
-          flush=True)
-    return ratio
+    through = summary(rates, higher_is_better=True)
+    med = through["medians"]
+    print(f"{label}: native {med['native']:.1f} tok/s, vLLM {med['vllm']:.1f} tok/s (medians), ratio "
+          f"{through['ratio']:.2f} (per repetition: {', '.join(f'{r:.2f}' for r in through['ratios'])})", flush=True)
+    for batch, s in steps.items():
+        print(f"{label}: decode step at batch {batch}: native {s['medians']['native']:.2f} ms, vLLM "
+              f"{s['medians']['vllm']:.2f} ms (medians), ratio vLLM / native {s['ratio']:.2f} (per repetition: "
+              f"{', '.join(f'{r:.2f}' for r in s['ratios'])})", flush=True)
+    return {"ratio": through["ratio"], "ratios": through["ratios"], "tokens_per_s": med,
+            "dtypes": {engine: side.ready["dtype"] for engine, side in sides.items()},
+            "step": {str(b): {"native_ms": s["medians"]["native"], "vllm_ms": s["medians"]["vllm"],
+                              "ratio": s["ratio"], "ratios": s["ratios"]} for b, s in steps.items()}}
 
 
-def versus_vllm(args) -> None:
+def versus_vllm(args, native_dtype: str, dtype_from: str) -> None:
     python = vllm_python(args.vllm_python)
     # a time limit's SIGTERM ends the run through the `finally`s: the stopped (SIGSTOP) sides are resumed and closed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -138,20 +196,42 @@ def versus_vllm(args) -> None:
     from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 
     which = getattr(args, "which", "both")
-    if which == "real" and not args.model:
-        raise SystemExit("bench/rollout.py --vs vllm --which real needs --model PATH")
-    machine = Machine.start({"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
-                             "temperature": 1.0, "ignore_eos": True, "dtype": "float32", "threads": args.threads,
-                             "reps": args.reps, "vllm_python": python, "real_model": args.model, "which": which,
-                             "vllm_enforce_eager": bool(args.quick)})
-    ratios = {}
+    runs = {"tiny": ["tiny"], "real": ["real-bf16", "real-fp32"], "both": ["tiny", "real-bf16", "real-fp32"]}.get(
+        which, [which])
+    if any(r.startswith("real") for r in runs) and not args.model:
+        if which != "both":
+            raise SystemExit(f"bench/rollout.py --vs vllm --which {which} needs --model PATH")
+        runs = ["tiny"]
+    machine = Machine.start({
+        "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens, "temperature": 1.0,
+        "ignore_eos": True, "reps": args.reps, "step_batches": args.step_batches, "step_tokens": args.step_tokens,
+        "comparisons": runs, "threads": args.threads,
+        "tiny": "float32 both, threads both",
+        "real-bf16": f"native {native_dtype} ({dtype_from}), {args.threads} threads; vLLM its default dtype and "
+                     "thread binding",
+        "real-fp32": f"float32 both, {args.threads} threads both (VLLM_CPU_OMP_THREADS_BIND to the first cores)",
+        "kv_cache_bytes": "2 GiB both", "vllm_python": python, "real_model": args.model,
+        "vllm_enforce_eager": bool(args.quick)})
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if which in ("tiny", "both"):
-            # head_dim 64: what vLLM's CPU attention supports
-            spec = TinyModelSpec(arch="qwen2", hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
-                                 num_kv_heads=2, max_position_embeddings=1024)
-            ratios["ratio_tiny"] = compare("tiny qwen2", str(write_tiny_model(tmp, spec)), args, python)
-        if args.model and which in ("real", "both"):
-            ratios["ratio_real"] = compare(Path(args.model).name, args.model, args, python)
+        for run in runs:
+            if run == "tiny":
+                # head_dim 64: what vLLM's CPU attention supports
+                spec = TinyModelSpec(arch="qwen2", hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
+                                     num_kv_heads=2, max_position_embeddings=1024)
+                results["tiny"] = compare("tiny qwen2", str(write_tiny_model(tmp, spec)), args, python, "float32",
+                                          "float32", args.threads)
+            elif run == "real-bf16":
+                results["real_bf16"] = compare(f"{Path(args.model).name} (vLLM defaults)", args.model, args, python,
+                                               native_dtype, "auto", 0)
+            else:
+                results["real_fp32"] = compare(f"{Path(args.model).name} (float32, matched)", args.model, args,
+                                               python, "float32", "float32", args.threads)
     machine.end()
-    print(result_line("rollout_vs_vllm", **ratios, threads=args.threads))
+    fields = {}
+    for key, r in results.items():
+        fields[f"ratio_{key}"], fields[f"ratios_{key}"] = r["ratio"], r["ratios"]
+    print(result_line("rollout_vs_vllm", **fields, threads=args.threads,
+                      dtypes={key: r["dtypes"] for key, r in results.items()},
+                      tokens_per_s={key: r["tokens_per_s"] for key, r in results.items()},
+                      step={key: r["step"] for key, r in results.items()}))
