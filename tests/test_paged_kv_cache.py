@@ -38,8 +38,8 @@ def ragged_requests(tok, temperature=0.0, n=2, seed=None):
             for i, (p, m) in enumerate(zip(PROMPTS, MAX_NEW))]
 
 
-def native(path, **kw):
-    return make_engine(RolloutConfig(engine="native", model_path=path, **kw))
+def native(path, **kw):  # float32: these tests compare bits (tests/greedy_contract.py)
+    return make_engine(RolloutConfig(engine="native", model_path=path, **{"dtype": "float32", **kw}))
 
 
 def budget_for(path, blocks, block_size):
@@ -56,7 +56,7 @@ def test_paged_greedy_equals_transformers_with_ragged_lengths_and_tiny_blocks(mo
     reqs = ragged_requests(tok)
     engine = native(model_path, max_batch_size=12, kv_block_size=4)  # prompts and answers span up to 48 blocks
     ours = engine.generate(reqs)
-    reference = make_engine(RolloutConfig(engine="hf", model_path=model_path)).generate(reqs)
+    reference = make_engine(RolloutConfig(engine="hf", model_path=model_path, dtype="float32")).generate(reqs)
     assert tokens_of(ours) == tokens_of(reference)
     assert [len(r.response_ids[0]) for r in ours] == MAX_NEW
     for a, b in zip(ours, reference):
@@ -182,7 +182,7 @@ def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shar
     assert tokens_of(single_a) != tokens_of(single_b)
 
     placement = cluster.place({"actor": "0", "rollout": "0-1"})
-    rollout = ShapedRollout.create_group(RolloutConfig(model_path=path_a, max_batch_size=8, kv_block_size=4)).launch(
+    rollout = ShapedRollout.create_group(RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8, kv_block_size=4)).launch(
         cluster, placement, "rollout")
     actor = HFActor.create_group(path_b).launch(cluster, placement, "actor")
     try:
@@ -233,7 +233,7 @@ def test_tp3_on_a_model_shaped_like_smollm2_serves_the_single_engine_tokens(clus
     reqs = ragged_requests(load_tokenizer(path), n=2)[:4]
     single = native(path, max_batch_size=8, kv_block_size=4).generate(reqs)
     placement = cluster.place({"rollout_tp3": "0*3"})
-    rollout = ShapedRollout.create_group(RolloutConfig(model_path=path, max_batch_size=8, kv_block_size=4)).launch(
+    rollout = ShapedRollout.create_group(RolloutConfig(dtype="float32", model_path=path, max_batch_size=8, kv_block_size=4)).launch(
         cluster, placement, "rollout_tp3")
     try:
         shapes = rollout.shapes().wait()

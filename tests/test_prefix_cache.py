@@ -23,7 +23,7 @@ def path(tmp_path_factory):
 
 
 def native(path, **kw):
-    return make_engine(RolloutConfig(engine="native", model_path=path, kv_block_size=4, max_batch_size=8, **kw))
+    return make_engine(RolloutConfig(dtype="float32", engine="native", model_path=path, kv_block_size=4, max_batch_size=8, **kw))
 
 
 def budget_for(path, blocks, block_size=4):
@@ -54,7 +54,7 @@ def test_a_turn_extending_a_finished_one_prefills_only_its_new_tokens_with_the_s
     reference = plain.generate([turn("t1", trajectory, 9)])
     assert plain.prefilled_tokens == 25 and plain.prefix_hit_tokens == 0
     assert_same([second], reference)
-    hf = make_engine(RolloutConfig(engine="hf", model_path=path)).generate([turn("t1", trajectory, 9)])
+    hf = make_engine(RolloutConfig(dtype="float32", engine="hf", model_path=path)).generate([turn("t1", trajectory, 9)])
     assert_same([second], hf)
     # a prompt the cache holds whole still computes its last token (its logits), into a block of its own
     [again] = engine.generate([turn("t2", trajectory[:24], 3)])

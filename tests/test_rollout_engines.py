@@ -28,8 +28,8 @@ def model_path(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(model_path):
-    return (make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=16)),
-            make_engine(RolloutConfig(engine="hf", model_path=model_path)), load_tokenizer(model_path))
+    return (make_engine(RolloutConfig(dtype="float32", engine="native", model_path=model_path, max_batch_size=16)),
+            make_engine(RolloutConfig(dtype="float32", engine="hf", model_path=model_path)), load_tokenizer(model_path))
 
 
 def requests(tokenizer, params=GREEDY, n=1, prompts=PROMPTS):
@@ -72,7 +72,7 @@ def test_stop_tokens_and_stop_strings_match_transformers(engines):
 
 def test_continuous_batching_with_few_slots_gives_the_same_results(model_path, engines):
     native, _, tok = engines
-    small = make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=3))
+    small = make_engine(RolloutConfig(dtype="float32", engine="native", model_path=model_path, max_batch_size=3))
     reqs = requests(tok, n=2) + requests(tok, SamplingParams(max_new_tokens=7, temperature=0.0))
     many = native.generate(reqs)
     few = small.generate(reqs)  # 3 slots for 24 sequences: slots are refilled as sequences finish
@@ -155,7 +155,7 @@ def test_migrated_samples_continue_with_the_tokens_they_would_have_drawn(model_p
                             ["abort", "abort", "abort", full.finish_reasons[3]])
     moved = continuation(requests(tok, params, n=4, prompts=["7+8="])[0], partial)
     assert moved.unfinished() == [0, 1, 2]
-    other = make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=5))
+    other = make_engine(RolloutConfig(dtype="float32", engine="native", model_path=model_path, max_batch_size=5))
     resumed = other.generate(requests(tok, GREEDY, prompts=["a", "xyz"]) + [moved])[-1]
     assert resumed.response_ids == full.response_ids
     assert resumed.finish_reasons == full.finish_reasons
@@ -170,7 +170,7 @@ def test_migrated_samples_continue_with_the_tokens_they_would_have_drawn(model_p
 
 def test_rescored_logprobs_do_not_depend_on_the_batch_or_a_migration(model_path, engines):
     native, _, tok = engines
-    rescoring = make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=16,
+    rescoring = make_engine(RolloutConfig(dtype="float32", engine="native", model_path=model_path, max_batch_size=16,
                                           logprobs="rescored"))
     params = SamplingParams(max_new_tokens=20, temperature=0.7, seed=3)
     alone = rescoring.generate(requests(tok, params, n=4, prompts=["abc"]))[0]
@@ -187,4 +187,4 @@ def test_rescored_logprobs_do_not_depend_on_the_batch_or_a_migration(model_path,
     moved = continuation(requests(tok, params, n=4, prompts=["abc"])[0], stopped)
     assert rescoring.generate(requests(tok, GREEDY, prompts=["zz"]) + [moved])[-1].logprobs == alone.logprobs
     with pytest.raises(ValueError, match="rollout.logprobs=rescored is built into the native engine only"):
-        make_engine(RolloutConfig(engine="hf", model_path=model_path, logprobs="rescored"))
+        make_engine(RolloutConfig(dtype="float32", engine="hf", model_path=model_path, logprobs="rescored"))

@@ -60,7 +60,7 @@ def requests(tok, params=GREEDY, n=1, prompts=PROMPTS):
 
 
 def reference(path, reqs):
-    return make_engine(RolloutConfig(engine="hf", model_path=path)).generate(reqs)
+    return make_engine(RolloutConfig(dtype="float32", engine="hf", model_path=path)).generate(reqs)
 
 
 def same_tokens(ours, ref):
@@ -72,7 +72,7 @@ def test_tp2_rollout_matches_transformers_then_takes_the_actors_weights(cluster,
     tok = load_tokenizer(path_a)
     reqs = requests(tok)
     placement = cluster.place({"actor,rollout": "0-1"})
-    rollout = CheckedRollout.create_group(RolloutConfig(model_path=path_a, max_batch_size=8)).launch(
+    rollout = CheckedRollout.create_group(RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8)).launch(
         cluster, placement, "rollout")
     actor = FSDPActor.create_group(path_b).launch(cluster, placement, "actor")
     try:
@@ -110,7 +110,7 @@ def test_results_stream_to_a_channel_and_abort_reaches_a_running_generate(cluste
     path_a, _ = paths
     tok = load_tokenizer(path_a)
     placement = cluster.place({"rollout": "0"})
-    rollout = RolloutWorker.create_group(RolloutConfig(model_path=path_a, max_batch_size=4)).launch(
+    rollout = RolloutWorker.create_group(RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=4)).launch(
         cluster, placement, "rollout")
     channel = Channel.create("rollout-results", RolloutResult)
     try:
@@ -135,7 +135,7 @@ def test_data_parallel_replicas_split_the_requests_and_each_gets_the_weights(clu
     tok = load_tokenizer(path_a)
     reqs = requests(tok, prompts=PROMPTS + ["x*y", "Q: 7-2? A:"])
     placement = cluster.place({"actor,rollout": "0-1"})
-    rollout = RolloutWorker.create_group(RolloutConfig(model_path=path_a, max_batch_size=8, tp_size=1)).launch(
+    rollout = RolloutWorker.create_group(RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8, tp_size=1)).launch(
         cluster, placement, "rollout")
     actor = FSDPActor.create_group(path_b).launch(cluster, placement, "actor")
     try:

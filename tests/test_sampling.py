@@ -2,7 +2,7 @@
 
 import torch
 
-from rlinf_like.workers.rollout.sampling import RowParams, gumbel_argmax, sample, uniform_noise
+from rlinf_like.workers.rollout.sampling import BLOCK, RowParams, inverse_cdf, sample, uniform
 
 
 def rows(b, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=0):
@@ -43,22 +43,46 @@ def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
 
 
 def test_noise_depends_only_on_seed_and_step():
-    a = uniform_noise(torch.tensor([3, 9]), torch.tensor([5, 5]), 50)
-    b = uniform_noise(torch.tensor([9, 1, 3]), torch.tensor([5, 5, 5]), 50)
-    assert torch.equal(a[0], b[2]) and torch.equal(a[1], b[0])
-    assert not torch.equal(a[0], uniform_noise(torch.tensor([3]), torch.tensor([6]), 50)[0])
-    big = uniform_noise(torch.arange(1000), torch.zeros(1000, dtype=torch.int64), 100)
-    assert 0 < big.min() and big.max() < 1 and abs(big.mean().item() - 0.5) < 0.01
+    a = uniform(torch.tensor([3, 9]), torch.tensor([5, 5]))
+    b = uniform(torch.tensor([9, 1, 3]), torch.tensor([5, 5, 5]))
+    assert a[0] == b[2] and a[1] == b[0]
+    assert a[0] != uniform(torch.tensor([3]), torch.tensor([6]))[0]
+    big = uniform(torch.arange(100_000), torch.zeros(100_000, dtype=torch.int64))
+    assert 0 < big.min() and big.max() < 1 and abs(big.mean().item() - 0.5) < 0.005
+    assert big.unique().numel() == big.numel()  # 53 bits: no collisions among 1e5 draws
 
 
-def test_gumbel_argmax_draws_the_tokens_of_the_plain_recipe():
-    """The pruned draw picks exactly argmax(log p + -log(-log(uniform_noise))) of the whole vocabulary: peaked rows
-    (few candidates), flat rows (all of them), rows with -inf (filtered) tokens, several rows per hash block."""
+def test_inverse_cdf_picks_the_first_index_past_u_of_the_total():
+    """The two-level search equals the plain one (a float64 running sum over the whole row): vocabularies a block
+    divides and ones it does not, flat and peaked rows, zero weights (filtered tokens) that are never picked."""
     gen = torch.Generator().manual_seed(0)
-    for vocab, batch, scale in [(49152, 6, 6.0), (1000, 40, 0.01), (33, 9, 3.0), (5, 300, 1.0)]:
-        scores = (torch.randn(batch, vocab, generator=gen) * scale).log_softmax(-1)
-        scores[::3, vocab // 2:] = float("-inf")
-        seeds, steps = torch.randint(0, 1 << 40, (batch,), generator=gen), torch.randint(0, 99, (batch,), generator=gen)
-        plain = (scores + -torch.log(-torch.log(uniform_noise(seeds, steps, vocab))).float()).argmax(-1)
-        assert torch.equal(gumbel_argmax(scores, seeds, steps), plain), (vocab, batch)
-        assert not torch.equal(plain, scores.argmax(-1))  # the noise matters in these rows
+    for vocab, batch, scale in [(49152, 6, 6.0), (3 * BLOCK + 17, 40, 0.5), (33, 9, 3.0), (5, 300, 1.0)]:
+        weights = (torch.randn(batch, vocab, generator=gen) * scale).softmax(-1)
+        weights[::3, vocab // 2:] = 0
+        u = torch.rand(batch, generator=gen, dtype=torch.float64)
+        u[0] = 1 - 2.0**-53  # the last positive token, past the zero tail
+        running = weights.double().cumsum(-1)
+        plain = torch.searchsorted(running, (u * running[:, -1])[:, None], right=True)[:, 0]
+        plain = plain.minimum(torch.where(weights > 0, torch.arange(vocab), -1).amax(-1))
+        drawn = inverse_cdf(weights, u)
+        assert torch.equal(drawn, plain), (vocab, batch)
+        assert bool((weights.gather(1, drawn[:, None]) > 0).all())
+        assert drawn[0] == plain[0] and weights[0, drawn[0]] > 0
+
+
+def test_sampling_reads_the_vocabulary_in_float_only():
+    """No integer tensor the size of the vocabulary (the per-token hash that once cost more than the model)."""
+    logits = torch.randn(4, 4 * BLOCK)
+    seen = []
+
+    class Watch(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple) else (out,):
+                if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.numel() >= logits.numel():
+                    seen.append(func)
+            return out
+
+    with Watch():
+        sample(logits, rows(4))
+    assert not seen, seen

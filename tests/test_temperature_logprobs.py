@@ -22,7 +22,7 @@ TEMPERATURE = 0.7
 def sampled(tmp_path_factory):
     path = str(write_tiny_model(tmp_path_factory.mktemp("temp"), TinyModelSpec()))
     tok = load_tokenizer(path)
-    engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=8))
+    engine = make_engine(RolloutConfig(dtype="float32", engine="native", model_path=path, max_batch_size=8))
     params = SamplingParams(max_new_tokens=12, temperature=TEMPERATURE, seed=5)
     results = engine.generate([RolloutRequest(f"r{i}", tok(p).input_ids, params, 2)
                                for i, p in enumerate(["12+34=", "abc", "Q: 7-2? A:"])])

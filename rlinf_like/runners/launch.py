@@ -30,6 +30,7 @@ from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.rollout.agent_rollout import AgentSetup
+from rlinf_like.workers.rollout.base import rollout_dtype
 from rlinf_like.workers.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,17 @@ def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> int:
     return budget.tokens
 
 
+def rollout_dtype_choice(cfg: ReasoningConfig, placement: Placement) -> tuple[str, str]:
+    """(rollout dtype, why): rollout.dtype as set, else float32 while the actor trains in fp32 (rollout logprobs
+    then match the trainer's to the last bits, the on-policy check), else what the rollout's devices support."""
+    if cfg.rollout.dtype != "auto":
+        return cfg.rollout.dtype, "set in the config"
+    actor, why = precision_choice(cfg, placement["actor"].device_kind)
+    if actor == "fp32":
+        return "float32", f"the actor trains in fp32 ({why})"
+    return rollout_dtype("auto", "cuda" if placement["rollout"].device_kind == "gpu" else "cpu")
+
+
 def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens: int | None) -> float:
     """rollout.kv_cache_memory_gb, or for the native engine on CPU with it unset, what this run's samples need
     (`memory.rollout_kv_gb`): a share of free memory sized for the model's whole context took 1.9 GiB per
@@ -126,7 +138,7 @@ def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens:
         return r.kv_cache_memory_gb
     tp = r.tp_size or placement["rollout"].world_size
     replicas = placement["rollout"].world_size // tp
-    need = memory.rollout_kv_gb(cfg, replicas, prompt_tokens)
+    need = memory.rollout_kv_gb(cfg, replicas, prompt_tokens, rollout_dtype_choice(cfg, placement)[0])
     ceiling = min(r.kv_cache_memory_fraction * memory.available_bytes(),
                   memory.ROLLOUT_KV_SHARE * memory.machine_bytes() / replicas) / 2**30
     log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (this run's samples need {need:.2f}, "
@@ -175,7 +187,9 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
                                                               memory_advice=MEMORY_ADVICE["critic"])
     serving = cfg.runner.schedule == "async" or cfg.agent.multi_turn
-    rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path,
+    dtype, why = rollout_dtype_choice(cfg, placement)
+    log.info(f"rollout dtype: {dtype} ({why})")
+    rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path, dtype=dtype,
                           # serving continuously: every rank on its own (tp 0 would make the group one engine)
                           tp_size=cfg.rollout.tp_size or (1 if serving else 0),
                           kv_cache_memory_gb=rollout_kv_budget(cfg, placement, prompt_tokens))

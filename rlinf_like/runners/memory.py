@@ -88,14 +88,14 @@ def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
-def rollout_kv_gb(cfg, replicas: int, prompt_tokens: int) -> float:
+def rollout_kv_gb(cfg, replicas: int, prompt_tokens: int, dtype: str = "float32") -> float:
     """The native engine's KV cache for this run: every slot a replica can fill (its share of a step's samples, at
     most rollout.max_batch_size) holding the longest prompt seen plus runner.max_new_tokens, with a quarter on top.
     A longer prompt later still runs: the paged cache then admits fewer sequences at a time."""
     r = cfg.runner
     samples = r.prompts_per_step * cfg.algorithm.samples_per_prompt
     slots = min(cfg.rollout.max_batch_size, -(-samples // max(1, replicas)))
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.rollout.dtype]
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]  # the resolved rollout.dtype
     token = kv_bytes_per_token(cfg, dtype_bytes)
     # the engine refuses a cache that cannot hold one sequence of its whole context (plus a scratch block)
     block = cfg.rollout.kv_block_size

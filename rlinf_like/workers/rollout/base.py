@@ -20,6 +20,7 @@ import torch
 from rlinf_like.config.validate import bounded
 from rlinf_like.hybrid_engines.lora_sync import AdapterMerger, AdapterSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver
+from rlinf_like.utils import hardware
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 ResultCallback = Callable[[RolloutResult], None]
@@ -28,6 +29,14 @@ RequestSource = Callable[[bool], "list[RolloutRequest] | None"]
 
 
 LOGPROB_SOURCES = ("sampled", "rescored")  # rescored: engines declaring rescored_logprobs
+
+
+def rollout_dtype(dtype: str, device: str) -> tuple[str, str]:
+    """(the torch dtype name `rollout.dtype` means on `device`, why): `auto` asks the hardware."""
+    if dtype != "auto":
+        return dtype, "set in the config"
+    precision, why = hardware.auto_precision(torch.device(device))
+    return ("bfloat16" if precision == "bf16" else "float32"), why
 
 
 @dataclass(kw_only=True)
@@ -49,8 +58,10 @@ class RolloutConfig:
     # (multi-turn: each turn prefills only what is new); dropped when the weights change. The same tokens and
     # logprobs within float rounding (as batching already gives); false: every prompt prefilled whole
     prefix_cache: bool = True
-    # the rollout's weights; a weight sync converts to it once, at the sender
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # the rollout's weights and KV cache; a weight sync converts to it once, at the sender. auto: bfloat16 on a GPU
+    # or a CPU with bf16 units (avx512_bf16, amx_bf16), else float32 (`rollout_dtype`); in a training run, float32
+    # whenever the actor trains in fp32, so the exact on-policy path stays whole
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)
     # "sampled": from the decode step; "rescored": one pass over prompt + response, the same floats whatever the batch
     logprobs: Literal[LOGPROB_SOURCES] = "sampled"

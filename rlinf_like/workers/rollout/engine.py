@@ -11,10 +11,16 @@ is checked).
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 import torch.distributed as dist
 
 from rlinf_like.utils.registry import Registry
-from rlinf_like.workers.rollout.base import LOGPROB_SOURCES, ResultCallback, RolloutConfig, RolloutEngine
+from rlinf_like.workers.rollout.base import (LOGPROB_SOURCES, ResultCallback, RolloutConfig, RolloutEngine,
+                                            rollout_dtype)
+
+log = logging.getLogger(__name__)
 
 ENGINE_REGISTRY: Registry[type[RolloutEngine]] = Registry("rollout engine", key="rollout.engine")
 ENGINE_REGISTRY.register("native", "rlinf_like.workers.rollout.native.engine:NativeEngine")
@@ -77,4 +83,8 @@ def make_engine(config: RolloutConfig, process_group=None, tokenizer=None, devic
     """The engine `config.engine` names; `process_group` (world size > 1) makes it tensor parallel."""
     tp_size = dist.get_world_size(process_group) if process_group is not None else 1
     engine = check_rollout_config(config, tp_size)
+    if config.dtype == "auto":  # every rank of a TP group resolves it alike: they run on one kind of host
+        dtype, why = rollout_dtype(config.dtype, device)
+        log.info(f"rollout dtype {dtype} ({why})")
+        config = replace(config, dtype=dtype)
     return engine.create(config, process_group=process_group, tokenizer=tokenizer, device=device)

@@ -41,15 +41,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per sequence: q [B, H, 1, d], keys and values [KV, B, T, d] (each sequence's blocks
-    gathered), additive mask [B, 1, 1, T].
+def decode_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per sequence: q [B, H, 1, d], keys transposed [KV, B, d, T] and values [KV, B, T, d] (each
+    sequence's blocks gathered), additive mask [B, 1, 1, T].
     Plain batched matmuls with the query heads grouped under their key/value head: no copy of the
-    cache for GQA, and on CPU much faster than the fused kernel is for a single query row. Each
-    (key/value head, sequence) product has the shapes and memory layout the unpaged cache had."""
+    cache for GQA, and on CPU much faster than the fused kernel is for a single query row. Keys come
+    transposed so the score product reads them in place (a bf16 batched matmul copies a transposed
+    operand every call); scaling and softmax run in float32 (bf16 scores are rounded once, not twice)."""
     b, heads, _, d = q.shape
-    kv = keys.shape[0]
+    kv = keys_t.shape[0]
     grouped = q.view(b, kv, heads // kv, d).transpose(0, 1).contiguous()  # [KV, B, G, d]
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * d**-0.5 + mask.view(1, b, 1, -1)  # [KV, B, G, T]
-    out = torch.matmul(scores.softmax(dim=-1), values)  # [KV, B, G, d]
+    scores = torch.matmul(grouped, keys_t).float() * d**-0.5 + mask.view(1, b, 1, -1)  # [KV, B, G, T]
+    out = torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)  # [KV, B, G, d]
     return out.transpose(0, 1).reshape(b, heads, 1, d)

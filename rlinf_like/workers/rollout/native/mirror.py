@@ -3,7 +3,9 @@
 A decode step over the paged cache gathers every live sequence's rows, every layer, every step: on CPU that copy
 was ~17% of a step's time on the tiny model (the bytes a step reads, copied once more). While the same sequences
 decode step after step, the gathered rows only grow by one position per sequence, so the mirror keeps them:
-[layers, kv_heads, batch, capacity, head_dim] for keys and for values, built with one gather when the batch
+[layers, kv_heads, batch, head_dim, capacity] for keys (stored transposed: the score product reads them in that
+order, and a bf16 batched matmul copies a transposed operand every call) and [layers, kv_heads, batch, capacity,
+head_dim] for values, built with one gather when the batch
 changes (an admission, a finish, a preemption: the scheduler's roster), then appended in place each step (the
 paged cache is written too; it stays the source of truth). A rebuild reuses the last buffer when it is large enough.
 Positions past a sequence's own length hold zeros or other cache rows (finite, masked). The mirror is used only
@@ -24,8 +26,8 @@ class DecodeMirror:
     def __init__(self) -> None:
         self.key: object = None
         self.positions: torch.Tensor | None = None
-        self.k: torch.Tensor | None = None  # [layers, kv, B, capacity, d]
-        self.v: torch.Tensor | None = None
+        self.k: torch.Tensor | None = None  # [layers, kv, B, d, capacity]
+        self.v: torch.Tensor | None = None  # [layers, kv, B, capacity, d]
         self.span = 0  # the longest live sequence's length this step, its new token included
         self.batch: torch.Tensor | None = None  # arange(B)
 
@@ -37,7 +39,7 @@ class DecodeMirror:
         """Make the mirror hold rows 0 .. position - 1 of each sequence in the batch (table [B, blocks],
         positions [B]); False when it would not fit in `limit_bytes` (then the caller gathers)."""
         span = int(positions.max()) + 1
-        if (self.k is not None and key is not None and key == self.key and span <= self.k.shape[3]
+        if (self.k is not None and key is not None and key == self.key and span <= self.k.shape[4]
                 and torch.equal(positions, self.positions + 1)):
             self.positions, self.span = positions, span
             return True
@@ -52,9 +54,10 @@ class DecodeMirror:
         blocks = -(-span // block_size)
         offsets = torch.arange(block_size, device=table.device)
         rows = (table[:, :blocks, None] * block_size + offsets).view(b, -1)[:, :span].reshape(-1)  # [B * span]
-        self.k, self.v = self._buffer(self.k, k_cache, shape), self._buffer(self.v, v_cache, shape)
+        self.k = self._buffer(self.k, k_cache, (layers, kv, b, d, capacity))
+        self.v = self._buffer(self.v, v_cache, shape)
         # rows past a sequence's position are other cache rows (finite, masked), as the per-step gather reads
-        self.k[:, :, :, :span] = k_cache.index_select(2, rows).view(layers, kv, b, span, d)
+        self.k[..., :span] = k_cache.index_select(2, rows).view(layers, kv, b, span, d).transpose(-1, -2)
         self.v[:, :, :, :span] = v_cache.index_select(2, rows).view(layers, kv, b, span, d)
         self.key, self.positions, self.span = key, positions, span
         self.batch = torch.arange(b, device=positions.device)
@@ -71,8 +74,9 @@ class DecodeMirror:
         return whole[:numel].view(shape)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this step's k, v [B, kv, d] at each sequence's position; keys and values [kv, B, span, d]."""
+        """Store this step's k, v [B, kv, d] at each sequence's position; keys [kv, B, d, span] (transposed) and
+        values [kv, B, span, d]."""
         k_layer, v_layer = self.k[layer], self.v[layer]
-        k_layer[:, self.batch, self.positions] = k.transpose(0, 1)
+        k_layer[:, self.batch, :, self.positions] = k  # the indexed dims are apart: the result is [B, kv, d]
         v_layer[:, self.batch, self.positions] = v.transpose(0, 1)
-        return k_layer[:, :, :self.span], v_layer[:, :, :self.span]
+        return k_layer[..., :self.span], v_layer[:, :, :self.span]

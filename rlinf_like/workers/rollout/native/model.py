@@ -313,7 +313,7 @@ class Decoder:
                 return decode_attention(q, *self.mirror.append(layer, k[:, :, 0], v[:, :, 0]), mask)
             keys = k_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
             values = v_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
-            return decode_attention(q, keys, values, mask)
+            return decode_attention(q, keys.transpose(-1, -2).contiguous(), values, mask)  # the mirror's layout
 
         x = self._embed(tokens)[:, None]
         with self.packed.enabled(b):

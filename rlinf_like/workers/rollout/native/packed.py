@@ -1,16 +1,18 @@
-"""The decode step's linear layers on CPU through MKL's packed GEMM (float32): the same bits, ~10% less time.
+"""The decode step's linear layers on CPU with weights laid out once in the order the GEMM kernel reads them.
 
-MKL's `cblas_sgemm_pack` lays a weight out once in the order its kernel reads it, so a decode step that multiplies
-the same weights every step skips that repacking (vLLM's CPU backend prepacks its weights the same way, with
-oneDNN). Greedy tokens must stay equal to transformers', so a packed product is used only where it gives the bits
+A decode step multiplies the same weights every step, so repacking them every call is waste (vLLM's CPU backend
+prepacks its weights the same way). Two kernels, by the weights' dtype:
+- float32: MKL's packed GEMM (`cblas_sgemm_pack`), ~10% less time, used from `MIN_ROWS` rows (a prefill's hundreds
+  of rows and a few stragglers' rows were slower packed);
+- bfloat16: oneDNN's prepacked matmul (the kernel `torch.compile`'s freezing uses), measured on a Zen 4 host 2x
+  F.linear at one row, ~20% at 32, ~5% at 128 (`docs/benchmarks.md`), so used at every batch size.
+Greedy tokens must stay equal to the unpacked engine's, so a packed product is used only where it gives the bits
 `F.linear` gives: for the usual shapes it does, not with a bias (added in another order) nor for some odd small
 shapes (another kernel). That depends on the shapes, not on the values, so the first call of each (weight shape,
-rows) compares the two on its input and remembers the answer (that call returns F.linear's result). Only decode
-steps of `MIN_ROWS` rows or more use it (a prefill's hundreds of rows and a few stragglers' rows were slower
-packed). A packed copy is made at a weight's first use and
-again when the weight changed (its version counter, which a weight sync's in-place write or a view of a fused
-tensor bumps, or its storage, which an onload moves); `drop()` frees them all (offload). The packed copies take
-about as much memory as the weights they pack.
+rows, dtype) compares the two on its input and remembers the answer (that call returns F.linear's result). A packed
+copy is made at a weight's first use and again when the weight changed (its version counter, which a weight sync's
+in-place write or a view of a fused tensor bumps, or its storage, which an onload moves); `drop()` frees them all
+(offload). The packed copies take about as much memory as the weights they pack.
 """
 
 from __future__ import annotations
@@ -20,18 +22,45 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-MIN_ROWS = 16
+MIN_ROWS = 16  # float32 (MKL) only
+
+
+def _mkl_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), rows)
+
+
+def _mkl_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, packed, weight, None, rows)
+
+
+def _onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+
+
+def _onednn_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def kernel(weight: torch.Tensor):
+    """(pack, run, min_rows) for this weight, or None where no packed kernel serves it."""
+    if weight.device.type != "cpu":
+        return None
+    if weight.dtype == torch.float32 and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        return _mkl_pack, _mkl_run, MIN_ROWS
+    if (weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return _onednn_pack, _onednn_run, 1
+    return None
 
 
 def available(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkl.is_available()
-            and hasattr(torch.ops.mkl, "_mkl_linear"))
+    return kernel(weight) is not None
 
 
 class PackedWeights:
     def __init__(self) -> None:
         self._packs: dict[str, tuple[int, int, torch.Tensor]] = {}  # name -> (data_ptr, version, packed)
-        self._same_bits: dict[tuple, bool] = {}  # (weight shape, rows, threads) -> packed == F.linear, bitwise
+        self._same_bits: dict[tuple, bool] = {}  # (weight shape, dtype, rows, threads) -> packed == F.linear
         self._rows = 0  # the rows of the step in progress; 0: not packing
 
     def drop(self) -> None:
@@ -39,25 +68,28 @@ class PackedWeights:
 
     @contextmanager
     def enabled(self, rows: int):
-        """Use packed weights for this block of calls when `rows` (the batch) is large enough."""
-        self._rows = rows if rows >= MIN_ROWS else 0
+        """Use packed weights for this block of calls (where the kernel serves `rows`, the batch)."""
+        self._rows = rows
         try:
             yield
         finally:
             self._rows = 0
 
-    def linear(self, x: torch.Tensor, name: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if not self._rows or bias is not None or not available(weight):
+    def linear(self, x: torch.Tensor, name: str, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        chosen = kernel(weight) if self._rows and bias is None and x.dtype == weight.dtype else None
+        if chosen is None or self._rows < chosen[2]:
             return F.linear(x, weight, bias)
-        shape = (tuple(weight.shape), x.numel() // x.shape[-1], torch.get_num_threads())
+        pack, run, _ = chosen
+        shape = (tuple(weight.shape), weight.dtype, x.numel() // x.shape[-1], torch.get_num_threads())
         if self._same_bits.get(shape) is False:
             return F.linear(x, weight)
         key = (weight.data_ptr(), weight._version)
         held = self._packs.get(name)
         if held is None or held[:2] != key:
-            held = (*key, torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), self._rows))
+            held = (*key, pack(weight, self._rows))
             self._packs[name] = held
-        out = torch.ops.mkl._mkl_linear(x, held[2], weight, None, self._rows)
+        out = run(x, held[2], weight, self._rows)
         if shape not in self._same_bits:
             plain = F.linear(x, weight)
             self._same_bits[shape] = torch.equal(out, plain)
