@@ -62,6 +62,9 @@ class RolloutConfig:
     # or a CPU with bf16 units (avx512_bf16, amx_bf16), else float32 (`rollout_dtype`); in a training run, float32
     # whenever the actor trains in fp32, so the exact on-policy path stays whole
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # native, on a GPU: decode steps replayed as CUDA graphs on bucketed batch sizes and spans, captured at start-up
+    # (native/graphs.py); no effect on CPU
+    cuda_graphs: bool = True
     seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)
     # "sampled": from the decode step; "rescored": one pass over prompt + response, the same floats whatever the batch
     logprobs: Literal[LOGPROB_SOURCES] = "sampled"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -55,6 +56,7 @@ from rlinf_like.workers.rollout.native.model import (
     model_config,
     weight_layouts,
 )
+from rlinf_like.workers.rollout.native.graphs import StaticDecode
 from rlinf_like.workers.rollout.native.paging import cache_budget, plan_cache
 from rlinf_like.workers.rollout.native.prefix_cache import CachingBlockPool
 from rlinf_like.workers.rollout.native.scheduler import BatchLoop, LiveSample
@@ -115,6 +117,11 @@ class NativeEngine(RolloutEngine):
         self._tokenizer = tokenizer
         self._residency = ResidencyManager(_TensorBag(self.weights))
         self._rng = random.Random(config.seed)  # same on every TP rank, consumed in the same order
+        graphs = config.cuda_graphs and self.device.type == "cuda"
+        self.static = (StaticDecode(self.decoder, self.max_blocks, self.max_context, self.device, use_graphs=True)
+                       if graphs else None)
+        if graphs:  # captured now, so the first call runs at speed (the KV cache's addresses are in the graphs)
+            self._block_pool()
 
     # --- weights / memory ------------------------------------------------------------------------------
     def weight_layouts(self) -> list[TensorLayout]:
@@ -130,6 +137,8 @@ class NativeEngine(RolloutEngine):
         self._residency.offload(["params"])
         self.decoder.free_cache()
         self._pool = None  # the prefix cache goes with the memory
+        if self.static is not None:  # its graphs hold the addresses of the weights and the cache
+            self.static.steps.clear()
 
     def onload(self) -> None:
         self._residency.onload(["params"])
@@ -150,6 +159,10 @@ class NativeEngine(RolloutEngine):
         if self.decoder.k_cache is None:
             self.decoder.allocate_cache(plan.blocks, plan.block_size, self.dtype, self.device)
             self._pool = None
+            if self.static is not None:
+                started = time.perf_counter()
+                count = self.static.warm(self.slots)
+                log.info("native engine: %d decode graphs captured in %.1f s", count, time.perf_counter() - started)
         if self._pool is None or self._pool.in_use:  # a call that failed left blocks held: start afresh
             self._pool = CachingBlockPool(plan.blocks, plan.block_size, self.config.prefix_cache)
         self._check_weights(self._pool)
@@ -166,6 +179,14 @@ class NativeEngine(RolloutEngine):
             pool.clear()
             self._weights_seen = stamp
 
+
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, batch_key: object,
+                    span: int) -> torch.Tensor:
+        """Logits of one decode step: on static buffers (CUDA graphs) when the engine has them, else the dynamic
+        step with the decode mirror."""
+        if self.static is not None:
+            return self.static(tokens, positions, table, span)
+        return self.decoder.decode(tokens, positions, table, batch_key=batch_key, span=span)
 
     # --- serving -----------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[RolloutRequest], on_result: ResultCallback | None = None) -> list[RolloutResult]:

@@ -153,7 +153,9 @@ class Decoder:
 
     # --- pieces -----------------------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)  # [B, S, hd/2]
+        if self.inv_freq.device != positions.device:  # moved once: a captured graph may copy nothing from the host
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * self.inv_freq  # [B, S, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, S, hd]
 
@@ -285,14 +287,15 @@ class Decoder:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
-               batch_key: object = None) -> torch.Tensor:
+               batch_key: object = None, span: int | None = None) -> torch.Tensor:
         """One token for each of B sequences at its own position, sequence b's blocks listed in
         table[b] (block numbers, in order); logits [B, V].
-        Attention reads each sequence's rows up to the longest sequence's length, masked per row: from the
-        `DecodeMirror` while the caller's `batch_key` (the same sequences, each one position further) is
-        unchanged, else gathered from the blocks."""
+        Attention reads each sequence's rows up to `span` (default: the longest sequence's length), masked per
+        row: from the `DecodeMirror` while the caller's `batch_key` (the same sequences, each one position further)
+        is unchanged, else gathered from the blocks. With `span` given and no `batch_key` the step reads nothing
+        back to the host: a CUDA graph can hold it (`graphs.py`)."""
         b = tokens.shape[0]
-        span = int(positions.max()) + 1
+        span = int(positions.max()) + 1 if span is None else span
         bs = self.block_size
         blocks = -(-span // bs)
         offsets = torch.arange(bs, device=tokens.device)
@@ -302,7 +305,8 @@ class Decoder:
         mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
 
         rope = self._rope(positions[:, None], self.k_cache.dtype)  # once for all layers
-        mirrored = self.mirror.ready(batch_key, positions, self.k_cache, self.v_cache, table, bs, self.cache_bytes())
+        mirrored = batch_key is not None and self.mirror.ready(batch_key, positions, self.k_cache, self.v_cache, table,
+                                                               bs, self.cache_bytes())
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)

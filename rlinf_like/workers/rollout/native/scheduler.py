@@ -276,8 +276,9 @@ class BatchLoop:
         slots = sorted(self.live)
         rows = torch.tensor(slots, device=self.device)
         state = self.state
-        logits = self.engine.decoder.decode(state.last_token[rows], state.position[rows], state.table[rows],
-                                            batch_key=(self.serial, self.roster))
+        span = max(seq.position for seq in self.live.values()) + 1  # known here: the step reads nothing back
+        logits = self.engine.decode_step(state.last_token[rows], state.position[rows], state.table[rows],
+                                         batch_key=(self.serial, self.roster), span=span)
         tokens, logprobs = sample(logits, state.params(rows))
         state.after_decode(rows, tokens)
         for slot, token, logprob in zip(slots, tokens.tolist(), logprobs.tolist()):
