@@ -73,15 +73,32 @@ class RowParams:
     steps: torch.Tensor  # int64 [B], tokens generated so far
 
 
-def sample(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch.Tensor]:
+class Workspace:
+    """Two float32 [rows, V] buffers kept from one step to the next: on CPU a fresh tensor that large is fresh pages
+    from the OS, and faulting them in cost more than the arithmetic (a [128, 49152] conversion: ~10x)."""
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+
+    def get(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, vocab = like.shape
+        if not self._buffers or self._buffers[0].shape[0] < rows or self._buffers[0].shape[1] != vocab \
+                or self._buffers[0].device != like.device:
+            self._buffers = [torch.empty(rows, vocab, device=like.device) for _ in range(2)]
+        return self._buffers[0][:rows], self._buffers[1][:rows]
+
+
+def sample(logits: torch.Tensor, params: RowParams, workspace: Workspace | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [B], logprobs [B]); logprobs under softmax(logits / temperature), before top-k/top-p."""
     greedy = params.temperature == 0
-    scaled = logits.float()
+    scaled, weights = (workspace or Workspace()).get(logits)
+    scaled.copy_(logits)
     if not bool((params.temperature == 1).all()):
         temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
-        scaled = scaled / temperature[:, None]
+        scaled.div_(temperature[:, None])
     top, tokens = scaled.max(dim=-1)
-    weights = torch.exp(scaled - top[:, None])  # softmax's numerator, its largest entry exactly 1
+    torch.sub(scaled, top[:, None], out=weights).exp_()  # softmax's numerator, its largest entry exactly 1
     log_total = weights.sum(-1).log()
     if not bool(greedy.all()):
         filtered = _filter(scaled, params.top_k, params.top_p)

@@ -60,6 +60,7 @@ from rlinf_like.workers.rollout.native.graphs import StaticDecode
 from rlinf_like.workers.rollout.native.paging import cache_budget, plan_cache
 from rlinf_like.workers.rollout.native.prefix_cache import CachingBlockPool
 from rlinf_like.workers.rollout.native.scheduler import BatchLoop, LiveSample
+from rlinf_like.workers.rollout.sampling import Workspace
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class NativeEngine(RolloutEngine):
         self._tokenizer = tokenizer
         self._residency = ResidencyManager(_TensorBag(self.weights))
         self._rng = random.Random(config.seed)  # same on every TP rank, consumed in the same order
+        self.sampler_workspace = Workspace()
         graphs = config.cuda_graphs and self.device.type == "cuda"
         self.static = (StaticDecode(self.decoder, self.max_blocks, self.max_context, self.device, use_graphs=True)
                        if graphs else None)
@@ -136,6 +138,7 @@ class NativeEngine(RolloutEngine):
     def offload(self) -> None:
         self._residency.offload(["params"])
         self.decoder.free_cache()
+        self.sampler_workspace = Workspace()
         self._pool = None  # the prefix cache goes with the memory
         if self.static is not None:  # its graphs hold the addresses of the weights and the cache
             self.static.steps.clear()

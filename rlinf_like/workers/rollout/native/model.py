@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
 from rlinf_like.workers.rollout.native.layers import decode_attention, rms_norm, rope_inv_freq, rotate_half
-from rlinf_like.workers.rollout.native.mirror import DecodeMirror
+from rlinf_like.workers.rollout.native.mirror import DecodeMirror, padded_span
 from rlinf_like.workers.rollout.native.packed import PackedWeights
 
 
@@ -290,18 +290,19 @@ class Decoder:
                batch_key: object = None, span: int | None = None) -> torch.Tensor:
         """One token for each of B sequences at its own position, sequence b's blocks listed in
         table[b] (block numbers, in order); logits [B, V].
-        Attention reads each sequence's rows up to `span` (default: the longest sequence's length), masked per
-        row: from the `DecodeMirror` while the caller's `batch_key` (the same sequences, each one position further)
+        Attention reads each sequence's rows up to `span` (default: the longest sequence's length) padded to the
+        mirror's width (`mirror.padded_span`), masked per row: from the `DecodeMirror` while the caller's `batch_key` (the same sequences, each one position further)
         is unchanged, else gathered from the blocks. With `span` given and no `batch_key` the step reads nothing
         back to the host: a CUDA graph can hold it (`graphs.py`)."""
         b = tokens.shape[0]
         span = int(positions.max()) + 1 if span is None else span
         bs = self.block_size
-        blocks = -(-span // bs)
+        width = padded_span(span, table.shape[1] * bs)  # what the mirror holds: both paths multiply the same shapes
+        blocks = -(-width // bs)
         offsets = torch.arange(bs, device=tokens.device)
-        gather = (table[:, :blocks, None] * bs + offsets).view(b, -1)[:, :span].reshape(-1)  # cache rows [B * T]
+        gather = (table[:, :blocks, None] * bs + offsets).view(b, -1)[:, :width].reshape(-1)  # cache rows [B * T]
         write = table.gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs  # [B]
-        mask = (torch.arange(span, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # [B,1,1,T]
+        mask = (torch.arange(width, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # [B,1,1,T]
         mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
 
         rope = self._rope(positions[:, None], self.k_cache.dtype)  # once for all layers
@@ -315,8 +316,8 @@ class Decoder:
             v_layer[:, write] = v[:, :, 0].transpose(0, 1)
             if mirrored:
                 return decode_attention(q, *self.mirror.append(layer, k[:, :, 0], v[:, :, 0]), mask)
-            keys = k_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
-            values = v_layer.index_select(1, gather).view(self.kv_heads, b, span, -1)
+            keys = k_layer.index_select(1, gather).view(self.kv_heads, b, width, -1)
+            values = v_layer.index_select(1, gather).view(self.kv_heads, b, width, -1)
             return decode_attention(q, keys.transpose(-1, -2).contiguous(), values, mask)  # the mirror's layout
 
         x = self._embed(tokens)[:, None]

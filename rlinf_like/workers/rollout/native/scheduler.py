@@ -248,7 +248,7 @@ class BatchLoop:
         slots = [slot for _, slot, _ in firsts]
         lengths = torch.tensor([seq.prompt_len for _, _, seq in firsts], device=self.device)
         picked = logits[torch.tensor([k for k, _, _ in firsts], device=self.device)]
-        tokens, logprobs = sample(picked, self.state.params(slots))
+        tokens, logprobs = sample(picked, self.state.params(slots), self.engine.sampler_workspace)
         self.state.after_prefill(slots, tokens, lengths)
         for (_, slot, seq), token, logprob in zip(firsts, tokens.tolist(), logprobs.tolist()):
             self._record(slot, seq, token, logprob)
@@ -279,7 +279,7 @@ class BatchLoop:
         span = max(seq.position for seq in self.live.values()) + 1  # known here: the step reads nothing back
         logits = self.engine.decode_step(state.last_token[rows], state.position[rows], state.table[rows],
                                          batch_key=(self.serial, self.roster), span=span)
-        tokens, logprobs = sample(logits, state.params(rows))
+        tokens, logprobs = sample(logits, state.params(rows), self.engine.sampler_workspace)
         state.after_decode(rows, tokens)
         for slot, token, logprob in zip(slots, tokens.tolist(), logprobs.tolist()):
             self._record(slot, self.live[slot], token, logprob)
