@@ -263,9 +263,12 @@ def main() -> None:
                         help="auto: bfloat16 on a GPU or a CPU with avx512_bf16 / amx_bf16, else float32")
     parser.add_argument("--vs", choices=("hf", "vllm"), default="hf", help="the engine to compare with")
     parser.add_argument("--threads", type=int, default=0, help="--vs vllm: threads per side (default: the cores)")
-    parser.add_argument("--which", choices=("tiny", "real", "real-bf16", "real-fp32", "both"), default="both",
+    parser.add_argument("--which", choices=("tiny", "real", "real-bf16", "real-bf16-bound", "real-fp32",
+                                            "real-fp32-onednn", "both"),
+                        default="both",
                         help="--vs vllm: the comparisons run (tiny: the tiny Qwen2, fp32; real-bf16: --model, vLLM "
-                             "at its defaults; real-fp32: --model, matched; real: both of those; both: all), so a "
+                             "at its defaults; real-bf16-bound: vLLM bf16 bound to --threads cores; real-fp32: --model, "
+                             "matched; real-fp32-onednn: the native side on oneDNN; real: those four; both: all), so a "
                              "long comparison can run as shorter ones")
     parser.add_argument("--vllm-python", default="", help="--vs vllm: an interpreter with vllm (default: "
                                                           "$VLLM_PYTHON, else this one)")

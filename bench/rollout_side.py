@@ -48,7 +48,7 @@ def native_side(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = make_engine(RolloutConfig(engine="native", model_path=args.model, max_batch_size=args.slots,
-                                       max_context=args.context, dtype=args.dtype,
+                                       max_context=args.context, dtype=args.dtype, fp32_kernels=args.fp32_kernels,
                                        kv_cache_memory_gb=KV_CACHE_BYTES / 2**30))
 
     def generate(reqs) -> tuple[float, int]:
@@ -96,6 +96,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, required=True, help="sequences decoded together at most")
     p.add_argument("--context", type=int, required=True, help="prompt + new tokens at most")
     p.add_argument("--dtype", default="float32", help="vllm: auto = its default")
+    p.add_argument("--fp32-kernels", default="exact", choices=("exact", "onednn"), help="native: rollout.fp32_kernels")
     p.add_argument("--eager", action="store_true",
                    help="vllm: enforce_eager (a smoke run's start-up, not vLLM's default)")
     args = p.parse_args()

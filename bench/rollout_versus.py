@@ -12,7 +12,11 @@ The comparisons (`--which`):
   bf16 units; the one it ran is printed and in the JSON) and its own thread binding (neither
   VLLM_CPU_OMP_THREADS_BIND nor OMP_NUM_THREADS set); the native side in --dtype (auto: bfloat16 where the CPU
   has bf16 units) on --threads (`ratio_real_bf16`);
-- real-fp32: --model, float32 and --threads on both (`ratio_real_fp32`).
+- real-bf16-bound: as real-bf16, but vLLM bound to --threads cores as in real-fp32 (`ratio_real_bf16_bound`): on a
+  2-core Zen 4 host vLLM ran faster bound than at its defaults, so its best bf16 is the faster of the two;
+- real-fp32: --model, float32 and --threads on both (`ratio_real_fp32`), the native engine on its exact kernels;
+- real-fp32-onednn: as real-fp32 with the native engine on `rollout.fp32_kernels=onednn` (`ratio_real_fp32_onednn`),
+  the comparison for a host without bf16 units.
 Both sides share the batch (max_num_seqs), the context, a 2 GiB KV cache and one seed; vLLM keeps its other
 defaults (torch.compile, prefix caching, chunked prefill, its multiprocess engine core).
 
@@ -70,9 +74,11 @@ class Side:
     """An engine process: started at once, then `run()` times one generate call in it."""
 
     def __init__(self, python: str, engine: str, model: str, threads: int, dtype: str, slots: int, context: int,
-                 eager: bool = False):
+                 eager: bool = False, fp32_kernels: str = "exact"):
         cmd = [python, str(SIDE), "--engine", engine, "--model", model, "--threads", str(threads), "--dtype", dtype,
                "--slots", str(slots), "--context", str(context), *(["--eager"] * eager)]
+        if engine == "native":
+            cmd += ["--fp32-kernels", fp32_kernels]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
@@ -125,7 +131,8 @@ class Side:
             os.killpg(self.proc.pid, signal.SIGKILL)  # its whole group: vLLM's engine core outlived its parent
 
 
-def compare(label: str, model: str, args, python: str, native_dtype: str, vllm_dtype: str, vllm_threads: int) -> dict:
+def compare(label: str, model: str, args, python: str, native_dtype: str, vllm_dtype: str, vllm_threads: int,
+            fp32_kernels: str = "exact") -> dict:
     """One comparison: throughput and decode-step summaries (bench.rollout.summary), and the dtypes that ran."""
     from bench.rollout import MAX_PROMPT, summary
 
@@ -138,7 +145,7 @@ def compare(label: str, model: str, args, python: str, native_dtype: str, vllm_d
         for engine, exe, dtype, threads in (("native", sys.executable, native_dtype, args.threads),
                                             ("vllm", python, vllm_dtype, vllm_threads)):
             sides[engine] = Side(exe, engine, model, threads, dtype, slots, context,
-                                 eager=args.quick and engine == "vllm")
+                                 eager=args.quick and engine == "vllm", fp32_kernels=fp32_kernels)
             print(f"{label}: {engine} ({sides[engine].ready['dtype']}, threads {threads or 'its default'}) start-up "
                   f"{sides[engine].ready['startup_s']:.1f} s, warm-up call {sides[engine].ready['warmup_s']:.1f} s",
                   flush=True)
@@ -196,8 +203,8 @@ def versus_vllm(args, native_dtype: str, dtype_from: str) -> None:
     from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 
     which = getattr(args, "which", "both")
-    runs = {"tiny": ["tiny"], "real": ["real-bf16", "real-fp32"], "both": ["tiny", "real-bf16", "real-fp32"]}.get(
-        which, [which])
+    real = ["real-bf16", "real-bf16-bound", "real-fp32", "real-fp32-onednn"]
+    runs = {"tiny": ["tiny"], "real": real, "both": ["tiny", *real]}.get(which, [which])
     if any(r.startswith("real") for r in runs) and not args.model:
         if which != "both":
             raise SystemExit(f"bench/rollout.py --vs vllm --which {which} needs --model PATH")
@@ -209,7 +216,10 @@ def versus_vllm(args, native_dtype: str, dtype_from: str) -> None:
         "tiny": "float32 both, threads both",
         "real-bf16": f"native {native_dtype} ({dtype_from}), {args.threads} threads; vLLM its default dtype and "
                      "thread binding",
+        "real-bf16-bound": f"native {native_dtype}, vLLM bfloat16, {args.threads} threads both (vLLM bound to the "
+                           "first cores)",
         "real-fp32": f"float32 both, {args.threads} threads both (VLLM_CPU_OMP_THREADS_BIND to the first cores)",
+        "real-fp32-onednn": "as real-fp32, the native engine with rollout.fp32_kernels=onednn",
         "kv_cache_bytes": "2 GiB both", "vllm_python": python, "real_model": args.model,
         "vllm_enforce_eager": bool(args.quick)})
     results = {}
@@ -224,9 +234,15 @@ def versus_vllm(args, native_dtype: str, dtype_from: str) -> None:
             elif run == "real-bf16":
                 results["real_bf16"] = compare(f"{Path(args.model).name} (vLLM defaults)", args.model, args, python,
                                                native_dtype, "auto", 0)
-            else:
+            elif run == "real-bf16-bound":
+                results["real_bf16_bound"] = compare(f"{Path(args.model).name} (bf16, vLLM bound)", args.model, args,
+                                                     python, native_dtype, "bfloat16", args.threads)
+            elif run == "real-fp32":
                 results["real_fp32"] = compare(f"{Path(args.model).name} (float32, matched)", args.model, args,
                                                python, "float32", "float32", args.threads)
+            else:
+                results["real_fp32_onednn"] = compare(f"{Path(args.model).name} (float32, native oneDNN)", args.model,
+                                                      args, python, "float32", "float32", args.threads, "onednn")
     machine.end()
     fields = {}
     for key, r in results.items():

@@ -93,7 +93,7 @@ def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(clust
                          megatron=MegatronConfig(tensor_parallel=2, optim=optim))
     placement = cluster.place({"am_actor": "0-1", "am_rollout": "0", "am_reference": "0-1"})
     actor = ActorWorker.create_group(config).launch(cluster, placement, "am_actor")
-    rollout = InspectedRollout.create_group(RolloutConfig(model_path=path, max_batch_size=2)).launch(
+    rollout = InspectedRollout.create_group(RolloutConfig(model_path=path, max_batch_size=2, dtype="float32")).launch(
         cluster, placement, "am_rollout")
     # the KL reference on the actor's backend and split (as the runner launches it with actor.backend=megatron)
     reference = InferenceWorker.create_group(path, None, loss.temperature, megatron=config.megatron).launch(

@@ -35,6 +35,7 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     # one group at a time per replica, so both are mid-way when half the groups are done and migrate;
     # logprobs rescored, so a migrated sample's logprobs do not depend on the batch it finished in
     r.migrate_at, cfg.rollout.max_batch_size, cfg.rollout.logprobs = 0.5, 4, "rescored"
+    cfg.rollout.dtype = "float32"  # a migrated sample recomputes its keys/values: the same bits in float32 only
     cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
     cfg.algorithm.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
     return cfg

@@ -137,7 +137,7 @@ def groups(cluster, model_dir):
         lora=LoraConfig(rank=RANK, alpha=ALPHA, dropout=0.1, target_modules=TARGETS)))
     placement = cluster.place({"lora_actor": "0-1", "lora_rollout": "0"})
     actor = LoraActor.create_group(config).launch(cluster, placement, "lora_actor")
-    rollout = Rollout.create_group(RolloutConfig(model_path=model_dir, max_batch_size=4)).launch(
+    rollout = Rollout.create_group(RolloutConfig(model_path=model_dir, max_batch_size=4, dtype="float32")).launch(
         cluster, placement, "lora_rollout")
     plan = connect_weight_sync(actor, rollout, "lora_weights")
     yield actor, rollout, plan
@@ -354,6 +354,7 @@ def real_lora_config(out, model_path, resume=False):
     cfg.data.test_problems = 2
     cfg.runner.prompts_per_step, cfg.runner.max_new_tokens, cfg.runner.resume = 2, 16, resume
     cfg.rollout.max_batch_size, cfg.rollout.max_context, cfg.rollout.kv_cache_memory_gb = 4, 192, 0.05
+    cfg.rollout.dtype = "float32"  # the served merge is compared with peft's to fp32 rounding
     cfg.algorithm.entropy_coef = 0.01  # the adapters move even if every sample of a group scores the same
     return cfg
 

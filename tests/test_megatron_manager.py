@@ -123,7 +123,7 @@ class Rollout(Worker):
         from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
 
         group = self.process_group if self.world_size > 1 else None
-        self.engine = make_engine(RolloutConfig(model_path=path, max_batch_size=2), group)
+        self.engine = make_engine(RolloutConfig(model_path=path, max_batch_size=2, dtype="float32"), group)
 
     def layouts(self):
         return self.engine.weight_layouts()

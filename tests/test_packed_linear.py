@@ -46,3 +46,28 @@ def test_bias_small_batches_and_other_dtypes_take_f_linear():
     with packed.enabled(MIN_ROWS - 1):
         packed.linear(torch.randn(MIN_ROWS - 1, 32), "w", w)
     assert not packed._packs
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+def test_fp32_onednn_kernels_are_close_to_f_linear_and_decode_the_exact_paths_greedy_tokens(tmp_path):
+    """rollout.fp32_kernels=onednn: no bit check (its sums run in another order), fp32 rounding of F.linear's
+    products, and the engine decodes the tokens of the exact path with logprobs within the fp32 contract's 1e-4."""
+    from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+    from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
+
+    gen = torch.Generator().manual_seed(0)
+    packed = PackedWeights(fp32_onednn=True)
+    w = torch.randn(960, 576, generator=gen)
+    for rows in (1, 3, 128):
+        with packed.enabled(rows):
+            x = torch.randn(rows, 1, 576, generator=gen)
+            torch.testing.assert_close(packed.linear(x, "w", w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    assert "w" in packed._packs and not packed._same_bits  # used without the bit check
+    path = str(write_tiny_model(tmp_path, TinyModelSpec(arch="llama", hidden_size=128, num_layers=2)))
+    reqs = [RolloutRequest(f"r{i}", list(range(5, 9 + 3 * i)), SamplingParams(max_new_tokens=16, ignore_eos=True), 1)
+            for i in range(6)]
+    runs = {k: make_engine(RolloutConfig(engine="native", model_path=path, dtype="float32", fp32_kernels=k,
+                                         max_batch_size=8)).generate(reqs) for k in ("exact", "onednn")}
+    for a, b in zip(runs["exact"], runs["onednn"]):
+        assert a.response_ids == b.response_ids
+        assert max(abs(p - q) for p, q in zip(a.logprobs[0], b.logprobs[0])) < 1e-4

@@ -58,7 +58,7 @@ def test_values_inside_the_bounds_and_null_optionals_pass():
 
 @pytest.mark.parametrize("override,message", [
     ("algorithm.lr=-1", "algorithm.lr must be > 0, got -1.0"),
-    ("rollout.dtype=fp8", "rollout.dtype='fp8' is not one of ['float32', 'bfloat16', 'float16']"),
+    ("rollout.dtype=fp8", "rollout.dtype='fp8' is not one of ['auto', 'float32', 'bfloat16', 'float16']"),
     ("runner.nonfinite=ignore", "runner.nonfinite='ignore' is not one of ['skip', 'stop']"),
     ("algorithm.kl_beta=-0.1", "algorithm.kl_beta must be >= 0, got -0.1"),
     ("runner.migrate_at=1", "runner.migrate_at must be < 1, got 1.0"),
@@ -107,7 +107,7 @@ def test_show_prints_every_key_with_default_choices_and_comment(name):
         assert f"{key} {spec}" in out.stdout if spec else f"{key}:  {comment}" in out.stdout
         assert comment and comment in out.stdout, key
     if name == "reasoning":
-        assert "rollout.dtype = 'float32'  one of ['float32', 'bfloat16', 'float16']" in out.stdout
+        assert "rollout.dtype = 'auto'  one of ['auto', 'float32', 'bfloat16', 'float16']" in out.stdout
         assert "algorithm.lr = 0.0005  > 0" in out.stdout
 
 

@@ -101,6 +101,8 @@ def precision_choice(cfg: ReasoningConfig, kind: str) -> tuple[str, str]:
     chosen = actor_precision(cfg)
     if chosen != "auto":
         return chosen, "set in the config" if cfg.actor.precision != "auto" else "algorithm.recompute_by_length"
+    if cfg.actor.backend == "megatron" and kind != "gpu":  # its manager trains in fp32 off the GPU (megatron/manager)
+        return "fp32", "the Megatron actor on CPU"
     return hardware.auto_precision(torch.device("cuda" if kind == "gpu" else "cpu"))
 
 

@@ -62,6 +62,10 @@ class RolloutConfig:
     # or a CPU with bf16 units (avx512_bf16, amx_bf16), else float32 (`rollout_dtype`); in a training run, float32
     # whenever the actor trains in fp32, so the exact on-policy path stays whole
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # native, float32 on CPU: the decode step's linear layers. exact: F.linear's bits (the on-policy checks and the
+    # golden runs compare bits); onednn: oneDNN's prepacked matmul, 2.4-3.5x faster at decode shapes on an AMD Zen 4
+    # host (MKL's sgemm is slow there), logprobs within ~1e-6 relative of exact (native/packed.py)
+    fp32_kernels: Literal["exact", "onednn"] = "exact"
     # native, on a GPU: decode steps replayed as CUDA graphs on bucketed batch sizes and spans, captured at start-up
     # (native/graphs.py); no effect on CPU
     cuda_graphs: bool = True

@@ -94,7 +94,7 @@ class NativeEngine(RolloutEngine):
         shards = load_shards(config.model_path, self.layouts, self.rank, self.dtype)
         fused = fuse_projections(self.model_cfg, {n: t.to(self.device) for n, t in shards.items()})
         self.weights = {layout.name: fused[layout.name] for layout in self.layouts}  # HF names (some are views)
-        self.decoder = Decoder(self.model_cfg, fused, self.tp_group)
+        self.decoder = Decoder(self.model_cfg, fused, self.tp_group, fp32_onednn=config.fp32_kernels == "onednn")
         self.max_context = config.max_context or self.model_cfg.max_position_embeddings
         self.slots = config.max_batch_size
         budget, source = cache_budget(config.kv_cache_memory_gb, config.kv_cache_memory_fraction, self.device)

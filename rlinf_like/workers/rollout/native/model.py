@@ -122,7 +122,7 @@ class Decoder:
     one pass, each after its cached prefix (read from the cache); `decode` one token for each of a
     batch of sequences; `score` a whole sequence without the cache."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], tp_group=None):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], tp_group=None, fp32_onednn: bool = False):
         self.cfg, self.w, self.tp_group = cfg, weights, tp_group
         tp = dist.get_world_size(tp_group) if tp_group is not None else 1
         rank = dist.get_rank(tp_group) if tp_group is not None else 0
@@ -135,7 +135,7 @@ class Decoder:
         self.v_cache: torch.Tensor | None = None
         self.block_size = 0
         self.mirror = DecodeMirror()
-        self.packed = PackedWeights()
+        self.packed = PackedWeights(fp32_onednn)
 
     def allocate_cache(self, blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (self.cfg.num_layers, self.kv_heads, blocks * block_size, self.cfg.head_dim)
@@ -204,10 +204,13 @@ class Decoder:
         x = table[local.clamp(0, table.shape[0] - 1)].masked_fill_(outside[..., None], 0)
         return self._reduce(x)  # every token's row comes from the one rank holding it, zeros elsewhere
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, as_float: bool = True) -> torch.Tensor:
+        """Logits [rows, V]: float32, or (`as_float=False`) in the weights' dtype for a caller that converts them
+        into a buffer of its own (the sampler: a fresh [B, V] float32 tensor a step costs its page faults)."""
         x = rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
         head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
-        logits = self.packed.linear(x, head, self.w[head]).float()
+        logits = self.packed.linear(x, head, self.w[head])
+        logits = logits.float() if as_float else logits
         if self.tp_group is None:
             return logits
         # vocab parallel: each rank has its rows' logits; gather them (padded to the largest shard)
@@ -324,5 +327,5 @@ class Decoder:
         with self.packed.enabled(b):
             for layer in range(self.cfg.num_layers):
                 x = self._block(x, layer, attend)
-            return self._logits(x[:, 0])
+            return self._logits(x[:, 0], as_float=self.tp_group is not None)  # the sampler converts them
 

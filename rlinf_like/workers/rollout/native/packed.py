@@ -5,9 +5,12 @@ prepacks its weights the same way). Two kernels, by the weights' dtype:
 - float32: MKL's packed GEMM (`cblas_sgemm_pack`), ~10% less time, used from `MIN_ROWS` rows (a prefill's hundreds
   of rows and a few stragglers' rows were slower packed);
 - bfloat16: oneDNN's prepacked matmul (the kernel `torch.compile`'s freezing uses), measured on a Zen 4 host 2x
-  F.linear at one row, ~20% at 32, ~5% at 128 (`docs/benchmarks.md`), so used at every batch size.
-Greedy tokens must stay equal to the unpacked engine's, so a packed product is used only where it gives the bits
-`F.linear` gives: for the usual shapes it does, not with a bias (added in another order) nor for some odd small
+  F.linear at one row, ~20% at 32, ~5% at 128 (`docs/benchmarks.md`), so used at every batch size;
+- float32 with `rollout.fp32_kernels=onednn`: oneDNN's prepacked matmul too, 2.4-3.5x F.linear on that host at
+  decode shapes (MKL's sgemm there is slow), at every batch size, without F.linear's bits (sums in another order:
+  logprobs move by ~1e-6 relative), so not by default.
+Otherwise greedy tokens must stay equal to the unpacked engine's, so a packed product is used only where it gives the
+bits `F.linear` gives: for the usual shapes it does, not with a bias (added in another order) nor for some odd small
 shapes (another kernel). That depends on the shapes, not on the values, so the first call of each (weight shape,
 rows, dtype) compares the two on its input and remembers the answer (that call returns F.linear's result). A packed
 copy is made at a weight's first use and again when the weight changed (its version counter, which a weight sync's
@@ -41,24 +44,27 @@ def _onednn_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, row
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def kernel(weight: torch.Tensor):
-    """(pack, run, min_rows) for this weight, or None where no packed kernel serves it."""
+def kernel(weight: torch.Tensor, fp32_onednn: bool = False):
+    """(pack, run, min_rows, same_bits_only) for this weight, or None where no packed kernel serves it."""
     if weight.device.type != "cpu":
         return None
+    onednn = torch.backends.mkldnn.is_available()
+    if weight.dtype == torch.float32 and fp32_onednn and onednn:
+        return _onednn_pack, _onednn_run, 1, False
     if weight.dtype == torch.float32 and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
-        return _mkl_pack, _mkl_run, MIN_ROWS
-    if (weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return _onednn_pack, _onednn_run, 1
+        return _mkl_pack, _mkl_run, MIN_ROWS, True
+    if weight.dtype == torch.bfloat16 and onednn and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return _onednn_pack, _onednn_run, 1, True
     return None
 
 
-def available(weight: torch.Tensor) -> bool:
-    return kernel(weight) is not None
+def available(weight: torch.Tensor, fp32_onednn: bool = False) -> bool:
+    return kernel(weight, fp32_onednn) is not None
 
 
 class PackedWeights:
-    def __init__(self) -> None:
+    def __init__(self, fp32_onednn: bool = False) -> None:
+        self.fp32_onednn = fp32_onednn
         self._packs: dict[str, tuple[int, int, torch.Tensor]] = {}  # name -> (data_ptr, version, packed)
         self._same_bits: dict[tuple, bool] = {}  # (weight shape, dtype, rows, threads) -> packed == F.linear
         self._rows = 0  # the rows of the step in progress; 0: not packing
@@ -77,10 +83,10 @@ class PackedWeights:
 
     def linear(self, x: torch.Tensor, name: str, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-        chosen = kernel(weight) if self._rows and bias is None and x.dtype == weight.dtype else None
+        chosen = kernel(weight, self.fp32_onednn) if self._rows and bias is None and x.dtype == weight.dtype else None
         if chosen is None or self._rows < chosen[2]:
             return F.linear(x, weight, bias)
-        pack, run, _ = chosen
+        pack, run, _, same_bits_only = chosen
         shape = (tuple(weight.shape), weight.dtype, x.numel() // x.shape[-1], torch.get_num_threads())
         if self._same_bits.get(shape) is False:
             return F.linear(x, weight)
@@ -90,7 +96,7 @@ class PackedWeights:
             held = (*key, pack(weight, self._rows))
             self._packs[name] = held
         out = run(x, held[2], weight, self._rows)
-        if shape not in self._same_bits:
+        if same_bits_only and shape not in self._same_bits:
             plain = F.linear(x, weight)
             self._same_bits[shape] = torch.equal(out, plain)
             return plain
