@@ -2,8 +2,8 @@
 
 Requests with the same sampling parameters run as one left-padded batch (each prompt repeated
 n times). Logprobs come from the raw logits `generate` returns, so they mean the same as the
-native engine's. It exists to check the other engines against and as a baseline in
-`bench/rollout.py`; it does not stream, continue batching, or shard.
+native engine's. It exists to check the other engines against; it does not stream, continue batching,
+or shard. (`bench/rollout.py` calls `generate` itself, without returning logits, as a user after speed would.)
 """
 
 from __future__ import annotations

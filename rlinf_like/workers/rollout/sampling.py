@@ -92,26 +92,26 @@ def sample(logits: torch.Tensor, params: RowParams, workspace: Workspace | None 
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [B], logprobs [B]); logprobs under softmax(logits / temperature), before top-k/top-p."""
     greedy = params.temperature == 0
-    scaled, weights = (workspace or Workspace()).get(logits)
-    scaled.copy_(logits)
+    buffer, weights = (workspace or Workspace()).get(logits)
+    scaled = logits  # bf16 logits are read as they are: the subtraction below converts them on the way
     if not bool((params.temperature == 1).all()):
         temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
-        scaled.div_(temperature[:, None])
+        scaled = torch.div(logits, temperature[:, None], out=buffer)
     top, tokens = scaled.max(dim=-1)
+    top = top.float()
     torch.sub(scaled, top[:, None], out=weights).exp_()  # softmax's numerator, its largest entry exactly 1
     log_total = weights.sum(-1).log()
     if not bool(greedy.all()):
-        filtered = _filter(scaled, params.top_k, params.top_p)
-        drawn_from = weights if filtered is scaled else torch.exp(filtered - top[:, None])
+        filtering = not (bool((params.top_k == 0).all()) and bool((params.top_p >= 1.0).all()))
+        drawn_from = (torch.exp(_filter(scaled.float(), params.top_k, params.top_p) - top[:, None]) if filtering
+                      else weights)
         drawn = inverse_cdf(drawn_from, uniform(params.seeds, params.steps))
         tokens = torch.where(greedy, tokens, drawn)
-    return tokens, scaled.gather(-1, tokens[:, None])[:, 0] - top - log_total
+    return tokens, scaled.gather(-1, tokens[:, None])[:, 0].float() - top - log_total
 
 
 def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set logits outside each row's top-k and top-p nucleus to -inf (the top token always stays)."""
-    if bool((top_k == 0).all()) and bool((top_p >= 1.0).all()):
-        return scaled
     vocab = scaled.shape[-1]
     ordered, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=scaled.device)[None]
