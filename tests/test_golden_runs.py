@@ -10,8 +10,10 @@ to 1e-6 and the exported weights must be bit-identical. On a path not yet record
 there by construction); `python tests/golden/record.py` then records the new path.
 
 First recorded at commit fd38229 (before the runner rebuild of issue 15), again after the native engine's prefix
-cache, batched prefill and live-slot decode; the AVX2 recording is the AMD EPYC host's of that time, the AVX-512
-one a Zen 4 host's. Each recording's "commit" names the commit it was made at.
+cache, batched prefill and live-slot decode, and again after the sampler became an inverse-CDF draw (issue 34: every
+sampled token changed). That last recording is one path's, a Zen 4 host's (AVX-512 + bf16); an AVX2 host is checked
+against it within `CROSS_PATH_TOL` until `python tests/golden/record.py` records its path. Each recording's
+"commit" names the commit it was made at.
 """
 
 import json
