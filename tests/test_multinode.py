@@ -67,8 +67,9 @@ def check_pipelined_ppo(stdout: str, out: Path) -> None:
     assert [h["staleness"] for h in steps] == [0.0, 1.0, 1.0]  # later batches were made one version back
     assert all(h["kl"] >= 0 for h in steps)  # k3 is non-negative
     # the reference is the warm-started policy (not the model before SFT): the first step's KL starts at 0
-    # and only the step's own updates move it (the pre-SFT model gave ~2 here)
-    assert steps[0]["kl"] < 1e-3, [h["kl"] for h in steps]
+    # and only the step's own updates move it (the pre-SFT model gave ~2 here; the step's three mini-batch updates
+    # moved it to 1.3e-3 with one draw of tokens, below 1e-3 with another)
+    assert steps[0]["kl"] < 1e-2, [h["kl"] for h in steps]
     # the trainer recomputed pi_old: on-policy (step 1) it agrees with the rollout engine's numbers to
     # ~1e-5 per token; one version stale it differs by what the last update changed
     gaps = [h["rollout_trainer_logprob_gap"] for h in steps]
