@@ -89,7 +89,9 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
                              "copy_bandwidth_fraction": (">=", 0.5)},
     "rollout": {"ratio": (">=", 1.5)},
     # issue 22's target, against vLLM at its defaults and matched (float32, same threads); issue 34
-    "rollout_vs_vllm": {"ratio_real_bf16": (">=", 1.0), "ratio_real_fp32": (">=", 1.0), "ratio_tiny": None},
+    # issue 34: >= 1.2 in bf16 against vLLM at its best (bound to the cores); the rest reported
+    "rollout_vs_vllm": {"ratio_real_bf16_bound": (">=", 1.2), "ratio_real_bf16": None, "ratio_real_fp32": None,
+                        "ratio_real_fp32_onednn": None, "ratio_tiny": None},
     "packing": {"speedup": (">=", 1.5)},
     "logprob_head": {"fp32_memory_chunked_over_full": ("<=", 1.0), "bf16_memory_chunked_over_full": ("<=", 1.0),
                      "fp32_time_chunked_over_full": ("<=", 1.1), "bf16_time_chunked_over_full": ("<=", 1.1),

@@ -65,9 +65,9 @@ def test_static_buffers_give_the_dynamic_steps_tokens(model_path, monkeypatch, t
 def test_cuda_graphs_are_captured_at_start_up_and_replay_the_eager_tokens(model_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    eager = engine(model_path, "cuda", cuda_graphs=False).generate(requests(1.0))
+    eager = engine(model_path, "cuda").generate(requests(1.0))
     started = time.perf_counter()
-    captured = engine(model_path, "cuda")
+    captured = engine(model_path, "cuda", cuda_graphs=True)
     assert len(captured.static.steps) == len(captured.static.buckets(8)) and all(
         s.graph is not None for s in captured.static.steps.values())
     start_up = time.perf_counter() - started
