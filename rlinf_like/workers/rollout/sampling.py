@@ -93,21 +93,21 @@ def sample(logits: torch.Tensor, params: RowParams, workspace: Workspace | None 
     """(tokens [B], logprobs [B]); logprobs under softmax(logits / temperature), before top-k/top-p."""
     greedy = params.temperature == 0
     buffer, weights = (workspace or Workspace()).get(logits)
-    scaled = logits  # bf16 logits are read as they are: the subtraction below converts them on the way
+    # float32 in a kept buffer (a mixed-dtype op would convert into a fresh temporary: page faults every step)
+    scaled = logits if logits.dtype == torch.float32 else buffer.copy_(logits)
     if not bool((params.temperature == 1).all()):
         temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
-        scaled = torch.div(logits, temperature[:, None], out=buffer)
+        scaled = torch.div(scaled, temperature[:, None], out=buffer)
     top, tokens = scaled.max(dim=-1)
-    top = top.float()
     torch.sub(scaled, top[:, None], out=weights).exp_()  # softmax's numerator, its largest entry exactly 1
     log_total = weights.sum(-1).log()
     if not bool(greedy.all()):
         filtering = not (bool((params.top_k == 0).all()) and bool((params.top_p >= 1.0).all()))
-        drawn_from = (torch.exp(_filter(scaled.float(), params.top_k, params.top_p) - top[:, None]) if filtering
+        drawn_from = (torch.exp(_filter(scaled, params.top_k, params.top_p) - top[:, None]) if filtering
                       else weights)
         drawn = inverse_cdf(drawn_from, uniform(params.seeds, params.steps))
         tokens = torch.where(greedy, tokens, drawn)
-    return tokens, scaled.gather(-1, tokens[:, None])[:, 0].float() - top - log_total
+    return tokens, scaled.gather(-1, tokens[:, None])[:, 0] - top - log_total
 
 
 def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
