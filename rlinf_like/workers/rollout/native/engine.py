@@ -27,6 +27,10 @@ have drawn (the sampler is counter-based), so sampled tokens follow the same dra
 keys/values may differ from the decoded ones in the last bits. The start-up check guarantees that
 one sequence of `max_context` tokens fits, so the oldest sequence always makes progress.
 
+On a GPU with `rollout.cuda_graphs`, decode steps run on static, bucketed buffers replayed as CUDA graphs
+(`graphs.py`), captured whenever the KV cache is allocated; elsewhere each step is built as it comes, with the
+decode mirror.
+
 Under tensor parallelism every rank runs this same loop on the same requests (the worker group
 fans the call out); sampling is a pure function of each sequence's seed (see `sampling.py`), so
 all ranks pick the same tokens with no broadcast. Only an abort needs agreement: one small
