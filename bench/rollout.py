@@ -30,6 +30,8 @@ timings at batch 128 and 256 take most of the run (--step-batches 1,32 for a sho
     python bench/rollout.py                          # the tiny model: 32 prompts x 4 samples x 64 tokens
     python bench/rollout.py --model models/smollm2-135m-instruct --prompts 8 --new-tokens 32
     python bench/rollout.py --device cuda --dtype bfloat16 --prompts 64      # on a GPU (both engines on it)
+    python bench/rollout.py --device cuda --dtype bfloat16 --cuda-graphs --from-config bench/configs/qwen2.5-0.5b.json \
+        --prompts 64 --new-tokens 512 --hf-mode eager     # a Qwen2.5-0.5B shape, random weights, built here
     python bench/rollout.py --vs vllm --model models/smollm2-135m-instruct    # versus vLLM: bench/rollout_versus.py
 """
 
@@ -87,12 +89,27 @@ def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
     return {"bf16": "bfloat16", "fp32": "float32"}[precision], f"auto: {why}"
 
 
+def random_model(config_json: str, folder: str) -> str:
+    """An HF folder holding a model of `config_json`'s shape with seeded random weights (transformers' own init): a
+    size to time without its checkpoint (the GPU machine reaches no hub)."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads(Path(config_json).read_text())
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    return folder
+
+
 class NativeSide:
     """The native engine, each timed call on a cold prefix cache."""
 
-    def __init__(self, path: str, dtype: str, device: str, slots: int, context: int, kv_cache_gb: float = 0.0):
+    def __init__(self, path: str, dtype: str, device: str, slots: int, context: int, kv_cache_gb: float = 0.0,
+                 cuda_graphs: bool = False):
         self.config = RolloutConfig(engine="native", model_path=path, max_batch_size=slots, max_context=context,
-                                    dtype=dtype, kv_cache_memory_gb=kv_cache_gb)
+                                    dtype=dtype, kv_cache_memory_gb=kv_cache_gb, cuda_graphs=cuda_graphs)
         self.engine = make_engine(self.config, device=device)
 
     def describe(self) -> str:
@@ -189,7 +206,8 @@ def bench(path: str, args, dtype: str) -> dict:
     batches, n_step = args.step_batches, args.step_tokens
     slots = max([args.prompts * args.samples, *batches])
     context = MAX_PROMPT + max([args.new_tokens] + [n_step] * bool(batches))  # what the run needs, not the model's
-    sides: dict = {"native": NativeSide(path, dtype, args.device, slots, context)}
+    sides: dict = {"native": NativeSide(path, dtype, args.device, slots, context,
+                                        cuda_graphs=getattr(args, "cuda_graphs", False))}
     model = load_hf_model(path, dtype, args.device)
     for mode in (HF_MODES if args.hf_mode == "best" else (args.hf_mode,)):
         sides[side_name(mode)] = HFGenerate(model, mode, context, args.device)
@@ -243,6 +261,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (8 prompts x 4 samples x 32 tokens, step batches 1,8 of 16 tokens) and "
                              "--hf-mode eager unless given")
+    parser.add_argument("--from-config", default="", help="a config.json (e.g. bench/configs/qwen2.5-0.5b.json): a "
+                                                          "model of that shape with random weights, built here")
+    parser.add_argument("--cuda-graphs", action="store_true", help="the native engine with rollout.cuda_graphs")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--prompts", type=int, help="default 32 (--quick: 8)")
@@ -294,7 +315,9 @@ def main() -> None:
         args.threads = args.threads or usable_cores()
         return versus_vllm(args, dtype, why)
     torch.set_num_threads(1)
-    settings = {"model": args.model or f"tiny random (hidden {args.hidden}, {args.layers} layers)",
+    settings = {"model": args.model or (f"random weights of {args.from_config}" if args.from_config else
+                                        f"tiny random (hidden {args.hidden}, {args.layers} layers)"),
+                "cuda_graphs": args.cuda_graphs,
                 "prompts": args.prompts, "prompt_tokens": f"{MIN_PROMPT}-{MAX_PROMPT - 1}", "samples": args.samples,
                 "new_tokens": args.new_tokens, "temperature": 1.0, "ignore_eos": True, "dtype": dtype,
                 "dtype_from": why, "device": args.device, "threads": torch.get_num_threads(), "reps": args.reps,
@@ -305,6 +328,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
             path = args.model
+        elif args.from_config:
+            path = random_model(args.from_config, tmp)
         else:
             spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
                                  num_layers=args.layers, num_heads=8, num_kv_heads=4, max_position_embeddings=1024)
@@ -326,7 +351,9 @@ def main() -> None:
               + ", ".join(f"{r:.2f}" for r in s["ratios"]) + ")")
         step[str(batch)] = {**{f"{name}_ms": ms for name, ms in medians.items()},
                             "hf_mode": mode_of(s["baseline"]), "ratio": s["ratio"], "ratios": s["ratios"]}
-    print(result_line("rollout", model=Path(args.model).name if args.model else "tiny", device=args.device,
+    name = (Path(args.model).name if args.model else f"{Path(args.from_config).stem} (random)" if args.from_config
+            else "tiny")
+    print(result_line("rollout", model=name, device=args.device,
                       dtype=dtype, threads=1, hf_mode=mode_of(hf), ratio=through["ratio"], ratios=through["ratios"],
                       tokens=args.prompts * args.samples * args.new_tokens, tokens_per_s=through["medians"],
                       step=step))

@@ -7,7 +7,8 @@
 # and the script names each package still missing.
 # Environment: PYTHON (default python3), OUT (where logs go), GPU_CHECK_STEPS (main-job steps, default the
 # preset's 150), GPU_CHECK_ONLY: a comma list of parts: tests, main, variants (LoRA, Megatron, PPO, KL; 20 steps
-# each), agent (the calculator preset), async (runner.schedule=async), bench (bench/rollout.py on the GPU), real
+# each), agent (the calculator preset), async (runner.schedule=async), bench (bench/rollout.py on the GPU),
+# rollout34 (bench/rollout.py --cuda-graphs on random-weight SmolLM2 and Qwen2.5-0.5B shapes), real
 # (SmolLM2-135M when models/smollm2-135m-instruct exists). Nothing is skipped silently: pytest's -rs lists every
 # skip with its reason (SGLang without [sglang]).
 set -uo pipefail
@@ -18,7 +19,7 @@ WHEELS=${GPU_CHECK_WHEELS:-.whl}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-parts=${GPU_CHECK_ONLY:-tests,main,variants,agent,async,bench,real}
+parts=${GPU_CHECK_ONLY:-tests,main,variants,agent,async,bench,rollout34,real}
 status=0
 summary=()
 
@@ -89,6 +90,17 @@ if [[ $parts == *bench* ]]; then
   start=$SECONDS
   "$PY" bench/rollout.py --device cuda --dtype bfloat16 --prompts 64 --new-tokens 128 2>&1 | tee "$OUT/bench_rollout.log"
   rc=${PIPESTATUS[0]}; status=$((status | rc)); record "bench/rollout.py tiny" $((SECONDS - start)) "$rc"
+fi
+if [[ $parts == *rollout34* ]]; then
+  # issue 34: the native engine with CUDA graphs against transformers generate, bf16, random weights of two real
+  # shapes built from config.json alone, 64 prompts x 4 samples x 512 new tokens, EOS ignored, decode-step times
+  for shape in smollm2-135m qwen2.5-0.5b; do
+    start=$SECONDS
+    "$PY" bench/rollout.py --device cuda --dtype bfloat16 --cuda-graphs --from-config bench/configs/$shape.json \
+      --prompts 64 --samples 4 --new-tokens 512 --hf-mode eager --step-batches 1,32,128,256 2>&1 |
+      tee "$OUT/bench_rollout34_$shape.log"
+    rc=${PIPESTATUS[0]}; status=$((status | rc)); record "bench/rollout.py $shape graphs" $((SECONDS - start)) "$rc"
+  done
 fi
 MODEL=models/smollm2-135m-instruct
 if [[ $parts == *real* ]]; then
