@@ -50,8 +50,8 @@ def test_the_mirror_is_not_built_past_its_memory_limit_and_is_dropped_after_the_
     seen = []
     ready = DecodeMirror.ready
 
-    def limited(self, key, positions, k_cache, v_cache, table, block_size, limit_bytes):
-        seen.append(ready(self, key, positions, k_cache, v_cache, table, block_size, 1024))
+    def limited(self, key, positions, width, k_cache, v_cache, table, block_size, limit_bytes):
+        seen.append(ready(self, key, positions, width, k_cache, v_cache, table, block_size, 1024))
         return seen[-1]
 
     monkeypatch.setattr(DecodeMirror, "ready", limited)

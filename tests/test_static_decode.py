@@ -46,7 +46,8 @@ def test_static_buffers_give_the_dynamic_steps_tokens(model_path, monkeypatch, t
     monkeypatch.setattr(graphs, "MIN_SPAN", 16)
     dynamic = engine(model_path).generate(requests(temperature))
     static = engine(model_path)
-    static.static = StaticDecode(static.decoder, static.max_blocks, static.max_context, static.device, use_graphs=False)
+    static.static = StaticDecode(static.decoder, static.max_blocks, static.max_context, static.device,
+                                 use_graphs=False)
     seen = []
     call = StaticDecode.__call__
     monkeypatch.setattr(StaticDecode, "__call__", lambda self, *a: seen.append((a[0].shape[0], a[3])) or call(self, *a))

@@ -129,10 +129,10 @@ def rollout_dtype_choice(cfg: ReasoningConfig, placement: Placement) -> tuple[st
     return rollout_dtype("auto", "cuda" if placement["rollout"].device_kind == "gpu" else "cpu")
 
 
-def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens: int | None) -> float:
+def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens: int | None, dtype: str) -> float:
     """rollout.kv_cache_memory_gb, or for the native engine on CPU with it unset, what this run's samples need
-    (`memory.rollout_kv_gb`): a share of free memory sized for the model's whole context took 1.9 GiB per
-    SmolLM2 replica where the default preset needs 0.5. The ceiling: the engine's fraction of free memory, and
+    (`memory.rollout_kv_gb`, in the resolved rollout `dtype`): a share of free memory sized for the model's whole
+    context took 1.9 GiB per SmolLM2 replica where the default preset needs 0.5. The ceiling: the engine's fraction of free memory, and
     `memory.ROLLOUT_KV_SHARE` of the machine over the replicas (longer answers then decode fewer at a time)."""
     r = cfg.rollout
     if r.kv_cache_memory_gb > 0 or r.engine != "native" or prompt_tokens is None \
@@ -140,7 +140,7 @@ def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens:
         return r.kv_cache_memory_gb
     tp = r.tp_size or placement["rollout"].world_size
     replicas = placement["rollout"].world_size // tp
-    need = memory.rollout_kv_gb(cfg, replicas, prompt_tokens, rollout_dtype_choice(cfg, placement)[0])
+    need = memory.rollout_kv_gb(cfg, replicas, prompt_tokens, dtype)
     ceiling = min(r.kv_cache_memory_fraction * memory.available_bytes(),
                   memory.ROLLOUT_KV_SHARE * memory.machine_bytes() / replicas) / 2**30
     log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (this run's samples need {need:.2f}, "
@@ -194,7 +194,7 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path, dtype=dtype,
                           # serving continuously: every rank on its own (tp 0 would make the group one engine)
                           tp_size=cfg.rollout.tp_size or (1 if serving else 0),
-                          kv_cache_memory_gb=rollout_kv_budget(cfg, placement, prompt_tokens))
+                          kv_cache_memory_gb=rollout_kv_budget(cfg, placement, prompt_tokens, dtype))
     rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(
         cluster, placement, "rollout", memory_advice=MEMORY_ADVICE["rollout"])
     reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",

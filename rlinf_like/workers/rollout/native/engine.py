@@ -144,8 +144,8 @@ class NativeEngine(RolloutEngine):
         self.decoder.free_cache()
         self.sampler_workspace = Workspace()
         self._pool = None  # the prefix cache goes with the memory
-        if self.static is not None:  # its graphs hold the addresses of the weights and the cache
-            self.static.steps.clear()
+        if self.static is not None:
+            self.static.drop()
 
     def onload(self) -> None:
         self._residency.onload(["params"])

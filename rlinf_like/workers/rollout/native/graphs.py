@@ -57,6 +57,11 @@ class StaticDecode:
         self.steps: dict[tuple[int, int], _Step] = {}
         self.pool = None  # one memory pool for every graph: they never run at the same time
 
+    def drop(self) -> None:
+        """Forget every step and graph (they hold the addresses of the weights and the KV cache)."""
+        self.steps.clear()
+        self.pool = None
+
     def buckets(self, max_rows: int) -> list[tuple[int, int]]:
         spans, span = [], span_bucket(1, self.max_context)
         while True:
@@ -78,7 +83,8 @@ class StaticDecode:
             return step
         rows, _ = key
         zeros = dict(dtype=torch.int64, device=self.device)
-        step = _Step(torch.zeros(rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, self.max_blocks, **zeros))
+        step = _Step(torch.zeros(rows, **zeros), torch.zeros(rows, **zeros),
+                     torch.zeros(rows, self.max_blocks, **zeros))
         if self.use_graphs:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -43,12 +43,11 @@ class DecodeMirror:
     def drop(self) -> None:
         self.key = self.positions = self.k = self.v = None
 
-    def ready(self, key: object, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def ready(self, key: object, positions: torch.Tensor, width: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
               table: torch.Tensor, block_size: int, limit_bytes: int) -> bool:
         """Make the mirror hold rows 0 .. position - 1 of each sequence in the batch (table [B, blocks],
-        positions [B]); False when it would not fit in `limit_bytes` (then the caller gathers)."""
-        span = int(positions.max()) + 1
-        width = padded_span(span, table.shape[1] * block_size)  # no sequence outgrows its block table
+        positions [B]) in `width` positions (`padded_span` of the longest, which the caller knows); False when it
+        would not fit in `limit_bytes` (then the caller gathers)."""
         if (self.k is not None and key is not None and key == self.key and width == self.k.shape[4]
                 and torch.equal(positions, self.positions + 1)):
             self.positions = positions

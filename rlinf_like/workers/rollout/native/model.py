@@ -294,9 +294,10 @@ class Decoder:
         """One token for each of B sequences at its own position, sequence b's blocks listed in
         table[b] (block numbers, in order); logits [B, V].
         Attention reads each sequence's rows up to `span` (default: the longest sequence's length) padded to the
-        mirror's width (`mirror.padded_span`), masked per row: from the `DecodeMirror` while the caller's `batch_key` (the same sequences, each one position further)
-        is unchanged, else gathered from the blocks. With `span` given and no `batch_key` the step reads nothing
-        back to the host: a CUDA graph can hold it (`graphs.py`)."""
+        mirror's width (`mirror.padded_span`), masked per row: from the `DecodeMirror` while the caller's
+        `batch_key` (the same sequences, each one position further) is unchanged, else gathered from the blocks.
+        With `span` given and no `batch_key` the step reads nothing back to the host: a CUDA graph can hold it
+        (`graphs.py`)."""
         b = tokens.shape[0]
         span = int(positions.max()) + 1 if span is None else span
         bs = self.block_size
@@ -309,8 +310,8 @@ class Decoder:
         mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
 
         rope = self._rope(positions[:, None], self.k_cache.dtype)  # once for all layers
-        mirrored = batch_key is not None and self.mirror.ready(batch_key, positions, self.k_cache, self.v_cache, table,
-                                                               bs, self.cache_bytes())
+        mirrored = batch_key is not None and self.mirror.ready(batch_key, positions, width, self.k_cache,
+                                                               self.v_cache, table, bs, self.cache_bytes())
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)

@@ -21,6 +21,7 @@ in-place write or a view of a fused tensor bumps, or its storage, which an onloa
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -46,14 +47,19 @@ def _onednn_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, row
 
 def kernel(weight: torch.Tensor, fp32_onednn: bool = False):
     """(pack, run, min_rows, same_bits_only) for this weight, or None where no packed kernel serves it."""
-    if weight.device.type != "cpu":
+    return _kernel_for(weight.device.type, weight.dtype, fp32_onednn)
+
+
+@lru_cache(maxsize=None)  # asked at every linear call of a decode step; the answer depends on these three only
+def _kernel_for(device_type: str, dtype: torch.dtype, fp32_onednn: bool):
+    if device_type != "cpu":
         return None
     onednn = torch.backends.mkldnn.is_available()
-    if weight.dtype == torch.float32 and fp32_onednn and onednn:
+    if dtype == torch.float32 and fp32_onednn and onednn:
         return _onednn_pack, _onednn_run, 1, False
-    if weight.dtype == torch.float32 and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+    if dtype == torch.float32 and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
         return _mkl_pack, _mkl_run, MIN_ROWS, True
-    if weight.dtype == torch.bfloat16 and onednn and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype == torch.bfloat16 and onednn and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return _onednn_pack, _onednn_run, 1, True
     return None
 
