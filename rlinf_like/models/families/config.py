@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,49 @@ def _rope_scaling(rope: dict, user: str) -> Llama3Rope | None:
         raise ValueError(f"{user}: rope type 'llama3' needs {err.args[0]!r} in {rope}") from None
 
 
+SLIDING, FULL = "sliding_attention", "full_attention"  # config.json's layer_types entries
+
+
+def _layer_types(hf: dict, family: ModelFamily, user: str) -> tuple[str, ...]:
+    """Each layer's attention: config.json's layer_types, or (older Gemma 3 configs) every
+    sliding_window_pattern-th layer full and the others sliding; a sliding layer in a family without
+    sliding-window attention, or with no window size, is refused."""
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None and family.sliding_window and hf.get("sliding_window_pattern"):
+        pattern = hf["sliding_window_pattern"]
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+    types = tuple(types or (FULL,) * n)
+    unknown = sorted(set(types) - {SLIDING, FULL})
+    if len(types) != n or unknown:
+        raise ValueError(f"{user}: layer_types must list {n} entries of {[FULL, SLIDING]} (got {list(types)})")
+    if SLIDING in types:
+        if not family.sliding_window:
+            raise ValueError(f"{user}: layer_types has sliding_attention layers, which the {family.name!r} family "
+                             "does not implement")
+        if not hf.get("sliding_window"):
+            raise ValueError(f"{user}: layer_types has sliding_attention layers but sliding_window is {hf.get('sliding_window')!r}")
+    return types
+
+
+def _ropes(hf: dict, user: str) -> tuple[dict, dict]:
+    """The RoPE parameters of full and of sliding layers: transformers 5's rope_parameters (one dict, or one
+    per layer type), or older configs' rope_theta / rope_scaling / rope_local_base_freq."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if FULL in rope or SLIDING in rope:
+        return rope.get(FULL, {}), rope.get(SLIDING, rope.get(FULL, {}))
+    full = {"rope_theta": hf.get("rope_theta", 10000.0), **rope}
+    local = {"rope_theta": hf["rope_local_base_freq"]} if "rope_local_base_freq" in hf else full
+    return full, local
+
+
+def _check_fixed(hf: dict, family: ModelFamily, user: str) -> None:
+    for key, allowed in family.fixed_config:
+        if key in hf and hf[key] not in allowed:
+            raise ValueError(f"{user}: {key}={hf[key]!r} is not supported by the {family.name!r} family "
+                             f"(supported: {list(allowed)})")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     family: ModelFamily
@@ -52,29 +96,51 @@ class ModelConfig:
     attention_bias: bool  # q/k/v biases, by the family's rule
     eos_token_ids: tuple[int, ...]
     rope_scaling: Llama3Rope | None = None  # None: the default RoPE
+    o_bias: bool = False  # the attention output projection's bias, by the family's rule
+    attn_scale: float | None = None  # the attention logits' scale (None: head_dim ** -0.5)
+    # per layer: "full_attention" or "sliding_attention" (keys within `sliding_window` positions, RoPE base
+    # `sliding_rope_theta`); empty: every layer full
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    sliding_rope_theta: float | None = None
 
     @classmethod
     def from_hf(cls, hf: dict, user: str = "model", hint: str = "") -> ModelConfig:
-        """Refuses, naming `user`, a model_type no family serves, RoPE scaling other than Llama-3's, and
-        sliding-window attention."""
+        """Refuses, naming `user`, a model_type no family serves, RoPE scaling other than Llama-3's,
+        sliding-window attention in a family without it, and any config key the family fixes
+        (`ModelFamily.fixed_config`) at another value."""
         family = family_of(hf, user, hint)
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        _check_fixed(hf, family, user)
         if hf.get("use_sliding_window"):
             raise ValueError(f"{user}: sliding-window attention (use_sliding_window=true) is not supported")
+        types = _layer_types(hf, family, user)
+        full, local = _ropes(hf, user)
+        sliding = SLIDING in types
+        if sliding and _rope_scaling(local, user) is not None:
+            raise ValueError(f"{user}: RoPE scaling of sliding-window layers ({local}) is not supported")
         eos = hf.get("eos_token_id")
         heads = hf["num_attention_heads"]
+        attention_bias = family.qkv_bias == "always" or bool(hf.get("attention_bias", False))
         return cls(
             family=family, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            rms_norm_eps=hf["rms_norm_eps"], rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+            rms_norm_eps=hf["rms_norm_eps"], rope_theta=full.get("rope_theta", hf.get("rope_theta", 10000.0)),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=family.qkv_bias == "always" or bool(hf.get("attention_bias", False)),
+            attention_bias=attention_bias,
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
-            rope_scaling=_rope_scaling(rope, user),
+            rope_scaling=_rope_scaling(full, user),
+            o_bias=family.o_bias == "configured" and bool(hf.get("attention_bias", False)),
+            attn_scale=hf["query_pre_attn_scalar"] ** -0.5 if hf.get("query_pre_attn_scalar") else None,
+            layer_types=types if sliding else (),
+            sliding_window=hf["sliding_window"] if sliding else None,
+            sliding_rope_theta=local.get("rope_theta", hf.get("rope_theta", 10000.0)) if sliding else None,
         )
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == SLIDING
 
     @classmethod
     def from_path(cls, path: str | Path, user: str = "model", hint: str = "") -> ModelConfig:
@@ -113,3 +179,41 @@ class ModelConfig:
         for layer in range(self.num_layers):
             out += [(w.hf.format(i=layer), w) for w in present if w.per_layer]
         return out
+
+
+# saved by older transformers versions, recomputed from config.json: never a weight
+_DERIVED_BUFFERS = re.compile(r".*\.rotary_emb\.inv_freq")
+
+
+def checkpoint_names(path: str | Path) -> set[str]:
+    """The tensor names in a checkpoint folder's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def check_checkpoint(cfg: ModelConfig, names: set[str], user: str = "model") -> None:
+    """Every tensor of a checkpoint is one the family maps for this config, and every weight it maps is
+    there: an unmapped tensor (an o_proj bias the config does not declare, an MLP bias, a weight of another
+    architecture) is refused by name, never dropped. A tied head saved beside its embedding is accepted."""
+    expected = {name for name, _ in cfg.named_weights()}
+    extra = sorted(n for n in names - expected if not _DERIVED_BUFFERS.fullmatch(n)
+                   and not (cfg.tie_word_embeddings and n == cfg.family.tied[0]))
+    missing = sorted(expected - names)
+    if extra:
+        raise ValueError(f"{user}: the checkpoint has tensors the {cfg.family.name!r} family does not map for "
+                         f"this config.json: {_some(extra)}; refusing to drop them (a flag such as attention_bias "
+                         "may be missing from config.json, or the architecture is another one)")
+    if missing:
+        raise ValueError(f"{user}: the checkpoint lacks weights this config.json needs: {_some(missing)}")
+
+
+def _some(names: list[str], n: int = 6) -> str:
+    return f"{names[:n]}{f' and {len(names) - n} more' if len(names) > n else ''}"

@@ -1,4 +1,5 @@
-"""Llama: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP; q/k/v biases only when configured.
+"""Llama: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP; q/k/v/o biases only when configured
+(config.json's attention_bias); MLP biases (mlp_bias) are refused.
 
 Its weight table is the Llama-style decoder other families build on (Qwen2 reuses it as is).
 """
@@ -36,10 +37,14 @@ DECODER_WEIGHTS: tuple[Weight, ...] = (
       for suffix in ("weight", "bias")),
     Weight(hf=_H + "self_attn.o_proj.weight", shape=("hidden_size", "q_size"), parallel="row",
            megatron=_L + "self_attention.linear_proj.weight"),
+    # a row-parallel layer's bias: every rank holds it whole and adds it once, after the all-reduce
+    Weight(hf=_H + "self_attn.o_proj.bias", shape=("hidden_size",), megatron=_L + "self_attention.linear_proj.bias",
+           when="o_bias"),
     _gate_up("gate"),
     _gate_up("up"),
     Weight(hf=_H + "mlp.down_proj.weight", shape=("hidden_size", "intermediate_size"), parallel="row",
            megatron=_L + "mlp.linear_fc2.weight"),
 )
 
-LLAMA = MODEL_FAMILIES.register(ModelFamily(name="llama", model_types=("llama",), weights=DECODER_WEIGHTS))
+LLAMA = MODEL_FAMILIES.register(ModelFamily(name="llama", model_types=("llama",), weights=DECODER_WEIGHTS,
+                                            fixed_config=(("mlp_bias", (False,)), ("hidden_act", ("silu",)))))

@@ -95,7 +95,7 @@ class NativeEngine(RolloutEngine):
         self.tp_group = process_group if tp > 1 else None
         self.rank = dist.get_rank(process_group) if self.tp_group is not None else 0
         self.layouts = weight_layouts(self.model_cfg, tp, self.dtype)
-        shards = load_shards(config.model_path, self.layouts, self.rank, self.dtype)
+        shards = load_shards(config.model_path, self.layouts, self.rank, self.dtype, self.model_cfg)
         fused = fuse_projections(self.model_cfg, {n: t.to(self.device) for n, t in shards.items()})
         self.weights = {layout.name: fused[layout.name] for layout in self.layouts}  # HF names (some are views)
         self.decoder = Decoder(self.model_cfg, fused, self.tp_group, fp32_onednn=config.fp32_kernels == "onednn")

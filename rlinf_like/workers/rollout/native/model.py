@@ -24,7 +24,16 @@ import torch.nn.functional as F
 
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
-from rlinf_like.workers.rollout.native.layers import decode_attention, rms_norm, rope_inv_freq, rotate_half
+from rlinf_like.models.families.config import check_checkpoint
+from rlinf_like.workers.rollout.native.layers import (
+    decode_attention,
+    gelu_tanh,
+    rms_norm,
+    rms_norm_plus_one,
+    rope_inv_freq,
+    rotate_half,
+    window_mask,
+)
 from rlinf_like.workers.rollout.native.mirror import DecodeMirror, padded_span
 from rlinf_like.workers.rollout.native.packed import PackedWeights
 
@@ -48,8 +57,10 @@ def model_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_path(path, "native engine", hint="use rollout.engine=hf or sglang")
 
 
-def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Read this rank's slice of every weight from the checkpoint's safetensors files (lazily, per slice)."""
+def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype: torch.dtype,
+                cfg: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+    """Read this rank's slice of every weight from the checkpoint's safetensors files (lazily, per slice);
+    with `cfg`, a checkpoint tensor the family does not map for it is refused by name first."""
     from safetensors import safe_open
 
     files = sorted(Path(path).glob("*.safetensors"))
@@ -57,8 +68,11 @@ def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype:
         raise FileNotFoundError(f"no *.safetensors in {path}")
     wanted = {layout.name: layout for layout in layouts}
     out: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
+    handles = [safe_open(str(file), framework="pt") for file in files]
+    if cfg is not None:
+        check_checkpoint(cfg, {n for f in handles for n in f.keys()}, f"native engine: {path}")
+    for f in handles:
+        with f:
             for name in f.keys():
                 if name in wanted:
                     box = wanted[name].boxes[rank]
@@ -130,7 +144,14 @@ class Decoder:
         # this rank's vocabulary rows of the embedding and the LM head (all of them without TP)
         self.vocab_bounds = split_bounds(cfg.vocab_size, tp)
         self.vocab_lo, self.vocab_hi = self.vocab_bounds[rank]
-        self.inv_freq = rope_inv_freq(cfg)
+        # RoPE per attention kind ("full" / "sliding": Gemma 3's sliding-window layers have their own base)
+        self.kinds = ["sliding" if cfg.is_sliding(i) else "full" for i in range(cfg.num_layers)]
+        self.inv_freq = {kind: rope_inv_freq(cfg, sliding=kind == "sliding") for kind in set(self.kinds)}
+        self.norm = rms_norm_plus_one if cfg.family.norm_plus_one else rms_norm
+        self.act = gelu_tanh if cfg.family.activation == "gelu_tanh" else F.silu
+        self.scale = cfg.attn_scale  # None: the kernels' own head_dim ** -0.5
+        # sqrt(hidden) rounded to the weights' dtype first, as transformers multiplies by it
+        self.embed_scale = float(torch.tensor(cfg.hidden_size ** 0.5, dtype=weights["model.embed_tokens.weight"].dtype))
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
         self.block_size = 0
@@ -152,12 +173,16 @@ class Decoder:
         return 0 if self.k_cache is None else 2 * self.k_cache.numel() * self.k_cache.element_size()
 
     # --- pieces -----------------------------------------------------------------------------------------
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.inv_freq.device != positions.device:  # moved once: a captured graph may copy nothing from the host
-            self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions.float()[..., None] * self.inv_freq  # [B, S, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, S, hd]
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [B, 1, S, hd] per attention kind, once per pass for all layers."""
+        out = {}
+        for kind, inv_freq in self.inv_freq.items():
+            if inv_freq.device != positions.device:  # moved once: a captured graph may copy nothing from the host
+                inv_freq = self.inv_freq[kind] = inv_freq.to(positions.device)
+            freqs = positions.float()[..., None] * inv_freq  # [B, S, hd/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            out[kind] = emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+        return out
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return self.packed.linear(x, name + ".weight", self.w[name + ".weight"], self.w.get(name + ".bias"))
@@ -167,47 +192,63 @@ class Decoder:
             dist.all_reduce(x, group=self.tp_group)
         return x
 
-    def _attention_input(self, x: torch.Tensor, layer: int, rope: tuple[torch.Tensor, torch.Tensor]):
+    def _row_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """A row-parallel linear: each rank's partial product, summed over ranks, then the bias added once."""
+        out = self._reduce(self.packed.linear(x, name + ".weight", self.w[name + ".weight"]))
+        bias = self.w.get(name + ".bias")
+        return out if bias is None else out + bias
+
+    def _attention_input(self, x: torch.Tensor, layer: int, rope: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         b, s, _ = x.shape
         p = f"model.layers.{layer}.self_attn."
         hd = self.cfg.head_dim
         q, k, v = self._linear(x, p + "qkv").split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], -1)
         q, k = q.view(b, s, self.heads, hd), k.view(b, s, self.kv_heads, hd)
-        if self.cfg.qk_norm:  # per head, over head_dim, before RoPE (Qwen3)
-            q = rms_norm(q, self.w[p + "q_norm.weight"], self.cfg.rms_norm_eps)
-            k = rms_norm(k, self.w[p + "k_norm.weight"], self.cfg.rms_norm_eps)
+        if self.cfg.qk_norm:  # per head, over head_dim, before RoPE (Qwen3, Gemma 3)
+            q = self.norm(q, self.w[p + "q_norm.weight"], self.cfg.rms_norm_eps)
+            k = self.norm(k, self.w[p + "k_norm.weight"], self.cfg.rms_norm_eps)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)
-        cos, sin = rope
+        cos, sin = rope[self.kinds[layer]]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
     def _block(self, x: torch.Tensor, layer: int, attend) -> torch.Tensor:
-        p = f"model.layers.{layer}."
-        h = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_norm_eps)
+        p, eps, sandwich = f"model.layers.{layer}.", self.cfg.rms_norm_eps, self.cfg.family.sandwich_norm
+        h = self.norm(x, self.w[p + "input_layernorm.weight"], eps)
         attn = attend(h, layer)  # [B, heads, S, hd]
         b, _, s, _ = attn.shape
-        attn = self._linear(attn.transpose(1, 2).reshape(b, s, -1), p + "self_attn.o_proj")
-        x = x + self._reduce(attn)
-        h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_norm_eps)
+        attn = self._row_linear(attn.transpose(1, 2).reshape(b, s, -1), p + "self_attn.o_proj")
+        if sandwich:  # Gemma: the attention output normed, then a separate norm before the MLP
+            x = x + self.norm(attn, self.w[p + "post_attention_layernorm.weight"], eps)
+            h = self.norm(x, self.w[p + "pre_feedforward_layernorm.weight"], eps)
+        else:
+            x = x + attn
+            h = self.norm(x, self.w[p + "post_attention_layernorm.weight"], eps)
         gate, up = self._linear(h, p + "mlp.gate_up").chunk(2, dim=-1)
-        mlp = F.silu(gate) * up
-        return x + self._reduce(self._linear(mlp, p + "mlp.down_proj"))
+        mlp = self._row_linear(self.act(gate) * up, p + "mlp.down_proj")
+        if sandwich:
+            mlp = self.norm(mlp, self.w[p + "post_feedforward_layernorm.weight"], eps)
+        return x + mlp
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.w["model.embed_tokens.weight"]
         if self.tp_group is None:
-            return table[ids]
-        local = ids - self.vocab_lo
-        outside = (local < 0) | (local >= table.shape[0])
-        x = table[local.clamp(0, table.shape[0] - 1)].masked_fill_(outside[..., None], 0)
-        return self._reduce(x)  # every token's row comes from the one rank holding it, zeros elsewhere
+            x = table[ids]
+        else:
+            local = ids - self.vocab_lo
+            outside = (local < 0) | (local >= table.shape[0])
+            x = table[local.clamp(0, table.shape[0] - 1)].masked_fill_(outside[..., None], 0)
+            x = self._reduce(x)  # every token's row comes from the one rank holding it, zeros elsewhere
+        if self.cfg.family.embed_scale:
+            x = x * self.embed_scale
+        return x
 
     def _logits(self, x: torch.Tensor, as_float: bool = True) -> torch.Tensor:
         """Logits [rows, V]: float32, or (`as_float=False`) in the weights' dtype for a caller that converts them
         into a buffer of its own (the sampler: a fresh [B, V] float32 tensor a step costs its page faults)."""
-        x = rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
+        x = self.norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
         head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
         logits = self.packed.linear(x, head, self.w[head])
         logits = logits.float() if as_float else logits
@@ -232,31 +273,36 @@ class Decoder:
         gqa = self.heads != self.kv_heads
         cached = [c for c in chunks if c.start > 0]  # read from the cache: one gather per layer for all of them
         gather = torch.tensor([r for c in cached for r in c.rows], device=ids.device) if cached else None
-        masks = [torch.ones(len(c.ids), len(c.rows), dtype=torch.bool, device=ids.device).tril(c.start)
-                 for c in cached]
+        # per chunk and attention kind: None (plain causal, the fused kernel's own mask) or a boolean mask
+        window = {"full": None, "sliding": self.cfg.sliding_window}
+        masks = [{kind: window_mask(c.start, len(c.ids), window[kind], ids.device) for kind in self.inv_freq}
+                 for c in chunks]
 
         def attend(h, layer):
             q, k, v = self._attention_input(h, layer, rope)
+            kind = self.kinds[layer]
             if writes is not None:
                 self.k_cache[layer][:, writes[0]] = k[0][:, writes[1]]
                 self.v_cache[layer][:, writes[0]] = v[0][:, writes[1]]
             if not cached and len(chunks) == 1:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                mask = masks[0][kind]
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                      scale=self.scale, enable_gqa=gqa)
             if cached:
                 keys = self.k_cache[layer].index_select(1, gather)[None]
                 values = self.v_cache[layer].index_select(1, gather)[None]
-            out, offset, read, masks_left = [], 0, 0, iter(masks)
-            for chunk in chunks:
-                m = len(chunk.ids)
+            out, offset, read = [], 0, 0
+            for chunk, mask in zip(chunks, masks):
+                m, mask = len(chunk.ids), mask[kind]
                 qc = q[:, :, offset:offset + m]
                 if chunk.start == 0:
                     kc, vc = k[:, :, offset:offset + m], v[:, :, offset:offset + m]
-                    out.append(F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=gqa))
                 else:
                     n = len(chunk.rows)
                     kc, vc = keys[:, :, read:read + n], values[:, :, read:read + n]
-                    out.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=next(masks_left), enable_gqa=gqa))
                     read += n
+                out.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None,
+                                                          scale=self.scale, enable_gqa=gqa))
                 offset += m
             return torch.cat(out, dim=2)
 
@@ -306,8 +352,14 @@ class Decoder:
         offsets = torch.arange(bs, device=tokens.device)
         gather = (table[:, :blocks, None] * bs + offsets).view(b, -1)[:, :width].reshape(-1)  # cache rows [B * T]
         write = table.gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs  # [B]
-        mask = (torch.arange(width, device=tokens.device)[None] <= positions[:, None])[:, None, None]  # [B,1,1,T]
-        mask = torch.zeros(mask.shape, dtype=self.k_cache.dtype, device=tokens.device).masked_fill_(~mask, float("-inf"))
+        keys_at = torch.arange(width, device=tokens.device)[None]
+        masks = {}  # per attention kind, additive [B, 1, 1, T]: keys up to the position (and within the window)
+        for kind in self.inv_freq:
+            seen = keys_at <= positions[:, None]
+            if kind == "sliding":
+                seen &= keys_at > positions[:, None] - self.cfg.sliding_window
+            masks[kind] = torch.zeros(seen.shape, dtype=self.k_cache.dtype,
+                                      device=tokens.device).masked_fill_(~seen, float("-inf"))[:, None, None]
 
         rope = self._rope(positions[:, None], self.k_cache.dtype)  # once for all layers
         mirrored = batch_key is not None and self.mirror.ready(batch_key, positions, width, self.k_cache,
@@ -318,11 +370,13 @@ class Decoder:
             k_layer, v_layer = self.k_cache[layer], self.v_cache[layer]
             k_layer[:, write] = k[:, :, 0].transpose(0, 1)
             v_layer[:, write] = v[:, :, 0].transpose(0, 1)
+            mask = masks[self.kinds[layer]]
             if mirrored:
-                return decode_attention(q, *self.mirror.append(layer, k[:, :, 0], v[:, :, 0]), mask)
+                return decode_attention(q, *self.mirror.append(layer, k[:, :, 0], v[:, :, 0]), mask, self.scale)
             keys = k_layer.index_select(1, gather).view(self.kv_heads, b, width, -1)
             values = v_layer.index_select(1, gather).view(self.kv_heads, b, width, -1)
-            return decode_attention(q, keys.transpose(-1, -2).contiguous(), values, mask)  # the mirror's layout
+            # the mirror's layout: keys transposed
+            return decode_attention(q, keys.transpose(-1, -2).contiguous(), values, mask, self.scale)
 
         x = self._embed(tokens)[:, None]
         with self.packed.enabled(b):
