@@ -20,6 +20,7 @@ from rlinf_like.data.batch import build_sft_batch
 from rlinf_like.data.prompts import PromptFormat
 from rlinf_like.data.sources import Tasks, load_tasks
 from rlinf_like.models import load_tokenizer
+from rlinf_like.models.export import complete_export
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
@@ -36,6 +37,7 @@ from rlinf_like.workers.rollout.worker import gather_results
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 REFERENCE_MODEL = "reference_model"  # the warm-started policy, exported once: what the KL term pulls toward
+FINAL_MODEL = "final_model"  # the trained model as a transformers folder: weights, tokenizer, chat template
 
 
 def model_path(cfg: ReasoningConfig, out: Path) -> str:
@@ -213,9 +215,17 @@ class ReasoningRun:
         log.info(f"resumed at step {self.step} from {path}")
 
     # --- the end -----------------------------------------------------------------------------------------
+    def chat_template(self) -> str | None:
+        """The Jinja template the prompts were rendered with; None: raw text (`data.chat_template=none`, or `auto`
+        on a tokenizer without one). Multi-turn runs render with the template file or the tokenizer's own."""
+        own = self.tokenizer.get_chat_template() if getattr(self.tokenizer, "chat_template", None) else None
+        return self.prompts.template if isinstance(self.prompts, PromptFormat) else self.prompts.template or own
+
     def finish(self, **extras) -> RunResult:
         """Export the final model, plot, write summary.json and print the table."""
-        self.workers.actor.export_hf(str(self.out / "final_model")).wait()
+        final = self.out / FINAL_MODEL
+        self.workers.actor.export_hf(str(final)).wait()
+        complete_export(final, self.tokenizer, self.chat_template(), base_model=self.model_path)
         evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
         formats = [(h["step"], h["eval_format_rate"]) for h in self.history if "eval_format_rate" in h]
         rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
