@@ -138,24 +138,44 @@ def test_a_hub_base_is_named_by_its_id_and_a_folder_by_its_absolute_path(tmp_pat
     assert base_model_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def test_where_autotokenizer_ignores_the_pinned_class_the_export_says_so(tmp_path, caplog):
-    """transformers 5 builds its own Qwen2Tokenizer for model_type qwen2 whatever tokenizer_config.json names: on
-    the tiny character vocabulary it drops spaces. The export says so and names the loader that reads
-    tokenizer.json as it is."""
+def _word_level_characters():
+    """A character vocabulary as a WordLevel tokenizer: what transformers' Qwen2Tokenizer rebuilds as byte-level
+    BPE, dropping the spaces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from rlinf_like.models.tiny import CHARACTERS, SPECIAL_TOKENS
+
+    core = Tokenizer(models.WordLevel({t: i for i, t in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+def test_autotokenizer_on_a_qwen2_export_is_faithful_or_the_export_says_it_is_not(tmp_path, caplog):
+    """transformers 5 builds its own Qwen2Tokenizer for model_type qwen2 whatever tokenizer_config.json names. The
+    tiny character tokenizer is byte-level, so that gives its ids; a tokenizer it would mangle is named in a
+    warning with the loader that reads tokenizer.json as it is."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     base = write_tiny_model(tmp_path / "base", TinyModelSpec(arch="qwen2"))
-    final = tmp_path / "final"
-    final.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (final / name).write_bytes((base / name).read_bytes())
-    run_tokenizer = load_tokenizer(base)
-    warnings = complete_export(final, run_tokenizer, None)
-    assert len(warnings) == 1 and "Qwen2Tokenizer" in warnings[0] and "PreTrainedTokenizerFast" in warnings[0]
-    assert warnings[0] in caplog.text
-    faithful = PreTrainedTokenizerFast.from_pretrained(final)
-    assert all(faithful(t).input_ids == run_tokenizer(t).input_ids for t in TEXTS)
-    assert_generation_config(final, run_tokenizer)
+    for name, run_tokenizer, faithful in (("tiny", load_tokenizer(base), True),
+                                          ("word-level", _word_level_characters(), False)):
+        final = tmp_path / name
+        final.mkdir()
+        for file in ("config.json", "model.safetensors"):
+            (final / file).write_bytes((base / file).read_bytes())
+        warnings = complete_export(final, run_tokenizer, None)
+        assert_generation_config(final, run_tokenizer)
+        known = [t for t in TEXTS if run_tokenizer.unk_token_id not in run_tokenizer(t).input_ids]  # not the tab
+        same = all(AutoTokenizer.from_pretrained(final)(t).input_ids == run_tokenizer(t).input_ids for t in known)
+        assert same == faithful == (not warnings), (name, warnings)
+        if warnings:
+            assert len(warnings) == 1 and "Qwen2Tokenizer" in warnings[0] and "PreTrainedTokenizerFast" in warnings[0]
+            assert warnings[0] in caplog.text
+            loaded = PreTrainedTokenizerFast.from_pretrained(final)
+            assert all(loaded(t).input_ids == run_tokenizer(t).input_ids for t in TEXTS)
 
 
 @pytest.mark.real_model

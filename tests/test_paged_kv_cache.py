@@ -168,9 +168,16 @@ class HFActor(Worker):
         return self.sender.publish(version, self.tensors)
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shard(cluster, tmp_path, tied):
-    arch = dict(arch="llama", tie_word_embeddings=tied)
+# a tied head; an untied one with an o_proj bias (row parallel: replicated, added once after the all-reduce); Gemma 3
+TP2_VARIANTS = {"llama-tied": dict(arch="llama", tie_word_embeddings=True),
+                "llama-attention-bias": dict(arch="llama", attention_bias=True),
+                "gemma3": dict(arch="gemma3")}  # tied, a random Gemma repeats its input: both seeds alike
+
+
+@pytest.mark.parametrize("variant", TP2_VARIANTS)
+def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shard(cluster, tmp_path, variant):
+    arch = TP2_VARIANTS[variant]
+    tied = arch.get("tie_word_embeddings", False)
     path_a = str(write_tiny_model(tmp_path / "a", TinyModelSpec(seed=0, **arch)))
     path_b = str(write_tiny_model(tmp_path / "b", TinyModelSpec(seed=1, **arch)))
     cfg = ModelConfig.from_path(path_a)

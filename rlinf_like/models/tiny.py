@@ -40,14 +40,20 @@ class TinyModelSpec:
 
 
 def char_tokenizer():
-    """A character-level fast tokenizer: one token per character, so token counts are predictable."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level fast tokenizer: one token per ASCII character, so token counts are predictable.
+    It is byte-level BPE with no merges (a space is the symbol "Ġ", as in GPT-2 / Qwen2 vocabularies): the
+    tokenizer transformers builds for a qwen2 checkpoint from these files (`AutoTokenizer` ignores a saved
+    tokenizer class there) then gives the same ids, so an exported tiny model loads faithfully. A non-ASCII
+    character is one unknown token per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    symbol = bytes_to_unicode()
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *(symbol[ord(c)] for c in CHARACTERS)))}
+    core = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
