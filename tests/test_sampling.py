@@ -86,3 +86,19 @@ def test_sampling_reads_the_vocabulary_in_float_only():
     with Watch():
         sample(logits, rows(4))
     assert not seen, seen
+
+
+def test_rows_sampled_a_block_at_a_time_draw_the_same_tokens_within_a_bounded_workspace(monkeypatch):
+    """A 262k vocabulary at 128 rows would keep two 134 MB buffers: rows go through in blocks, each row's draw and
+    logprob unchanged (they depend on the row alone)."""
+    from rlinf_like.workers.rollout import sampling
+
+    logits = torch.randn(40, 4096, generator=torch.Generator().manual_seed(0)) * 3
+    params = rows(40, temperature=0.8, top_k=50, seeds=torch.arange(40) * 7, step=3)
+    params.temperature[::5] = 0.0
+    whole = sampling.sample(logits, params, sampling.Workspace())
+    monkeypatch.setattr(sampling, "WORKSPACE_BYTES", 8 * 4 * 4096)  # 8 rows a block
+    workspace = sampling.Workspace()
+    blocks = sampling.sample(logits, params, workspace)
+    assert torch.equal(whole[0], blocks[0]) and torch.equal(whole[1], blocks[1])
+    assert workspace._buffers[0].shape == (8, 4096)

@@ -56,14 +56,16 @@ def actor_replicas(cfg: ReasoningConfig, ranks: int, component: str = "actor") -
     return ranks // per_replica
 
 
-def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: LoopConfig) -> ActorConfig:
+def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: LoopConfig,
+                 lean: bool = False) -> ActorConfig:
     """The actor's config: the backend `actor.backend` names, with the same optimizer either way."""
     optim = OptimConfig(lr=cfg.algorithm.lr)
     megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
                               # packed micro-batches run on the local layer spec (TE would need PackedSeqParams)
                               layer_spec="local" if cfg.runner.pack_sequences else "auto")
     return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora,
-                                                              precision=actor_precision(cfg)),
+                                                              precision=actor_precision(cfg),
+                                                              lean=lean),
                        loss=loss, loop=loop, backend=cfg.actor.backend, megatron=megatron)
 
 

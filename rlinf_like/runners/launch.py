@@ -106,16 +106,17 @@ def precision_choice(cfg: ReasoningConfig, kind: str) -> tuple[str, str]:
     return hardware.auto_precision(torch.device("cuda" if kind == "gpu" else "cpu"))
 
 
-def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> int:
-    """The token budget that sizes the actor's micro-batches when runner.micro_batch_size is null, logged with the
-    precision `auto` chose. Host memory bounds a CPU actor; a GPU actor keeps 64-row micro-batches."""
+def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> tuple[int, bool]:
+    """The token budget that sizes the actor's micro-batches when runner.micro_batch_size is null, and whether its
+    ranks must trade speed for memory (`FSDPConfig.lean`), logged with the precision `auto` chose. Host memory
+    bounds a CPU actor; a GPU actor keeps 64-row micro-batches."""
     kind = placement["actor"].device_kind
     log.info("actor precision: %s (%s)" % precision_choice(cfg, kind))
     if kind == "gpu":  # no host-memory bound: micro-batches of AUTO_ROWS_CAP rows
-        return 1 << 62
+        return 1 << 62, False
     budget = memory.actor_memory(cfg, placement["actor"].world_size)
     log.info(f"actor memory: {budget.describe()}")
-    return budget.tokens
+    return budget.tokens, budget.raised
 
 
 def rollout_dtype_choice(cfg: ReasoningConfig, placement: Placement) -> tuple[str, str]:
@@ -179,8 +180,9 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     placement = place(cfg, cluster, estimator, check_placement)
     check_targets_of(cfg.actor.lora, model_path)  # names in actor.lora.target_modules, before any worker starts
     log.info(placement.describe())
-    loop = runner_loop(cfg, actor_tokens(cfg, placement))
-    actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop)).launch(
+    tokens, lean = actor_tokens(cfg, placement)
+    loop = runner_loop(cfg, tokens)
+    actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop, lean)).launch(
         cluster, placement, "actor", memory_advice=MEMORY_ADVICE["actor"])
     critic = None
     if estimator.needs_critic:

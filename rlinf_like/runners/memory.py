@@ -19,6 +19,11 @@ from rlinf_like.hybrid_engines.head_stats import CHUNK_BYTES
 
 GB = 1e9
 DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
+# A model whose weights and optimizer state alone outgrow that share (Gemma 3 270M: its 262k-row embedding is 63% of
+# its weights) gets what FLOOR_TOKENS more need, up to DEFAULT_CEILING of the machine, and its ranks trade speed for
+# memory (FSDPConfig.lean: no unsharded weights held or gradients accumulated): the default runs it, not refuses
+FLOOR_TOKENS = 512
+DEFAULT_CEILING = 0.5
 # the rollout's KV caches together, when rollout.kv_cache_memory_gb is unset (runners/launch.py rollout_kv_budget):
 # with the actor's share this keeps a collocated CPU run of a real model under 14 GB of a 24 GB machine
 ROLLOUT_KV_SHARE = 0.08
@@ -42,6 +47,7 @@ class ActorMemory:
     budget: float  # bytes one rank may use
     static: float  # bytes per rank whatever the batch
     per_token: float  # bytes per micro-batch token
+    raised: bool = False  # the default share could not hold the model: budget raised, the actor lean
 
     @property
     def tokens(self) -> int:
@@ -49,8 +55,11 @@ class ActorMemory:
         return max(0, int((self.budget - self.static) // self.per_token))
 
     def describe(self) -> str:
+        raised = "" if not self.raised else (
+            f" (the default {DEFAULT_SHARE:.0%} of the machine cannot hold this model: raised to what {FLOOR_TOKENS} "
+            "tokens need; the actor gathers weights and reduces gradients per micro-batch)")
         return (f"{self.static / GB:.1f} GB whatever the batch + {self.per_token / 1e6:.2f} MB per token, "
-                f"budget {self.budget / GB:.1f} GB per rank: {self.tokens} tokens per micro-batch")
+                f"budget {self.budget / GB:.1f} GB per rank{raised}: {self.tokens} tokens per micro-batch")
 
 
 def _hf_text_config(cfg) -> dict:
@@ -138,6 +147,9 @@ def actor_memory(cfg, ranks: int) -> ActorMemory:
     # and a bf16 copy under autocast
     static = 4 * shape.params + 12 * trainable / ranks + 2 * shape.params + RUNTIME_BYTES + 3 * CHUNK_BYTES
     per_token = 1.25 * 4 * shape.layers * (10 * shape.hidden + 4 * shape.intermediate)
+    floor = static + FLOOR_TOKENS * per_token
+    if not cfg.actor.memory_gb and budget < floor:
+        return ActorMemory(ranks, min(floor, DEFAULT_CEILING * machine_bytes() / ranks), static, per_token, raised=True)
     return ActorMemory(ranks, budget, static, per_token)
 
 

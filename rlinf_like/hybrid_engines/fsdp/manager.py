@@ -74,6 +74,10 @@ class FSDPConfig:
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "fp32"
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
+    # Sharded: trade speed for memory (the launcher sets it for a model the default memory share cannot hold):
+    # gather the weights per micro-batch instead of holding them over a step (CPU), and reduce-scatter the gradients
+    # of every micro-batch instead of accumulating unsharded ones; two unsharded copies of the weights less per rank
+    lean: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0: full fine-tuning
@@ -132,7 +136,7 @@ class FSDPModelManager(ModelManager):
         # first forward to the last backward instead of gathering them twice per micro-batch (measured on SmolLM2,
         # 2 ranks, 12 micro-batches: train 62-68 s -> 38-41 s per GRPO step); the extra memory is one rank's
         # unsharded weights
-        self.hold_gathered = self.sharded and self.device.type == "cpu"
+        self.hold_gathered = self.sharded and self.device.type == "cpu" and not self.config.lean
         self.mesh = None
         if self.sharded:
             self.mesh = mesh if mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
@@ -167,8 +171,10 @@ class FSDPModelManager(ModelManager):
     ) -> dict[str, float]:
         if not self.model.training:  # train() walks every submodule: only when eval() was set
             self.model.train()
-        # Non-last micro-batches accumulate unsharded gradients locally; the last one reduce-scatters.
+        # Non-last micro-batches accumulate unsharded gradients locally; the last one reduce-scatters (lean: each one
+        # does, into the sharded gradients).
         if self.sharded:
+            sync_gradients = sync_gradients or self.config.lean
             self.model.set_requires_gradient_sync(sync_gradients)
             if self.hold_gathered:  # the weights stay gathered from this forward until the step's last backward
                 self.model.set_reshard_after_forward(False)

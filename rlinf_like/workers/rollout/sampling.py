@@ -14,7 +14,7 @@ matmuls (`docs/benchmarks.md`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -88,9 +88,28 @@ class Workspace:
         return self._buffers[0][:rows], self._buffers[1][:rows]
 
 
+# rows sampled together: their two float32 [rows, V] buffers stay within this (a 262k vocabulary: 32 rows)
+WORKSPACE_BYTES = 32 << 20
+
+
 def sample(logits: torch.Tensor, params: RowParams, workspace: Workspace | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B], logprobs [B]); logprobs under softmax(logits / temperature), before top-k/top-p."""
+    """(tokens [B], logprobs [B]); logprobs under softmax(logits / temperature), before top-k/top-p. Rows are
+    independent, so they are sampled a bounded block at a time (`WORKSPACE_BYTES`)."""
+    rows = max(1, WORKSPACE_BYTES // (4 * logits.shape[-1]))
+    if logits.shape[0] <= rows:
+        return _sample(logits, params, workspace)
+    parts = [_sample(logits[i:i + rows], RowParams(*(t[i:i + rows] for t in _columns(params))), workspace)
+             for i in range(0, logits.shape[0], rows)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _columns(params: RowParams) -> tuple[torch.Tensor, ...]:
+    return tuple(getattr(params, f.name) for f in fields(params))
+
+
+def _sample(logits: torch.Tensor, params: RowParams, workspace: Workspace | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     greedy = params.temperature == 0
     buffer, weights = (workspace or Workspace()).get(logits)
     # float32 in a kept buffer (a mixed-dtype op would convert into a fresh temporary: page faults every step)
