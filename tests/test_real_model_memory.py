@@ -114,7 +114,7 @@ def test_a_model_the_default_share_cannot_hold_gets_the_floor_and_a_lean_actor(t
     monkeypatch.setattr(memory, "machine_bytes", lambda: 2 * roomy.static / memory.DEFAULT_SHARE * 0.9)
     tight = memory.actor_memory(cfg, 2)
     assert tight.raised and tight.tokens in (memory.FLOOR_TOKENS - 1, memory.FLOOR_TOKENS)  # float division
-    assert "cannot hold this model: raised to what 512 tokens need" in tight.describe()
+    assert f"cannot hold this model: raised to what {memory.FLOOR_TOKENS} tokens need" in tight.describe()
     cfg.actor.memory_gb = 1.0
     assert not memory.actor_memory(cfg, 2).raised
 

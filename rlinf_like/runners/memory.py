@@ -19,10 +19,11 @@ from rlinf_like.hybrid_engines.head_stats import CHUNK_BYTES
 
 GB = 1e9
 DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
-# A model whose weights and optimizer state alone outgrow that share (Gemma 3 270M: its 262k-row embedding is 63% of
-# its weights) gets what FLOOR_TOKENS more need, up to DEFAULT_CEILING of the machine, and its ranks trade speed for
-# memory (FSDPConfig.lean: no unsharded weights held or gradients accumulated): the default runs it, not refuses
-FLOOR_TOKENS = 512
+# A model whose weights and optimizer state leave that share no room for a row of FLOOR_TOKENS (Gemma 3 270M: its
+# 262k-row embedding is 63% of its weights) gets what that row needs, up to DEFAULT_CEILING of the machine, and its
+# ranks trade speed for memory (FSDPConfig.lean: no unsharded weights held or gradients accumulated): the default runs
+# it, not refuses. 256: the longest rows the default preset is held to (SmolLM2 stays under its share)
+FLOOR_TOKENS = 256
 DEFAULT_CEILING = 0.5
 # the rollout's KV caches together, when rollout.kv_cache_memory_gb is unset (runners/launch.py rollout_kv_budget):
 # with the actor's share this keeps a collocated CPU run of a real model under 14 GB of a 24 GB machine

@@ -57,7 +57,8 @@ def _layer_types(hf: dict, family: ModelFamily, user: str) -> tuple[str, ...]:
             raise ValueError(f"{user}: layer_types has sliding_attention layers, which the {family.name!r} family "
                              "does not implement")
         if not hf.get("sliding_window"):
-            raise ValueError(f"{user}: layer_types has sliding_attention layers but sliding_window is {hf.get('sliding_window')!r}")
+            raise ValueError(f"{user}: layer_types has sliding_attention layers but sliding_window is "
+                             f"{hf.get('sliding_window')!r}")
     return types
 
 
