@@ -75,10 +75,8 @@ def test_after_a_weight_sync_from_an_fsdp_actor_the_engine_decodes_transformers_
     """The rollout starts from a perturbed copy (its tokens differ); after the FSDP actor (2 ranks, the real
     weights) syncs into it, greedy tokens equal transformers' on the real checkpoint again."""
     from safetensors.torch import load_file, save_file
-    from test_rollout_worker import FSDPActor
+    from test_rollout_worker import FSDPActor, sync_once
 
-    from rlinf_like.hybrid_engines.reshard import SyncPlan
-    from rlinf_like.scheduler import connect_groups, wait_all
     from rlinf_like.workers.rollout.worker import RolloutWorker
 
     perturbed = tmp_path / "perturbed"
@@ -103,12 +101,7 @@ def test_after_a_weight_sync_from_an_fsdp_actor_the_engine_decodes_transformers_
     try:
         [before] = rollout.generate(reqs).wait()
         assert [r.response_ids for r in before] != [r.response_ids for r in reference]
-        connect_groups(actor, rollout, "weights")
-        [src] = actor.on_ranks(0).layouts().wait()
-        [dst] = rollout.on_ranks(0).weight_layouts().wait()
-        plan = SyncPlan.build(src, dst, "actor", "rollout", bucket_bytes=64 << 20)
-        wait_all([actor.connect(plan), rollout.connect_weights("weights", plan)])
-        wait_all([actor.publish(1), rollout.apply_weights(1)], timeout=300)
+        sync_once(actor, rollout, bucket_bytes=64 << 20, timeout=300)
         [after] = rollout.generate(reqs).wait()
         assert_greedy_contract(after, reference, "float32")
     finally:

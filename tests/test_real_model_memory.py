@@ -102,7 +102,7 @@ def test_a_plan_whose_actor_cannot_fit_is_refused_before_any_worker_starts(tmp_p
 
 def test_a_model_the_default_share_cannot_hold_gets_the_floor_and_a_lean_actor(tmp_path, monkeypatch):
     """actor.memory_gb unset: on a machine whose 30% cannot hold the model (Gemma 3 270M here: 4.6 GB a rank against
-    3.8), the budget rises to what FLOOR_TOKENS tokens need and the actor trades speed for memory; a budget the user
+    3.8), the budget rises to what RAISED_TOKENS tokens need and the actor trades speed for memory; a budget the user
     sets is theirs (refused when too small, as above)."""
     from small_runs import small_reasoning_config
 
@@ -113,8 +113,8 @@ def test_a_model_the_default_share_cannot_hold_gets_the_floor_and_a_lean_actor(t
     assert not roomy.raised and "raised" not in roomy.describe()
     monkeypatch.setattr(memory, "machine_bytes", lambda: 2 * roomy.static / memory.DEFAULT_SHARE * 0.9)
     tight = memory.actor_memory(cfg, 2)
-    assert tight.raised and tight.tokens in (memory.FLOOR_TOKENS - 1, memory.FLOOR_TOKENS)  # float division
-    assert f"cannot hold this model: raised to what {memory.FLOOR_TOKENS} tokens need" in tight.describe()
+    assert tight.raised and tight.tokens in (memory.RAISED_TOKENS - 1, memory.RAISED_TOKENS)  # float division
+    assert f"cannot hold this model: raised to what {memory.RAISED_TOKENS} tokens need" in tight.describe()
     cfg.actor.memory_gb = 1.0
     assert not memory.actor_memory(cfg, 2).raised
 

@@ -55,6 +55,16 @@ def paths(tmp_path_factory):
             str(write_tiny_model(root / "b", TinyModelSpec(seed=1))))
 
 
+def sync_once(actor, rollout, bucket_bytes: int, timeout: float = 120):
+    """Connect the actor's group to the rollout's for weights and send version 1."""
+    connect_groups(actor, rollout, "weights")
+    [src] = actor.on_ranks(0).layouts().wait()
+    [dst] = rollout.on_ranks(0).weight_layouts().wait()
+    plan = SyncPlan.build(src, dst, "actor", "rollout", bucket_bytes=bucket_bytes)
+    wait_all([actor.connect(plan), rollout.connect_weights("weights", plan)])
+    wait_all([actor.publish(1), rollout.apply_weights(1)], timeout=timeout)
+
+
 def requests(tok, params=GREEDY, n=1, prompts=PROMPTS):
     return [RolloutRequest(f"r{i}", tok(p).input_ids, params, n) for i, p in enumerate(prompts)]
 
@@ -91,12 +101,7 @@ def test_tp2_rollout_matches_transformers_then_takes_the_actors_weights(cluster,
         resumed0, resumed1 = rollout.generate_all(moved).wait()
         assert same_tokens(resumed0, full) and same_tokens(resumed1, full)
 
-        connect_groups(actor, rollout, "weights")
-        [src] = actor.on_ranks(0).layouts().wait()
-        [dst] = rollout.on_ranks(0).weight_layouts().wait()
-        plan = SyncPlan.build(src, dst, "actor", "rollout", bucket_bytes=64 << 10)
-        wait_all([actor.connect(plan), rollout.connect_weights("weights", plan)])
-        wait_all([actor.publish(1), rollout.apply_weights(1)], timeout=120)
+        sync_once(actor, rollout, bucket_bytes=64 << 10)
         after, nothing = rollout.generate(reqs).wait()  # every TP rank takes part; rank 0 returns
         assert nothing is None
         assert same_tokens(after, ref_b)  # the next generation reflects the new weights

@@ -19,11 +19,14 @@ from rlinf_like.hybrid_engines.head_stats import CHUNK_BYTES
 
 GB = 1e9
 DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, when actor.memory_gb is null
-# A model whose weights and optimizer state leave that share no room for a row of FLOOR_TOKENS (Gemma 3 270M: its
-# 262k-row embedding is 63% of its weights) gets what that row needs, up to DEFAULT_CEILING of the machine, and its
-# ranks trade speed for memory (FSDPConfig.lean: no unsharded weights held or gradients accumulated): the default runs
-# it, not refuses. 256: the longest rows the default preset is held to (SmolLM2 stays under its share)
+# A model whose weights and optimizer state leave that share no room for a row of FLOOR_TOKENS (256: the longest rows
+# the default preset is held to; SmolLM2 keeps its share) gets what RAISED_TOKENS need, up to DEFAULT_CEILING of the
+# machine, and its ranks trade speed for memory (FSDPConfig.lean: no unsharded weights held or gradients
+# accumulated): the default runs it, not refuses. Gemma 3 270M (its 262k-row embedding is 63% of its weights), 2
+# GRPO steps of the default preset: 512-token micro-batches peaked at +18.9 GB with ~120 s steps, 256-token ones at
+# +17.9 GB with ~180 s steps (docs/benchmarks.md)
 FLOOR_TOKENS = 256
+RAISED_TOKENS = 512
 DEFAULT_CEILING = 0.5
 # the rollout's KV caches together, when rollout.kv_cache_memory_gb is unset (runners/launch.py rollout_kv_budget):
 # with the actor's share this keeps a collocated CPU run of a real model under 14 GB of a 24 GB machine
@@ -57,7 +60,7 @@ class ActorMemory:
 
     def describe(self) -> str:
         raised = "" if not self.raised else (
-            f" (the default {DEFAULT_SHARE:.0%} of the machine cannot hold this model: raised to what {FLOOR_TOKENS} "
+            f" (the default {DEFAULT_SHARE:.0%} of the machine cannot hold this model: raised to what {RAISED_TOKENS} "
             "tokens need; the actor gathers weights and reduces gradients per micro-batch)")
         return (f"{self.static / GB:.1f} GB whatever the batch + {self.per_token / 1e6:.2f} MB per token, "
                 f"budget {self.budget / GB:.1f} GB per rank{raised}: {self.tokens} tokens per micro-batch")
@@ -148,9 +151,9 @@ def actor_memory(cfg, ranks: int) -> ActorMemory:
     # and a bf16 copy under autocast
     static = 4 * shape.params + 12 * trainable / ranks + 2 * shape.params + RUNTIME_BYTES + 3 * CHUNK_BYTES
     per_token = 1.25 * 4 * shape.layers * (10 * shape.hidden + 4 * shape.intermediate)
-    floor = static + FLOOR_TOKENS * per_token
-    if not cfg.actor.memory_gb and budget < floor:
-        return ActorMemory(ranks, min(floor, DEFAULT_CEILING * machine_bytes() / ranks), static, per_token, raised=True)
+    if not cfg.actor.memory_gb and budget < static + FLOOR_TOKENS * per_token:
+        raised = min(static + RAISED_TOKENS * per_token, DEFAULT_CEILING * machine_bytes() / ranks)
+        return ActorMemory(ranks, raised, static, per_token, raised=True)
     return ActorMemory(ranks, budget, static, per_token)
 
 
