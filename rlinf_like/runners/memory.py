@@ -23,8 +23,8 @@ DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, w
 # the default preset is held to; SmolLM2 keeps its share) gets what RAISED_TOKENS need, up to DEFAULT_CEILING of the
 # machine, and its ranks trade speed for memory (FSDPConfig.lean: no unsharded weights held or gradients
 # accumulated): the default runs it, not refuses. Gemma 3 270M (its 262k-row embedding is 63% of its weights), 2
-# GRPO steps of the default preset: 512-token micro-batches peaked at +18.9 GB with ~120 s steps, 256-token ones at
-# +17.9 GB with ~180 s steps (docs/benchmarks.md)
+# GRPO steps of the default preset: 512-token micro-batches peaked at +18.9 GB with 118-151 s steps, 256-token ones
+# at +18.2 GB with 178-192 s steps (docs/benchmarks.md)
 FLOOR_TOKENS = 256
 RAISED_TOKENS = 512
 DEFAULT_CEILING = 0.5
