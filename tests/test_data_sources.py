@@ -339,9 +339,9 @@ def test_an_unreadable_file_is_named(tmp_path, name, content, message):
 
 
 def test_a_missing_file_and_missing_sets_are_named(tmp_path):
-    with pytest.raises(ValueError, match=r"data file '.*nowhere.jsonl' does not exist"):
+    with pytest.raises(ValueError, match=r"^data.train_files: the data file '.*nowhere.jsonl' does not exist"):
         load_tasks(gsm8k(train_files=[str(tmp_path / "nowhere.jsonl")]))
-    with pytest.raises(ValueError, match=r"data file '.*nowhere.parquet' does not exist"):
+    with pytest.raises(ValueError, match=r"^data.test_files: the data file '.*nowhere.parquet' does not exist"):
         load_tasks(gsm8k(test_files=[str(tmp_path / "nowhere.parquet")], test_fraction=0.0))
     with pytest.raises(ValueError, match=r"data.source=files needs data.train_files"):
         load_tasks(DataConfig(source="files", test_fraction=0.5))

@@ -232,13 +232,18 @@ def check_in_process(command: str) -> str:
         assert (script, command) in {(_script(c), c) for _, c in LAUNCH}, f"{command} is neither checked nor run"
         return "launched"
     module = _entry_module(script)
-    schema = getattr(module, re.search(r"check_overrides\((\w+), sys.argv", source).group(1))
-    if "--help" in argv:
-        with pytest.raises(SystemExit) as exit_:
-            module.print_help_if_asked(schema, argv, script)
-        assert exit_.value.code == 0
-        return "help"
-    module.check_overrides(schema, argv)
+    prepared = re.search(r"prepare_command_line\((\w+), sys.argv", source)  # the example scripts' command line
+    schema = getattr(module, (prepared or re.search(r"check_overrides\((\w+), sys.argv", source)).group(1))
+    if prepared:
+        default = re.search(r'config_name="([^"]+)"', source).group(1)
+        if "--help" in argv:
+            with pytest.raises(SystemExit) as exit_:
+                module.prepare_command_line(schema, argv, ROOT / script, default)
+            assert exit_.value.code == 0
+            return "help"
+        argv = module.prepare_command_line(schema, argv, ROOT / script, default)
+    else:
+        module.check_overrides(schema, argv)
     folder, name, overrides = _preset(argv, source)
     with initialize_config_dir(str((ROOT / script).parent / folder), version_base="1.3"):
         cfg = structure(schema, compose(name, overrides))
@@ -250,6 +255,7 @@ def check_in_process(command: str) -> str:
 @pytest.mark.parametrize("where,command", CHECKED, ids=[c for _, c in CHECKED])
 def test_documented_command_is_valid(where, command, scratch, monkeypatch, capsys):
     monkeypatch.chdir(scratch)  # relative paths as a user in the repository root has them
+    monkeypatch.setattr("rlinf_like.config.cli._USER_KEYS", None)  # the keys a command line sets stay with its test
     if not command.split()[1].startswith("-"):  # python puts a script's folder first on the path (its reward module)
         monkeypatch.syspath_prepend(str((ROOT / _script(command)).parent))
     what = check_in_process(command)

@@ -172,7 +172,8 @@ def test_a_wrongly_typed_value_is_named():
 
 @pytest.mark.parametrize("placement,overrides,error", [
     ({"actor": "0-3", "rollout": "0-1", "reward": "0"}, [],
-     r"component 'actor': range '0-3' uses cpu devices \[2, 3\], but the cluster has 2 cpu device\(s\) \(valid: 0-1\)"),
+     r"cluster.component_placement.actor='0-3' \(component 'actor'\) uses cpu devices 2-3, but the cluster has 2 "
+     r"cpu device\(s\) \(valid: 0-1\)"),
     ({"actor": "0", "rollout,reward": "1"}, ["algorithm.advantage=gae"],
      r"places no \['critic'\] \(critic: with algorithm.advantage=gae\)"),
     (None, ["runner.prompts_per_step=3", "algorithm.samples_per_prompt=1"],

@@ -25,7 +25,7 @@ import sys
 import hydra
 from hydra.core.config_store import ConfigStore
 
-from rlinf_like.config import check_overrides, hydra_schema, print_help_if_asked, structure
+from rlinf_like.config import hydra_schema, prepare_command_line, structure
 from rlinf_like.algorithms.embodied import runner_class
 from rlinf_like.runners.embodied_config import EmbodiedConfig
 from rlinf_like.utils.logging import setup_logging
@@ -43,6 +43,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    print_help_if_asked(EmbodiedConfig, sys.argv[1:], "examples/embodied/main_embodied.py")
-    check_overrides(EmbodiedConfig, sys.argv[1:])  # a typo fails here, naming the allowed keys
+    # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
+    sys.argv[1:] = prepare_command_line(EmbodiedConfig, sys.argv[1:], "examples/embodied/main_embodied.py", "embodied")
     main()

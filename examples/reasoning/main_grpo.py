@@ -26,7 +26,7 @@ import sys
 import hydra
 from hydra.core.config_store import ConfigStore
 
-from rlinf_like.config import check_overrides, hydra_schema, print_help_if_asked, structure
+from rlinf_like.config import hydra_schema, prepare_command_line, structure
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.reasoning import train
 from rlinf_like.utils.logging import setup_logging
@@ -46,6 +46,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    print_help_if_asked(ReasoningConfig, sys.argv[1:], "examples/reasoning/main_grpo.py")
-    check_overrides(ReasoningConfig, sys.argv[1:])  # a typo fails here, naming the allowed keys
+    # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
+    sys.argv[1:] = prepare_command_line(ReasoningConfig, sys.argv[1:], "examples/reasoning/main_grpo.py", "grpo_collocated")
     main()

@@ -92,17 +92,21 @@ def _class_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default and allowed values, comment) for every leaf key of schema `cls`, in order."""
+def describe(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str, str, str]]:
+    """(key, value and allowed values, comment) for every leaf key of schema `cls`, in order: the schema's defaults,
+    or those of `values` (an instance: a preset composed with overrides), each marked where it differs from the
+    schema's default."""
     rows = []
     hints, comments, default = typing.get_type_hints(cls), field_comments(cls), cls()
     for f in dataclasses.fields(cls):
         key, value, tp = f"{prefix}{f.name}", getattr(default, f.name), hints[f.name]
         if dataclasses.is_dataclass(value):
             rows.append((key, "", comments[f.name]))
-            rows += describe(type(value), key + ".")
+            rows += describe(type(value), key + ".", None if values is None else getattr(values, f.name))
             continue
         spec = f"= {_yaml(value)}"
+        if values is not None and getattr(values, f.name) != value:
+            spec = f"= {_yaml(getattr(values, f.name))}  (set here; schema default {_yaml(value)})"
         choices = _literal_values(tp)
         if choices:
             spec += f"  one of {choices}"
@@ -122,10 +126,11 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def help_text(cls: type, title: str) -> str:
-    """Every key with its default, allowed values and comment: what `--help` prints."""
+def help_text(cls: type, title: str, values: Any = None) -> str:
+    """Every key with its value (the schema's default, or `values`'), allowed values and comment: what `--help`
+    prints."""
     lines = [title, ""]
-    for key, spec, comment in describe(cls):
+    for key, spec, comment in describe(cls, values=values):
         if not spec:  # a section
             lines += ["", f"{key}:  {comment}".rstrip()]
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, key: str = "model.path"):
     """The checkpoint's fast tokenizer exactly as its tokenizer.json defines it.
 
     (transformers' AutoTokenizer may substitute a model-specific class that re-derives
@@ -13,6 +13,14 @@ def load_tokenizer(path: str | Path):
     checkpoint that ships one, which modern Llama / Qwen checkpoints do.)"""
     from transformers import PreTrainedTokenizerFast
 
+    folder = Path(path)
+    if folder.is_dir() and not (folder / "tokenizer.json").is_file():
+        # transformers would fall back to converting a slow tokenizer and fail on sentencepiece or tiktoken
+        present = sorted(p.name for p in folder.iterdir() if p.is_file())
+        raise FileNotFoundError(f"{key}={str(path)!r}: the folder has no tokenizer.json (the fast tokenizer every "
+                                f"engine reads); it holds {present[:12]}. Copy the tokenizer files (tokenizer.json, "
+                                "tokenizer_config.json) from the model's source, or save them with the model's "
+                                "tokenizer.save_pretrained(folder)")
     return PreTrainedTokenizerFast.from_pretrained(str(path))
 
 

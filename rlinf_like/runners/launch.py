@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from rlinf_like.runners.agent_format import chat_template_text
 from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
-from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, plan_placement
+from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
 from rlinf_like.utils import hardware
 from rlinf_like.workers.actor.loss import LossConfig
@@ -147,6 +148,16 @@ def rollout_kv_budget(cfg: ReasoningConfig, placement: Placement, prompt_tokens:
     log.info(f"rollout KV cache: {min(need, ceiling):.2f} GiB per replica (this run's samples need {need:.2f}, "
              f"the ceiling is {ceiling:.2f}; rollout.kv_cache_memory_gb sets it)")
     return math.ceil(min(need, ceiling) * 1e4) / 1e4  # rounded up: never below one sequence of the context
+
+
+def plan_before_start(cfg: ReasoningConfig, estimator: AdvantageEstimator,
+                      check_placement: Callable[[Placement], None] | None = None) -> None:
+    """On a cluster this process starts itself (none to join), `plan` on the devices it will have: a placement or a
+    batch split that cannot work fails before Ray's ~10 s start-up, naming its key. A joined cluster's devices are
+    known only once joined (`place`)."""
+    if cfg.cluster.backend == "ray" and (cfg.cluster.address or os.environ.get("RAY_ADDRESS")):
+        return
+    plan(cfg, devices_of(cfg.cluster), estimator, check_placement)
 
 
 def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,

@@ -222,11 +222,12 @@ def plan_placement(
                 raise PlacementError(f"component {name!r}: range {value!r} selects no {kind} devices")
             out_of_range = [i for i in indices if i >= len(pool)]
             if out_of_range:
+                where = f"cluster.component_placement.{key}={value!r} (component {name!r})"
                 raise PlacementError(
-                    f"component {name!r}: range {value!r} uses {kind} devices {out_of_range}, "
-                    f"but the cluster has {len(pool)} {kind} device(s) (valid: 0-{len(pool) - 1})"
+                    f"{where} uses {kind} devices {_ranges(out_of_range)}, but the cluster has {len(pool)} {kind} "
+                    f"device(s) (valid: 0-{len(pool) - 1})"
                     if pool
-                    else f"component {name!r}: range {value!r} asks for {kind} devices, but the cluster has none"
+                    else f"{where} asks for {kind} devices, but the cluster has none"
                 )
             assigned[name] = (kind, [i for i in indices for _ in range(per_device)], str(value))
 
@@ -257,3 +258,15 @@ def share_devices(spec: Mapping[str, str], a: str, b: str) -> bool:
     first, second = placed.get(a, set()), placed.get(b, set())
     kinds = {k for k, _ in first} & {k for k, _ in second}
     return bool(first & second) or any((k, "all") in first | second for k in kinds)
+
+
+def _ranges(indices: list[int]) -> str:
+    """Sorted device numbers as ranges: [2, 3, 4, 7] -> "2-4, 7"."""
+    out, start = [], None
+    for i, value in enumerate(indices):
+        if start is None:
+            start = value
+        if i + 1 == len(indices) or indices[i + 1] != value + 1:
+            out.append(f"{start}" if start == value else f"{start}-{value}")
+            start = None
+    return ", ".join(out)

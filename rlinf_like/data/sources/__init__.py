@@ -7,11 +7,13 @@ reward function that scores its answers when `reward.fn=auto`.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from rlinf_like.data.sources.base import DataSource, Tasks
 from rlinf_like.utils.registry import Registry
 
+log = logging.getLogger(__name__)
 DATA_SOURCES: Registry[type[DataSource]] = Registry("data source", key="data.source")
 DATA_SOURCES.register("arithmetic", "rlinf_like.data.sources.arithmetic:ArithmeticSource")
 DATA_SOURCES.register("files", "rlinf_like.data.sources.files:FileSource")
@@ -20,18 +22,30 @@ DATA_SOURCES.register("reasoning_gym", "rlinf_like.data.sources.reasoning_gym:Re
 
 def check_data_config(cfg) -> None:
     """`data.source` by name, the keys its source reads by what it declares, and the prompt format; before
-    any worker starts, naming the key."""
+    any worker starts, naming the key. A command line that changed `data.source` (`config.cli.user_overrides`) drops,
+    with one log line, what the preset set for its own source; a key the user set for another source is refused."""
+    from rlinf_like.config.cli import user_overrides
     from rlinf_like.data.config import DataConfig
 
     if cfg.source not in DATA_SOURCES:
         raise ValueError(f"data.source={cfg.source!r} is not one of {DATA_SOURCES.names()}")
     reads = DATA_SOURCES.get(cfg.source).keys
     defaults = DataConfig()
+    user = user_overrides()
+    dropped = []
     for other in DATA_SOURCES.names():
         for key in DATA_SOURCES.get(other).keys:
-            if key not in reads and getattr(cfg, key) != getattr(defaults, key):
-                raise ValueError(f"data.{key}={getattr(cfg, key)!r} is read by data.source={other}; "
-                                 f"data.source={cfg.source} does not read it")
+            if key in reads or getattr(cfg, key) == getattr(defaults, key):
+                continue
+            if user is not None and "data.source" in user and f"data.{key}" not in user:
+                dropped.append(f"data.{key}={getattr(cfg, key)!r}")
+                setattr(cfg, key, getattr(defaults, key))
+                continue
+            raise ValueError(f"data.{key}={getattr(cfg, key)!r} is read by data.source={other}; "
+                             f"data.source={cfg.source} does not read it")
+    if dropped:
+        log.info(f"data.source={cfg.source} (set on the command line): dropped the preset's {', '.join(dropped)}, "
+                 "which only other sources read")
     if cfg.chat_template not in ("auto", "none") and not Path(cfg.chat_template).is_file():
         raise ValueError(f"data.chat_template={cfg.chat_template!r} must be auto, none or a Jinja template file "
                          f"that exists")

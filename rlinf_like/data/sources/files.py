@@ -71,7 +71,7 @@ def open_dataset(path: str, split: str):
 
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"data file {path!r} does not exist")
+        raise ValueError(f"data.{split}_files: the data file {path!r} does not exist")
     if p.is_dir():
         try:
             ds = datasets.load_from_disk(str(p))

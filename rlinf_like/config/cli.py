@@ -1,0 +1,126 @@
+"""An example script's command line, read before hydra runs (`prepare_command_line`).
+
+What hydra alone would do badly, done first:
+  * `--help` / `-h` prints every key with the value the run would use: the preset composed with the overrides,
+    each value a preset or an override changed marked with the schema's default;
+  * `--config-name NAME` that names no preset lists the presets, one a line (hydra: "Cannot find primary config");
+  * a list-typed key given one value (`data.train_files=/data/train.parquet`, as veRL takes it) becomes a one-item
+    list (OmegaConf would refuse "str is not a ListConfig");
+  * an override hydra cannot parse (an unquoted `{`, `,` or space in a value) is named with the quoting that works;
+  * then `check_overrides`: unknown keys with the closest match, values outside a key's choices or bounds.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import typing
+from pathlib import Path
+
+from rlinf_like.config.schema import help_text
+from rlinf_like.config.validate import ConfigError, _leaf_field, check_overrides, structure
+
+# the keys this process's command line overrode (None: not started from a command line, e.g. a config built in code)
+_USER_KEYS: set[str] | None = None
+
+
+def user_overrides() -> set[str] | None:
+    """The dotted keys the command line set (`prepare_command_line`), or None when there was none."""
+    return _USER_KEYS
+
+
+USAGE = ("Override any key on the command line as key=value (hydra), e.g. runner.max_steps=50; "
+         "hydra's own options: --hydra-help.")
+_PRESET_FLAGS = ("--config-name", "-cn")
+
+
+def presets(config_dir: Path) -> list[str]:
+    """The presets of a script's config folder (its top-level YAML files)."""
+    return sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
+
+
+def split_preset(argv: list[str], default: str) -> tuple[str, list[str], list[str]]:
+    """(preset, the arguments naming it, the other arguments)."""
+    preset, flags, rest, i = default, [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _PRESET_FLAGS and i + 1 < len(argv):
+            preset, flags, i = argv[i + 1], flags + argv[i:i + 2], i + 2
+            continue
+        if arg.startswith(tuple(f + "=" for f in _PRESET_FLAGS)):
+            preset, flags = arg.split("=", 1)[1], flags + [arg]
+        else:
+            rest.append(arg)
+        i += 1
+    return preset, flags, rest
+
+
+def _is_list(tp) -> bool:
+    if typing.get_origin(tp) is list:
+        return True
+    return any(_is_list(a) for a in typing.get_args(tp) if a is not type(None))
+
+
+def normalize_override(cls: type, override: str) -> str:
+    """One override as hydra will read it: a list key's single value wrapped in a list; refused, naming the
+    override and the quoting that works, if hydra cannot parse it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "=" in override and not override.startswith(("-", "~")):
+        key, value = override.split("=", 1)
+        name = key.lstrip("+")
+        try:
+            leaf = None if name.startswith("hydra.") else _leaf_field(cls, name)
+        except ConfigError:  # an unknown or moved key: check_overrides names it, with the closest match
+            leaf = None
+        if leaf is not None and _is_list(leaf[1]) and value and not value.startswith("[") and value != "null" \
+                and "${" not in value:
+            quoted = value if value[:1] in "'\"" else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            override = f"{key}=[{quoted}]"
+    try:
+        OverridesParser.create().parse_override(override)
+    except Exception as err:  # hydra's OverrideParseException: a grammar message with no advice
+        key, _, value = override.partition("=")
+        raise ConfigError(f"cannot parse the override {override!r}: {str(err).splitlines()[0]}. A value holding "
+                          f"spaces, braces, commas or quotes needs hydra's quotes inside the shell's: "
+                          f"{shlex.quote(f'{key}=' + chr(34) + value.strip(chr(34)) + chr(34))}") from None
+    return override
+
+
+def prepare_command_line(cls: type, argv: list[str], script: str | Path, default_preset: str) -> list[str]:
+    """The arguments to hand hydra (see the module docstring); `--help` prints and exits, and a bad argument exits
+    with its one-line message."""
+    try:
+        return _prepare(cls, argv, script, default_preset)
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+
+
+def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str) -> list[str]:
+    config_dir = Path(script).resolve().parent / "config"
+    preset, preset_args, overrides = split_preset(argv, default_preset)
+    known = presets(config_dir)
+    if preset not in known:
+        sys.exit(f"--config-name {preset!r}: no such preset in {config_dir}. Presets:\n"
+                 + "\n".join(f"  --config-name {p}" for p in known))
+    asked_help = any(a in ("--help", "-h") for a in overrides)
+    overrides = [normalize_override(cls, o) for o in overrides if o not in ("--help", "-h")]
+    check_overrides(cls, overrides)
+    global _USER_KEYS
+    _USER_KEYS = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    if asked_help:
+        values = composed(cls, config_dir, preset, overrides)
+        shown = " ".join([f"--config-name {preset}", *overrides])
+        print(help_text(cls, f"usage: python {script} [--config-name PRESET] [key=value ...]\n{USAGE}\n"
+                             f"Values of: {shown} (presets: {', '.join(known)})", values))
+        sys.exit(0)
+    return preset_args + overrides
+
+
+def composed(cls: type, config_dir: Path, preset: str, overrides: list[str]):
+    """The preset composed with the overrides, as the run would structure it (the script has registered the
+    schema with hydra's ConfigStore)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return structure(cls, compose(preset, overrides=[o for o in overrides if not o.startswith("hydra.")]))

@@ -1,0 +1,106 @@
+"""What a new user meets on a first real run (issue 36): a single data path, a preset given their own files, `--help`
+with the preset's values, a wrong preset listing the presets, hydra quoting explained, and mistakes named by key
+before Ray starts."""
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hydra.core.config_store import ConfigStore
+
+from rlinf_like.config import cli, hydra_schema
+from rlinf_like.runners.config import ReasoningConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = "examples/reasoning/main_grpo.py"
+GSM8K = str(ROOT / "tests/data/gsm8k_sample.jsonl")
+
+
+@pytest.fixture(autouse=True)
+def schema_and_clean_command_line(monkeypatch):
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
+    monkeypatch.setattr(cli, "_USER_KEYS", None)  # what a command line recorded stays with its test
+
+
+def prepare(*argv, preset="grpo_collocated"):
+    return cli.prepare_command_line(ReasoningConfig, list(argv), ROOT / MAIN, preset)
+
+
+def test_a_single_data_path_is_a_one_file_list():
+    argv = prepare("data.source=files", f"data.train_files={GSM8K}", f"data.test_files={GSM8K}")
+    assert argv[1:] == [f'data.train_files=["{GSM8K}"]', f'data.test_files=["{GSM8K}"]']
+    cfg = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_collocated", argv)
+    assert cfg.data.train_files == cfg.data.test_files == [GSM8K]
+    assert prepare(f"data.train_files=[{GSM8K}]")[0] == f"data.train_files=[{GSM8K}]"  # a list stays as written
+
+
+def test_help_shows_the_preset_s_values_and_marks_what_it_changed():
+    out = subprocess.run([sys.executable, MAIN, "--config-name", "grpo_smollm2", "runner.max_steps=7", "--help"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "runner.max_steps = 7  (set here; schema default 60)" in out.stdout
+    assert "algorithm.lr = 0.0002  (set here; schema default 0.0005)" in out.stdout  # the preset's value
+    assert "runner.seed = 0\n" in out.stdout or "runner.seed = 0  " in out.stdout  # unchanged: unmarked
+    assert "presets: grpo_collocated, grpo_pipelined, grpo_smollm2" in out.stdout
+
+
+def test_a_wrong_preset_lists_the_presets_and_bad_quoting_names_the_quoting_that_works():
+    with pytest.raises(SystemExit) as err:
+        prepare("--config-name", "grpo_colocated")
+    assert str(err.value).splitlines() == [
+        f"--config-name 'grpo_colocated': no such preset in {ROOT / 'examples/reasoning/config'}. Presets:",
+        "  --config-name grpo_collocated", "  --config-name grpo_pipelined", "  --config-name grpo_smollm2"]
+    with pytest.raises(SystemExit) as err:
+        prepare("data.system_prompt=Add {the} numbers.")
+    assert str(err.value).startswith("error: cannot parse the override 'data.system_prompt=Add {the} numbers.'")
+    assert str(err.value).endswith("""'data.system_prompt="Add {the} numbers."'""")
+    assert prepare('data.system_prompt="Add {the} numbers."') == ['data.system_prompt="Add {the} numbers."']
+
+
+def test_a_preset_takes_your_files_dropping_what_only_its_own_source_reads(caplog):
+    from rlinf_like.data.sources import check_data_config
+
+    argv = prepare("data.source=files", f"data.train_files={GSM8K}", "data.test_fraction=0.25",
+                   "data.prompt_key=question", preset="grpo_smollm2")
+    cfg = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_smollm2", argv)
+    assert cfg.data.options and cfg.data.sft_problems == 200  # the preset's, for reasoning_gym
+    with caplog.at_level("INFO"):
+        check_data_config(cfg.data)
+    assert cfg.data.options == {} and cfg.data.name == ReasoningConfig().data.name
+    assert "data.source=files (set on the command line): dropped the preset's data.sft_problems=200" in caplog.text
+    # a key the user set for another source is still refused, naming it
+    argv = prepare("data.source=files", f"data.train_files={GSM8K}", "data.sft_problems=10", preset="grpo_smollm2")
+    cfg = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_smollm2", argv)
+    with pytest.raises(ValueError, match=r"data.sft_problems=10 is read by data.source=arithmetic"):
+        check_data_config(cfg.data)
+
+
+def test_placement_and_batch_mistakes_fail_before_ray_starts(tmp_path, monkeypatch):
+    from rlinf_like.runners import run as run_module
+    from rlinf_like.runners.run import ReasoningRun
+    from small_runs import small_reasoning_config
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("Ray was started before the placement was checked")
+
+    monkeypatch.setattr(run_module, "Cluster", no_cluster)
+    cfg = small_reasoning_config(tmp_path)
+    placement = {"actor": "0-99", "rollout": "0-1", "reward": "0"}
+    bad_placement = replace(cfg, cluster=replace(cfg.cluster, component_placement=placement))
+    with pytest.raises(ValueError, match=r"^cluster.component_placement.actor='0-99' \(component 'actor'\) uses cpu "
+                                         r"devices 2-\d+, but the cluster has \d+ cpu device\(s\)"):
+        ReasoningRun(bad_placement).__enter__()
+    bad_split = replace(cfg, algorithm=replace(cfg.algorithm, mini_batches=3))
+    with pytest.raises(ValueError, match=r"do not divide by actor ranks \(\d\) x algorithm.mini_batches \(3\)"):
+        ReasoningRun(bad_split).__enter__()
+
+
+def test_a_model_folder_without_its_tokenizer_names_the_key_and_the_files(tmp_path):
+    from rlinf_like.models import load_tokenizer
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"model.path='.*': the folder has no tokenizer.json .* it holds "
+                                                r"\['config.json'\]"):
+        load_tokenizer(tmp_path)
