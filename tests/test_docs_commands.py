@@ -181,6 +181,7 @@ def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     (root / "examples").symlink_to(ROOT / "examples")
     (root / "tests").symlink_to(ROOT / "tests")  # the README's sample data
+    (root / "models").symlink_to(ROOT / "models")  # the real model the grpo_smollm2 preset names (scripts/setup.sh)
     return root
 
 
