@@ -104,3 +104,17 @@ def test_a_model_folder_without_its_tokenizer_names_the_key_and_the_files(tmp_pa
     with pytest.raises(FileNotFoundError, match=r"model.path='.*': the folder has no tokenizer.json .* it holds "
                                                 r"\['config.json'\]"):
         load_tokenizer(tmp_path)
+
+
+def test_config_show_lists_what_each_preset_changes(capsys):
+    from rlinf_like.config import show
+
+    show.main(["reasoning"])
+    out = capsys.readouterr().out
+    assert "  runner.max_steps = 60  > 0\n" in out  # the schema's default, which --help marks as a preset's change
+    lines = {line.split(":")[0]: line for line in out.splitlines() if " --config-name " in line}
+    assert set(lines) == {"reasoning/ --config-name grpo_collocated", "reasoning/ --config-name grpo_pipelined",
+                          "reasoning/ --config-name grpo_smollm2", "agentic/ --config-name calculator",
+                          "agentic/ --config-name openai_agent", "agentic/ --config-name search"}
+    assert "actor.lora.rank=16" in lines["reasoning/ --config-name grpo_smollm2"]
+    assert "runner.max_steps=150" in lines["reasoning/ --config-name grpo_collocated"]

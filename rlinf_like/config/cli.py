@@ -124,3 +124,33 @@ def composed(cls: type, config_dir: Path, preset: str, overrides: list[str]):
 
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return structure(cls, compose(preset, overrides=[o for o in overrides if not o.startswith("hydra.")]))
+
+
+def changed_keys(cls: type, values, prefix: str = "") -> list[str]:
+    """`key=value` for every leaf of `values` (an instance of schema `cls`) that differs from the schema's default."""
+    import dataclasses
+
+    out, default = [], cls()
+    for f in dataclasses.fields(cls):
+        mine, theirs = getattr(values, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(theirs):
+            out += changed_keys(type(theirs), mine, f"{prefix}{f.name}.")
+        elif mine != theirs:
+            out.append(f"{prefix}{f.name}={mine!r}")
+    return out
+
+
+def preset_listing(cls: type, schema_name: str, config_dirs: list[Path]) -> str:
+    """Each preset of the folders (their presets build on `schema_name`) with what it sets away from the schema's
+    defaults, a line each."""
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config.schema import hydra_schema
+
+    ConfigStore.instance().store(name=schema_name, node=hydra_schema(cls))
+    lines = []
+    for folder in map(Path, config_dirs):
+        for preset in presets(folder):
+            changes = changed_keys(cls, composed(cls, folder, preset, []))
+            lines.append(f"{folder.parent.name}/ --config-name {preset}: {' '.join(changes)}")
+    return "\n".join(lines)

@@ -1,19 +1,27 @@
 """Print a runner's whole config schema: every key, its default, allowed values, bounds and comment.
 
-    python -m rlinf_like.config.show reasoning      # same as examples/reasoning/main_grpo.py --help
-    python -m rlinf_like.config.show embodied       # same as examples/embodied/main_embodied.py --help
+    python -m rlinf_like.config.show reasoning      # the schema's defaults, then each preset's changes to them
+    python -m rlinf_like.config.show embodied
     python -m rlinf_like.config.show engines        # rollout engines: capabilities, the CPU recommendation
+
+A script's `--help` prints the values of one preset composed with its overrides; this prints the schema every
+preset starts from, and what each preset of the example folders changes (one line each).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 from rlinf_like.config.schema import help_text
 
 SCHEMAS = {"reasoning": "rlinf_like.runners.config:ReasoningConfig",
            "embodied": "rlinf_like.runners.embodied_config:EmbodiedConfig"}
+# the example folders whose presets build on each schema, and the name they give it in their `defaults:` list
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+PRESET_DIRS = {"reasoning": ("reasoning_schema", ["reasoning/config", "agentic/config"]),
+               "embodied": ("embodied_schema", ["embodied/config"])}
 USAGE = ("Override any key on the command line as key=value (hydra), e.g. runner.max_steps=50; "
          "hydra's own options: --hydra-help.")
 
@@ -39,6 +47,12 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1 or argv[0] not in SCHEMAS:
         sys.exit(f"usage: python -m rlinf_like.config.show {{{'|'.join([*SCHEMAS, 'engines'])}}}")
     print(help_text(schema(argv[0]), f"{argv[0]} config ({SCHEMAS[argv[0]]}). {USAGE}"))
+    name, folders = PRESET_DIRS[argv[0]]
+    if all((EXAMPLES / f).is_dir() for f in folders):  # a checkout, not an installed package alone
+        from rlinf_like.config.cli import preset_listing
+
+        print("presets (what each sets away from the defaults above):")
+        print(preset_listing(schema(argv[0]), name, [EXAMPLES / f for f in folders]))
 
 
 if __name__ == "__main__":
