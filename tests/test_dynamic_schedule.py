@@ -19,7 +19,7 @@ from rlinf_like.scheduler.dynamic import DeviceScheduler
 from rlinf_like.workers.actor.elastic import block_owners
 
 STEPS = 2
-SCHEDULE_ONLY = ("rollout_s", "rollout_tokens_per_s", "elapsed_s", "step_train_s", "sync_s",
+SCHEDULE_ONLY = ("rollout_s", "rollout_tokens_per_s", "elapsed_s", "step_train_s", "sync_s", "step_s",
                  "sched_early_minibatches", "sched_min_dp", "sched_migrated")  # timings and the hand-over itself: the only keys allowed to differ
 
 

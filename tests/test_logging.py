@@ -39,6 +39,16 @@ def test_log_lines_go_to_stdout_above_an_open_bar(package_logger, capsys):
     assert "updates: 100%" in err and "[rlinf_like]" not in err  # the bar stays on its own stream
 
 
+def test_the_progress_bar_shows_the_latest_evaluation_between_evaluations():
+    from rlinf_like.runners.run_files import progress_postfix
+
+    assert progress_postfix({"reward": 0.5}, {}) == {"reward": "0.50"}  # before any evaluation: nothing, not nan
+    last = {"eval_accuracy": 0.25, "eval_format_rate": 0.75}
+    assert progress_postfix({"reward": 0.5}, last) == {"reward": "0.50", "acc": "0.25", "fmt": "0.75"}
+    assert progress_postfix({"reward": 0.5, "eval_accuracy": 1.0, "eval_format_rate": 1.0}, last) == \
+        {"reward": "0.50", "acc": "1.00", "fmt": "1.00"}
+
+
 class LogProbe(Worker):
     def log_line(self, text: str) -> str:
         """Log `text` with the worker's own configuration; return what reached its stdout."""

@@ -174,6 +174,13 @@ def test_the_closing_table_shows_the_mismatch_when_there_is_one():
     assert table.splitlines() == ["  step  eval_accuracy  mismatch_kl  masked",
                                   "     5          0.500            -       -",
                                   "    10          0.750     1.50e-09   0.250"]
+    # from a whole history: the evaluated rows, reward, response length and step time averaged since the row above
+    history = [{"step": 0, "eval_accuracy": 0.5}, {"step": 1, "reward": 0.2, "response_tokens": 10.0, "step_s": 1.0},
+               {"step": 2, "reward": 0.4, "response_tokens": 20.0, "step_s": 3.0, "eval_accuracy": 0.75}]
+    assert closing_table(history).splitlines() == [
+        "  step  eval_accuracy  mean_reward  mean_resp_len  mean_step_s",
+        "     0          0.500            -              -            -",
+        "     2          0.750        0.300           15.0         2.00"]
 
 
 def test_registry_choices_are_checked_by_name():

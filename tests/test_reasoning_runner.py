@@ -33,6 +33,11 @@ def run_main(*overrides, timeout=400):
                           env=env, cwd=ROOT)
 
 
+def hydra_outputs() -> set[Path]:
+    """The run folders Hydra's default `hydra.run.dir` (outputs/<date>/<time>) would make in the working directory."""
+    return set(ROOT.glob("outputs/*/*"))
+
+
 def history(out: Path) -> list[dict]:
     return json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
 
@@ -42,18 +47,21 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
     """The default preset, shortened: SFT warm-start, 30 GRPO steps; held-out accuracy must go up. The 30 steps
     run as 15, then a resumed run to 30 (instead of 30, then a separate 2-step resumed run): the resumed half
     continues the committed history, and learning is judged over both halves."""
-    out = tmp_path / "run"
+    out, outputs = tmp_path / "run", hydra_outputs()
     first = run_main(*COLLOCATED, "runner.max_steps=15", f"runner.output_dir={out}", timeout=600)
     assert first.returncode == 0, f"rc {first.returncode}\n{first.stdout[-1500:]}\n{first.stderr[-3000:]}"
     assert "placement mode" in first.stdout and (out / "curves.png").stat().st_size > 0
     before = history(out)
     assert [h["step"] for h in before] == list(range(16))
     assert before[0]["eval_accuracy"] > 0.1  # the SFT warm-start gives GRPO something to work with
+    inspectable(out, outputs, before, first.stdout)
 
     resumed = run_main(*COLLOCATED, "runner.max_steps=30", f"runner.output_dir={out}", "runner.resume=true",
                        timeout=600)
     assert resumed.returncode == 0, f"rc {resumed.returncode}\n{resumed.stdout[-1500:]}\n{resumed.stderr[-3000:]}"
     assert "resumed at step 15" in resumed.stdout
+    assert "event file(s) of earlier attempts" in resumed.stdout  # the retry says it reuses the folder
+    assert (out / "run.log").read_text().count("--- run started") == 2  # one log, each attempt marked
     after = history(out)
     assert after[:16] == before and [h["step"] for h in after] == list(range(31))  # the curve continues
     start, end = after[0]["eval_accuracy"], after[30]["eval_accuracy"]
@@ -67,6 +75,37 @@ def test_collocated_grpo_raises_reward_checkpoints_exports_and_resumes(tmp_path)
     final = AutoModelForCausalLM.from_pretrained(out / "final_model").state_dict()
     init = AutoModelForCausalLM.from_pretrained(out / "init_model").state_dict()
     assert any(not torch.equal(final[n], init[n]) for n in init)  # SFT + GRPO changed the weights
+
+
+def inspectable(out: Path, outputs: set[Path], rows: list[dict], stdout: str) -> None:
+    """What a run leaves for a person to read (issue 36): Hydra's files inside the run folder and nothing in the
+    working directory; run.log with the closing table; samples.jsonl and TensorBoard text; the SFT loss curve and
+    the step-0 evaluation in TensorBoard; the samples' spread, lengths, truncation, step time and memory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert hydra_outputs() == outputs and list((out / "hydra").glob("*/.hydra/config.yaml"))  # none in ./outputs
+    log = (out / "run.log").read_text()
+    assert "mean_reward" in log and "mean_resp_len" in log and "mean_step_s" in log and "best held-out" in log
+    assert "best held-out accuracy" in stdout and "first prompt" in log
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    fields = {"step", "kind", "prompt", "response", "answer", "reward", "correct", "formatted", "finish_reason"}
+    assert all(fields <= set(s) for s in samples)
+    assert {(s["kind"], s["step"]) for s in samples} >= {("eval", 0), ("train", 1), ("train", 15), ("eval", 15)}
+    assert all(s["prompt"] and s["finish_reason"] in ("stop", "length") for s in samples)
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("grpo/eval_accuracy")] == [0, 15]
+    assert events.Scalars("grpo/eval_accuracy")[0].value == pytest.approx(rows[0]["eval_accuracy"])
+    sft_steps = RunnerConfig().sft_steps
+    assert [e.step for e in events.Scalars("sft/loss")] == list(range(1, sft_steps + 1))
+    assert events.Scalars("sft/loss")[-1].value == pytest.approx(rows[0]["sft_loss"])
+    assert {"grpo/samples/train/text_summary", "grpo/samples/eval/text_summary"} <= set(events.Tags()["tensors"])
+    assert [e.step for e in events.Scalars("grpo/memory/driver_gb")] == list(range(1, 16))  # TensorBoard only
+    new = {"reward_std", "reward_min", "reward_max", "advantage_std", "advantage_min", "advantage_max",
+           "response_tokens_max", "truncated_rate", "step_s"}
+    assert all(new <= set(h) for h in rows[1:]), new - set(rows[1])
+    assert all(0 <= h["truncated_rate"] <= 1 and h["reward_min"] - 1e-6 <= h["reward"] <= h["reward_max"] + 1e-6
+               for h in rows[1:])
 
 
 def test_a_wrong_key_fails_before_any_worker_starts():

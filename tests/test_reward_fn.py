@@ -63,6 +63,18 @@ def test_math_reward_scores_arithmetic_answers_as_the_original_rules(response, f
     assert (new["reward"], new["correct"], new["formatted"]) == (old.total, old.correct, old.formatted)
 
 
+def test_math_verifys_timeout_warning_is_not_shown(caplog):
+    """math-verify warns once per process from its parser and once from its grader that its timeouts are off (we
+    turn them off: `reward.timeout_s` limits the call): noise in every run's console, dropped."""
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = False  # as in a new process
+    with caplog.at_level(logging.WARNING):
+        assert math_equal("\\dfrac{1}{2}", "\\frac{2}{4}")  # both parsed and compared by math-verify
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+
+
 def test_math_verify_drops_known_units():
     """A deliberate change: math-verify reads "12 apples" as 12 (the old matcher compared strings)."""
     assert math_equal("12 apples", "12") and not score("Answer: 12 apples", "12", True, 9).correct

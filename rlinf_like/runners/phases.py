@@ -44,6 +44,8 @@ class Scored:
     versions: torch.Tensor  # [rows] the policy version that generated the row
     seconds: float  # time spent scoring
     extras: dict[str, float]  # the reward function's own numbers, as step metrics (`extra_metrics`)
+    results: Sequence[RolloutResult] = ()  # what was scored, in row order (finish reasons; samples.jsonl's text)
+    groups: Sequence[Sequence[SampleScore]] = ()  # per request, per sample: the reward worker's scores
 
 
 def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
@@ -112,7 +114,8 @@ def scored(results: Sequence[RolloutResult], groups: Sequence[Sequence[SampleSco
                   correct=torch.tensor([float(s.correct) for s in samples]),
                   formatted=torch.tensor([float(s.formatted) for s in samples]),
                   versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
-                  seconds=seconds, extras={**extra_metrics(samples), **episode_metrics(results)})
+                  seconds=seconds, extras={**extra_metrics(samples), **episode_metrics(results)},
+                  results=list(results), groups=list(groups))
 
 
 def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: torch.Tensor,
@@ -130,7 +133,26 @@ def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: tor
     batch["advantages"] = out.advantages
     if out.returns is not None:
         batch["returns"] = out.returns
-    return {**metrics, **out.metrics}
+    return {**metrics, **out.metrics, **spread("advantage", out.advantages[mask.bool()])}
+
+
+def spread(name: str, values: torch.Tensor) -> dict[str, float]:
+    """`<name>_std` (population), `<name>_min` and `<name>_max` of `values` (none for no values)."""
+    if values.numel() == 0:
+        return {}
+    values = values.double()
+    return {f"{name}_std": float(values.std(unbiased=False)), f"{name}_min": float(values.min()),
+            f"{name}_max": float(values.max())}
+
+
+def sample_metrics(results: Sequence[RolloutResult], rewards: torch.Tensor,
+                   response_tokens: torch.Tensor) -> dict[str, float]:
+    """What a step's samples look like beyond their mean reward: the reward's spread, the longest response
+    (`response_tokens_max`, the model's tokens) and the share stopped by `runner.max_new_tokens` (`truncated_rate`,
+    finish reason "length")."""
+    reasons = [reason for res in results for reason in res.finish_reasons]
+    return {**spread("reward", rewards), "response_tokens_max": float(response_tokens.max()),
+            **({"truncated_rate": sum(r == "length" for r in reasons) / len(reasons)} if reasons else {})}
 
 
 def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, scored: Scored) -> tuple[Batch, dict]:
@@ -186,10 +208,11 @@ def train_actor(w: Workers, batch: Batch, rank_plan: RankPlan | None) -> dict:
 
 
 def batch_metrics(scored: Scored, version: int, rollout_s: float) -> dict[str, float]:
-    """What a step reports about its samples: reward, accuracy, staleness, lengths, rollout throughput."""
+    """What a step reports about its samples: reward (mean and spread), accuracy, staleness, lengths, truncation,
+    rollout throughput."""
     tokens = float(scored.batch["response_mask"].sum())
     return {"reward": float(scored.rewards.mean()), "train_accuracy": float(scored.correct.mean()),
             "train_format_rate": float(scored.formatted.mean()),
             "staleness": float(version - scored.versions.min()), "response_tokens": tokens / len(scored.rewards),
             "reward_s": scored.seconds, "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
-            **scored.extras}
+            **sample_metrics(scored.results, scored.rewards, scored.batch["response_mask"].sum(-1)), **scored.extras}

@@ -1,6 +1,7 @@
 """What every reasoning schedule shares around its loop: the run directory, data, tokenizer, workers,
 SFT warm-start, evaluation, weight sync, metrics, checkpoints and the closing summary. A schedule opens
 a `ReasoningRun`, iterates `run.steps()`, calls the phases, and ends each step with `run.end_step`.
+What the run writes for people to read (run.log, samples.jsonl, TensorBoard text) is `run_files.py`'s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import gather_results
+from rlinf_like.runners.run_files import (Generated, RunLog, SampleLog, earlier_attempts, memory_metrics,
+                                          progress_postfix)
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
@@ -70,6 +73,15 @@ class ReasoningRun:
         self.cfg = cfg
         self.out = Path(cfg.runner.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.run_log = RunLog(self.out)  # the driver's log lines, until __exit__
+        try:
+            self._setup(cfg, actor_worker, check_placement)
+        except BaseException:
+            self.run_log.close()
+            raise
+
+    def _setup(self, cfg: ReasoningConfig, actor_worker: type[ActorWorker],
+               check_placement: Callable[[Placement], None] | None) -> None:
         self.checkpoints = Checkpoints(self.out / CHECKPOINT)
         self.tasks: Tasks = load_tasks(cfg.data)
         if cfg.runner.sft_steps > 0 and not self.tasks.sft:
@@ -94,6 +106,7 @@ class ReasoningRun:
         self.receive_weights: Callable[[int], object] = lambda version: self.workers.rollout.apply_weights(version)
         self.extra_state: Callable[[], dict] | None = None  # saved with each checkpoint
         self.resumed_extra: dict = {}  # what the checkpoint resumed from saved of it
+        self.last_eval: dict[str, float] = {}  # the latest held-out evaluation (the progress bar shows it)
 
     def longest_prompt(self, sample: int = 512) -> int | None:
         """Tokens of the longest prompt among the first `sample` RL and test problems (what sizes the rollout's
@@ -105,44 +118,68 @@ class ReasoningRun:
 
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
-        self.cluster = Cluster(self.cfg.cluster).__enter__()
+        note = earlier_attempts(self.out / "tensorboard")
+        if note and self.cfg.logger.tensorboard:
+            log.info(note)
+        self.trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
+        self.samples = SampleLog(self.out, self.trackers, lambda ids: self.tokenizer.decode(ids))
+        try:
+            self.cluster = Cluster(self.cfg.cluster).__enter__()
+        except BaseException:
+            self._close_files()
+            raise
         try:
             self.workers = launch_workers(self.cfg, self.cluster, self.model_path, self.estimator, self.out,
                                           self.actor_worker, self.check_placement, self.longest_prompt())
             if self.cfg.runner.resume and self.checkpoints.exists():
                 self._restore()
             else:
-                self._warm_start()
-                self.history.append({"step": 0, **self.evaluate()})
+                sft = self._warm_start()
+                evaluated = self.evaluate()
+                self.trackers.log({f"grpo/{k}": v for k, v in evaluated.items()}, 0)  # the curves' first point
+                self.history.append({"step": 0, **sft, **evaluated})
             start = self.out / REFERENCE_MODEL if self.cfg.runner.sft_steps > 0 else Path(self.model_path)
             launch_reference(self.cfg, self.cluster, self.workers, start, self.out)
         except BaseException:
             self.cluster.__exit__(None, None, None)
+            self._close_files()
             raise
-        self.trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
         self._clock = self.history[-1].get("elapsed_s", 0.0)
+        self.last_eval = next((h for h in reversed(self.history) if "eval_accuracy" in h), {})
         return self
 
     def __exit__(self, *exc) -> None:
-        self.trackers.close()
-        self.cluster.__exit__(*exc)
+        try:
+            self.cluster.__exit__(*exc)
+        finally:
+            self._close_files()
 
-    def _warm_start(self) -> None:
+    def _close_files(self) -> None:
+        self.trackers.close()
+        self.run_log.close()
+
+    def _warm_start(self) -> dict[str, float]:
+        """SFT steps; each step's loss and grad norm go to the trackers as `sft/*` (x: the SFT step). Returns the
+        last step's loss for the history's step-0 row (`sft_loss`)."""
         r, w = self.cfg.runner, self.workers
         if r.sft_steps <= 0:
-            return
+            return {}
         rng = random.Random(r.seed)
         w.actor.set_lr(r.sft_lr).wait()
-        for _ in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
+        metrics: dict[str, float] = {}
+        for i in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
             items = [rng.choice(self.tasks.sft) for _ in range(r.sft_batch_size)]
             rows = [self.prompts.sft_ids(p) for p in items]  # (prompt, target[, target mask: multi-turn])
             batch = build_sft_batch([r[0] for r in rows], [r[1] for r in rows],
                                     target_masks=[r[2] for r in rows] if len(rows[0]) == 3 else None)
-            w.actor.sft_step(batch).wait()
+            metrics = w.actor.sft_step(batch).wait()[0]
+            self.trackers.log({f"sft/{k}": v for k, v in metrics.items() if k in ("loss", "grad_norm")}, i + 1)
         w.actor.set_lr(self.cfg.algorithm.lr).wait()
         self.sync_weights()
         if self.cfg.algorithm.kl_beta > 0 and not w.reference_in_actor:
             w.actor.export_hf(str(self.out / REFERENCE_MODEL)).wait()
+        log.info(f"SFT warm-start: {r.sft_steps} steps, last loss {metrics.get('loss', float('nan')):.4f}")
+        return {"sft_loss": metrics["loss"]} if "loss" in metrics else {}
 
     # --- used by every schedule ------------------------------------------------------------------------
     def sync_weights(self) -> None:
@@ -154,15 +191,18 @@ class ReasoningRun:
         self.sync_metrics = {"sync_bytes": float(sum(sent)), "sync_s": time.perf_counter() - start}
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy and format rate on the held-out set (`eval_accuracy`, `eval_format_rate`)."""
+        """Greedy accuracy and format rate on the held-out set (`eval_accuracy`, `eval_format_rate`); the first few
+        held-out generations go to samples.jsonl (kind `eval`)."""
         w, test = self.workers, self.tasks.test
         greedy = SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens, temperature=0.0)
         reqs = [RolloutRequest(f"eval-{i}", self.prompts.prompt_ids(p), greedy, row=task_row(self.cfg, p))
                 for i, p in enumerate(test)]
         results = self.generate(reqs)
         if self.cfg.agent.multi_turn:  # what the agent does, for people: the first held-out episode
-            tqdm.write(f"held-out episode at step {self.step}:\n{self.prompts.trajectory(results[0])}")
-        return {**eval_metrics(score_groups(w, results, test)),
+            log.info(f"held-out episode at step {self.step}:\n{self.prompts.trajectory(results[0])}")
+        groups = score_groups(w, results, test)
+        self.samples.record(self.step, "eval", Generated(results=results, problems=test, scores=groups))
+        return {**eval_metrics(groups),
                 **{f"eval_{k}": v for k, v in episode_metrics(results).items()}}
 
     def _generate(self, requests: list[RolloutRequest]) -> list:
@@ -177,23 +217,29 @@ class ReasoningRun:
             self._step_start = time.perf_counter()
             yield step
 
-    def end_step(self, step: int, metrics: dict[str, float]) -> None:
-        """After the step's weight sync: time it, evaluate when due, log, checkpoint when due."""
+    def end_step(self, step: int, metrics: dict[str, float], generated: Generated | None = None) -> None:
+        """After the step's weight sync: time it, evaluate when due, log, checkpoint when due. `generated`: the
+        step's samples, a few of which go to samples.jsonl (kind `train`)."""
         r = self.cfg.runner
-        self._clock += time.perf_counter() - self._step_start
+        step_s = time.perf_counter() - self._step_start
+        self._clock += step_s
         self.step = step + 1
         warning = check_finite(metrics, self.step, r.nonfinite)
         if warning:
-            tqdm.write(warning)
-        metrics["elapsed_s"] = self._clock
+            log.warning(warning)
+        metrics["elapsed_s"], metrics["step_s"] = self._clock, step_s
         metrics.update(self.sync_metrics)
+        if generated is not None:
+            self.samples.record(self.step, "train", generated)
         if self.step % r.eval_every == 0 or self.step == r.max_steps:
-            metrics.update(self.evaluate())
-        self.trackers.log({f"grpo/{k}": v for k, v in metrics.items()}, self.step)
+            self.last_eval = self.evaluate()
+            metrics.update(self.last_eval)
+        # memory goes to the trackers only: like timings it differs between runs, and the history is compared across
+        # runs (backends, schedules, resumes) key by key
+        memory = memory_metrics(self.workers.all_groups())
+        self.trackers.log({f"grpo/{k}": v for k, v in {**metrics, **memory}.items()}, self.step)
         self.history.append({"step": self.step, **metrics})
-        nan = float("nan")
-        self._bar.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('eval_accuracy', nan):.2f}",
-                              fmt=f"{metrics.get('eval_format_rate', nan):.2f}")
+        self._bar.set_postfix(progress_postfix(metrics, self.last_eval))
         if self.step % r.save_every == 0 or self.step == r.max_steps:
             self._checkpoint()
 
@@ -238,22 +284,43 @@ class ReasoningRun:
                    "eval_format_rate_end": formats[-1][1] if formats else None,
                    "reward_first": rewards[0][1] if rewards else None, "reward_last": rewards[-1][1] if rewards else None,
                    "output_dir": str(self.out)}
+        best = max(evals, key=lambda e: e[1])  # the earliest of the best
+        summary["best_step"], summary["best_eval_accuracy"] = best
         (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
                                                           indent=1, default=str))
-        table = closing_table([h for h in self.history if "eval_accuracy" in h])
-        log.info(f"\n{table}\nplot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}")
+        kept = self.checkpoints.latest()[0].name if self.checkpoints.exists() else None
+        table = closing_table(self.history)
+        log.info(f"\n{table}\nbest held-out accuracy {best[1]:.3f} at step {best[0]}; "
+                 f"{FINAL_MODEL}/ is step {self.step}"
+                 + (f", and the one checkpoint kept is {CHECKPOINT}/{kept}" if kept else "")
+                 + f"\nplot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}"
+                 f"   samples: {self.out / 'samples.jsonl'}   log: {self.run_log.path}")
         return RunResult(summary=summary, history=self.history, extras=extras)
 
 
-# the closing table's columns beyond the step: held-out accuracy and format rate, and the rollout-vs-trainer mismatch
-# when the trainer recomputes logprobs (a column is shown when some row has it)
+# the closing table's columns beyond the step: held-out accuracy and format rate; the training reward, mean response
+# length and seconds per step, each averaged over the steps since the row above ("mean_" titles); the rollout-vs-trainer
+# mismatch when the trainer recomputes logprobs. A column is shown when some row has it.
 TABLE_COLUMNS = (("eval_accuracy", "eval_accuracy", ".3f"), ("eval_format_rate", "eval_format_rate", ".3f"),
+                 ("reward", "mean_reward", ".3f"), ("response_tokens", "mean_resp_len", ".1f"),
+                 ("step_s", "mean_step_s", ".2f"),
                  ("mismatch/kl_k3", "mismatch_kl", ".2e"),
                  ("mismatch/masked_fraction", "masked", ".3f"))
+AVERAGED = ("reward", "response_tokens", "step_s")
 
 
-def closing_table(rows: list[dict]) -> str:
-    """`step` and each of `TABLE_COLUMNS` that a row has, one line per row ("-" where a row lacks it)."""
+def closing_table(history: list[dict]) -> str:
+    """One line per evaluated row of `history` (those with `eval_accuracy`): `step` and each of `TABLE_COLUMNS`
+    ("-" where a row lacks it); the `AVERAGED` keys are the mean over the rows since the previous evaluated one."""
+    rows, window = [], []
+    for row in history:
+        window.append(row)
+        if "eval_accuracy" not in row:
+            continue
+        means = {key: sum(values) / len(values) for key in AVERAGED
+                 if (values := [h[key] for h in window if key in h])}
+        rows.append({**{k: v for k, v in row.items() if k not in AVERAGED}, **means})
+        window = []
     columns = [c for c in TABLE_COLUMNS if any(c[0] in row for row in rows)]
     lines = ["  step" + "".join(f"  {title:>{len(title)}}" for _, title, _ in columns)]
     for row in rows:

@@ -4,6 +4,7 @@ Weights & Biases and a console table implement it, and `Trackers` fans out to th
 
     trackers = make_trackers(cfg.logger, out_dir, run_config=asdict(cfg))
     trackers.log({"grpo/reward": 0.5}, step)      # every enabled tracker
+    trackers.log_text("grpo/samples/train", markdown, step)   # the trackers that take text (TensorBoard)
     trackers.close()                              # flushes; also `with make_trackers(...) as trackers:`
 """
 
@@ -33,6 +34,8 @@ class LoggerConfig:
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
+    # optional: `log_text(tag, text, step)`, markdown text (generations); TensorBoard has it
+
     def close(self) -> None: ...
 
 
@@ -45,6 +48,9 @@ class TensorBoardTracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
 
     def close(self) -> None:
         self.writer.close()
@@ -109,6 +115,12 @@ class Trackers:
     def log(self, metrics: dict[str, float], step: int) -> None:
         for tracker in self.trackers:
             tracker.log(metrics, step)
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Markdown `text` to the trackers that take text (TensorBoard); the others skip it."""
+        for tracker in self.trackers:
+            if hasattr(tracker, "log_text"):
+                tracker.log_text(tag, text, step)
 
     def close(self) -> None:
         for tracker in self.trackers:

@@ -20,6 +20,7 @@ from rlinf_like.runners.async_stream import GroupStream, Taken, served_generate,
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.runners.run_files import Generated
 from rlinf_like.scheduler import Channel, wait_all
 from rlinf_like.workers.rollout import RolloutResult
 
@@ -53,7 +54,8 @@ def train(cfg: ReasoningConfig) -> RunResult:
                            **staleness_metrics(taken, run.version), "train_s": time.perf_counter() - start}
 
                 run.sync_weights()  # the serve loops pick the new version up between decode steps
-                run.end_step(step, metrics)
+                run.end_step(step, metrics, Generated(results=taken.results, problems=taken.problems,
+                                                      scores=graded.groups))
             result = run.finish()
         except BaseException:
             stop_serving(w, serving, channel, failing=True)  # the first error is the one to report

@@ -11,6 +11,7 @@ import time
 
 from rlinf_like.runners.phases import batch_metrics, make_requests, prepare, score, update
 from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.runners.run_files import Generated
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.scheduler import wait_all
 from rlinf_like.workers.rollout.worker import gather_results
@@ -46,4 +47,4 @@ def run_step(run: ReasoningRun, step: int) -> None:
 
     w.rollout.onload().wait()
     run.sync_weights()
-    run.end_step(step, metrics)
+    run.end_step(step, metrics, Generated(results=results, problems=problems, scores=scored.groups))

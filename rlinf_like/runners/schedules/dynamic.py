@@ -27,8 +27,9 @@ import torch
 
 from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.phases import advantages, extra_metrics, make_requests, rl_batch, score_groups
+from rlinf_like.runners.phases import advantages, extra_metrics, make_requests, rl_batch, sample_metrics, score_groups
 from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.runners.run_files import Generated
 from rlinf_like.runners.schedules.elastic_rollout import ElasticRollout
 from rlinf_like.scheduler import Channel, Placement, PlacementMode
 from rlinf_like.scheduler.dynamic import DeviceScheduler, check_handover
@@ -71,7 +72,7 @@ def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
                     outs.append(w.actor.on_ranks(*active).train_minibatch(batch, active).wait())
             rollout.scale(active)  # every rank ends the step with the same state
             ordered = [rollout.results[q.request_id] for q in requests]
-            metrics = {**optimizer_step_mean(outs), **sample_metrics(ordered, groups, run.version, rollout_s),
+            metrics = {**optimizer_step_mean(outs), **step_sample_metrics(ordered, groups, run.version, rollout_s),
                        "sched_early_minibatches": float(early),
                        "sched_min_dp": float(min(scheduler.dp_sizes(step))),
                        "sched_migrated": float(sum(e.detail["requests"] for e in scheduler.events
@@ -79,7 +80,8 @@ def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
                        "step_train_s": time.perf_counter() - start}
             w.rollout.onload().wait()
             run.sync_weights()
-            run.end_step(step, metrics)
+            run.end_step(step, metrics, Generated(results=ordered, problems=problems,
+                                                  scores=[groups[i] for i in range(len(ordered))]))
         return run.finish(scheduler=scheduler)
 
 
@@ -115,14 +117,17 @@ def minibatch(run: ReasoningRun, results: dict[int, RolloutResult], problems: li
     return batch
 
 
-def sample_metrics(ordered: list[RolloutResult], groups: dict, version: int, rollout_s: float) -> dict[str, float]:
+def step_sample_metrics(ordered: list[RolloutResult], groups: dict, version: int,
+                        rollout_s: float) -> dict[str, float]:
     samples = [s for i in range(len(ordered)) for s in groups[i]]
     tokens = sum(len(t) for res in ordered for t in res.response_ids)
+    lengths = torch.tensor([float(len(t)) for res in ordered for t in res.response_ids])
     return {"reward": sum(s.reward for s in samples) / len(samples),
             "train_accuracy": sum(s.correct for s in samples) / len(samples),
             "train_format_rate": sum(s.formatted for s in samples) / len(samples),
             "staleness": float(version - min(r.version for r in ordered)), "response_tokens": tokens / len(samples),
-            "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9), **extra_metrics(samples)}
+            "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+            **sample_metrics(ordered, torch.tensor([s.reward for s in samples]), lengths), **extra_metrics(samples)}
 
 
 def optimizer_step_mean(outs: list[list[dict]]) -> dict[str, float]:

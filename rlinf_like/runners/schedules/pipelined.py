@@ -20,6 +20,7 @@ from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import Workers, loss_config
 from rlinf_like.runners.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
 from rlinf_like.runners.run import ReasoningRun, RunResult
+from rlinf_like.runners.run_files import Generated
 from rlinf_like.scheduler import Channel, GroupResult
 from rlinf_like.training.loop import plan_steps
 from rlinf_like.workers.actor.worker import loss_weigh
@@ -48,7 +49,7 @@ def train(cfg: ReasoningConfig) -> RunResult:
                        "train_s": time.perf_counter() - start}
 
             run.sync_weights()
-            run.end_step(step, metrics)
+            run.end_step(step, metrics, Generated(results=results, problems=problems, scores=scored.groups))
         ahead.close()
         return run.finish()
 

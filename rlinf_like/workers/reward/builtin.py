@@ -10,6 +10,7 @@ use `signal.alarm`, which fails outside the main thread; `fn.call_with_timeout` 
 
 from __future__ import annotations
 
+import logging
 import re
 
 # imports sympy (~1 s), here rather than inside the first call, which runs under reward.timeout_s: on a loaded
@@ -25,6 +26,19 @@ from rlinf_like.workers.reward.rules import (
     parse_number,
     score,
 )
+
+
+class _NoTimeoutWarning(logging.Filter):
+    """Drops math-verify's "Timeout is disabled ..." warning (its parser and its grader each log it once per
+    process, so twice in the driver and in every reward worker): the timeouts are off on purpose, and
+    `reward.timeout_s` limits each call instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutWarning())
 
 _GSM8K = re.compile(r"####[ \t]*(\S[^\n]*)")  # GSM8K solutions end with "#### 42"
 _WORDS = re.compile(r"[^\W\d_]{2,}(\s+[^\W\d_]+)*\.?")  # "Paris": math-verify reads it as p*a*r*i*s
