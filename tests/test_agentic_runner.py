@@ -117,8 +117,9 @@ def test_episode_metrics():
 class Run:
     """What `run_programs` returns per sample (the fields `program_result` reads)."""
 
-    def __init__(self, trajectories, reward=1.0, error=None):
+    def __init__(self, trajectories, reward=1.0, error=None, formatted=None):
         self.trajectories, self.reward, self.error = trajectories, reward, error
+        self.formatted = reward >= 1.0 if formatted is None else formatted  # as run_programs sets it
 
 
 def test_a_programs_samples_share_their_common_prompt_and_keep_their_own_tokens():
@@ -129,13 +130,17 @@ def test_a_programs_samples_share_their_common_prompt_and_keep_their_own_tokens(
     request = RolloutRequest("q", [1, 2], n=3, row={"prompt": "x"})
     runs = [Run([traj([1, 2, 7], [8, 9], [1, 1])]), Run([traj([1, 2, 6, 5], [4], [1])], reward=0.0),
             Run([], reward=0.0, error="ValueError: boom")]
+    wrong = program_result(request, [Run([traj([1, 2], [3], [1])], reward=0.0, formatted=True)] * 3, version=3)
+    assert [e.end_reason for e in wrong.episodes] == ["answer"] * 3 and wrong.episodes[0].program_formatted
     result = program_result(request, runs, version=3)
     assert result.prompt_ids == [1, 2]  # the common prefix; each sample's rest is response with mask 0
     assert result.response_ids == [[7, 8, 9], [6, 5, 4], []]
     assert result.response_masks == [[0, 1, 1], [0, 0, 1], []]
     assert result.logprobs == [[0.0, -1.0, -1.0], [0.0, 0.0, -1.0], []]
     assert [e.program_reward for e in result.episodes] == [1.0, 0.0, 0.0]
-    assert [e.end_reason for e in result.episodes] == ["answer", "answer", "error"]
+    # an answer only where the program's reward function parsed one: not a reward-0 episode (gibberish) that did not
+    assert [e.end_reason for e in result.episodes] == ["answer", "no_answer", "error"]
+    assert [e.program_formatted for e in result.episodes] == [True, False, False]
     assert result.finish_reasons == ["stop", "stop", "error"]
 
 

@@ -276,16 +276,19 @@ def test_failing_and_slow_programs_get_reward_zero_and_their_error(setup):
 
     def mixed(base_url, row):
         programs = {"fail": failing_program, "slow": slow_program, "ok": two_turn_program,
-                    "no number": lambda base_url, row: "yes"}
+                    "no number": lambda base_url, row: "yes",
+                    "dict": lambda base_url, row: {"reward": 0.25, "formatted": True}}
         return programs[row["kind"]](base_url, row)
 
-    rows = [{"kind": kind, "question": f"Q{i}"} for i, kind in enumerate(["fail", "slow", "ok", "no number"])]
+    rows = [{"kind": kind, "question": f"Q{i}"} for i, kind in enumerate(["fail", "slow", "ok", "no number", "dict"])]
     began = time.monotonic()
     results = run_programs(mixed, server, rows, samples_per_row=1, timeout_s=2)
     assert time.monotonic() - began < 4
     assert [(r.reward, r.error) for r in results] == [
         (0.0, "ValueError: no tool for Q0"), (0.0, "timed out after 2 s"), (0.5, None),
-        (0.0, "TypeError: the program must return a finite number (the reward), got 'yes'")]
+        (0.0, "TypeError: the program must return a finite number (the reward), or a dict with one under 'reward', "
+              "got 'yes'"), (0.25, None)]
+    assert [r.formatted for r in results] == [False, False, False, False, True]  # a bare 0.5: formatted only at 1
     assert len(results[2].calls) == 2 and results[0].calls == []
 
 

@@ -7,7 +7,8 @@ answer under `answer`.
 It asks the model the row's prompt. When a reply holds a line `CALC: <arithmetic>`, the agent computes
 it with its own calculator and sends `RESULT: <value>` back as the next user message; when a reply holds
 `ANSWER: <x>` (or the turns run out), the episode ends and the reward is 1 if the answer equals
-`row["answer"]`, else 0. The agent knows nothing of the trainer: it only gets a base URL.
+`row["answer"]`, else 0; `formatted` says whether a reply held an `ANSWER:` line (the run's format rate). The agent
+knows nothing of the trainer: it only gets a base URL.
 """
 
 from __future__ import annotations
@@ -63,11 +64,11 @@ def next_step(reply: str) -> tuple[str, str]:
     return "none", ""
 
 
-def solve(base_url: str, row: dict) -> float:
+def solve(base_url: str, row: dict) -> dict:
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(row["prompt"])}]
-    answer = ""
+    answer, kind = "", "none"
     for _ in range(MAX_TURNS):
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
                                                temperature=float(row.get("temperature", 1.0)))
@@ -77,4 +78,4 @@ def solve(base_url: str, row: dict) -> float:
             answer = payload if kind == "answer" else text.strip()
             break
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": payload}]
-    return float(answer == str(row["answer"]).strip())
+    return {"reward": float(answer == str(row["answer"]).strip()), "formatted": kind == "answer"}

@@ -62,7 +62,7 @@ class RewardWorker(Worker):
                 episode = result.episodes[j] if result.episodes else None
                 if episode is not None and episode.program_reward is not None:  # an agent program scored itself
                     sample = SampleScore(reward=episode.program_reward, correct=episode.program_reward >= 1.0,
-                                         formatted=not episode.error)
+                                         formatted=episode.program_formatted)
                 else:
                     sample = score_sample(self.reward_fn, self.config, result.request_id, text, answer, **info)
                 if episode is not None and episode.env_reward:

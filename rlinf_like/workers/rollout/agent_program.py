@@ -1,5 +1,8 @@
 """Black-box agent programs: `agent.program=module:function`, a function `(base_url, row) -> reward` that
-talks to the rollout through the plain `openai` client with its own loop and tools.
+talks to the rollout through the plain `openai` client with its own loop and tools. It may return
+`{"reward": r, "formatted": bool}` instead: `formatted` says whether its reward function parsed an answer from the
+model (what the format rate and the `answer` end reason count); for a bare number, a reward of 1 counts as formatted
+and anything less does not, as for a reward function that returns no `formatted`.
 
 `run_programs` runs one episode per (row, sample) concurrently, each in a thread with its own session of the
 `OpenAIServer`, and returns each episode's reward with the trajectories of tokens its calls sampled. An
@@ -26,7 +29,7 @@ from rlinf_like.workers.rollout.openai_sessions import SessionCall, SessionTraje
 
 log = logging.getLogger(__name__)
 
-AgentProgram = Callable[[str, dict[str, Any]], float]  # a bool counts as 1 or 0
+AgentProgram = Callable[[str, dict[str, Any]], float | dict]  # a bool counts as 1 or 0
 
 
 @dataclass(kw_only=True)
@@ -37,6 +40,7 @@ class ProgramResult:
     sample_index: int
     session_id: str
     reward: float  # 0 when `error` is set
+    formatted: bool  # the program's reward function parsed an answer (its "formatted", else reward >= 1)
     error: str | None  # "ValueError: ...", "timed out after 30 s", ...
     trajectories: list[SessionTrajectory]  # what its calls sampled (kept on error too: the caller decides)
     calls: list[SessionCall]
@@ -92,7 +96,8 @@ def run_programs(program: AgentProgram, server: OpenAIServer, rows: Sequence[dic
         if error is not None:
             log.warning("agent program episode %s (row %d, sample %d): %s", session_id, r, s, error)
         results.append(ProgramResult(row_index=r, sample_index=s, session_id=session_id,
-                                     reward=0.0 if error else outcome["reward"], error=error,
+                                     reward=0.0 if error else outcome["reward"],
+                                     formatted=False if error else outcome["formatted"], error=error,
                                      trajectories=session_trajectories(calls), calls=calls,
                                      seconds=outcome["seconds"]))
     return results
@@ -102,9 +107,15 @@ def _episode(program: AgentProgram, base_url: str, row: dict[str, Any], outcome:
     began = time.monotonic()
     try:
         value = program(base_url, row)
+        formatted = None
+        if isinstance(value, dict):
+            formatted = value.get("formatted")
+            value = value.get("reward")
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise TypeError(f"the program must return a finite number (the reward), got {value!r}")
+            raise TypeError(f"the program must return a finite number (the reward), or a dict with one under "
+                            f"'reward', got {value!r}")
         outcome["reward"] = float(value)
+        outcome["formatted"] = outcome["reward"] >= 1.0 if formatted is None else bool(formatted)
     except BaseException as e:  # anything the user's program does ends this episode only
         outcome["error"] = f"{type(e).__name__}: {e}"
     outcome["seconds"] = time.monotonic() - began

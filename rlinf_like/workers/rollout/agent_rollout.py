@@ -129,8 +129,10 @@ def program_result(request: RolloutRequest, runs, version: int) -> RolloutResult
     common = prompts[0][: common_prefix(prompts)] if prompts else list(request.prompt_ids)
     result = RolloutResult(request.request_id, list(common), version=min((t.version for t in chosen if t), default=version))
     for run, t in zip(runs, chosen):
-        info = EpisodeInfo(turns=t.num_calls if t else 0, end_reason="error" if run.error else "answer",
-                           error=run.error or "", program_reward=run.reward)
+        # "answer" only where the program's reward function parsed one (gibberish ends "no_answer")
+        end = "error" if run.error else "answer" if run.formatted else "no_answer"
+        info = EpisodeInfo(turns=t.num_calls if t else 0, end_reason=end, error=run.error or "",
+                           program_reward=run.reward, program_formatted=run.formatted)
         extra = t.prompt_ids[len(common):] if t else []
         result.response_ids.append(extra + (t.response_ids if t else []))
         result.logprobs.append([0.0] * len(extra) + (t.logprobs if t else []))

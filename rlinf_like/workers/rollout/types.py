@@ -58,7 +58,8 @@ class EpisodeInfo:
 
     turns: int = 0  # model turns generated
     # answer (the env ended it, or the env's own TextStep.end_reason), max_turns, max_total_tokens, length (a turn
-    # hit max_new_tokens_per_turn without its end-of-turn token), context (the engine's max context), error
+    # hit max_new_tokens_per_turn without its end-of-turn token), context (the engine's max context), error; an agent
+    # program's episode: answer where its reward function parsed an answer (`program_formatted`), else no_answer
     end_reason: str = ""
     env_reward: float = 0.0  # the sum of the env's per-turn rewards
     tool_calls: int = 0  # summed from the env's TextStep.info counters of these names
@@ -66,6 +67,7 @@ class EpisodeInfo:
     env_wait_s: float = 0.0  # seconds spent in env.step
     error: str = ""  # what went wrong, when end_reason is error
     program_reward: float | None = None  # agent.program: the reward the program returned, which is the sample's
+    program_formatted: bool = False  # agent.program: its reward function parsed an answer (`ProgramResult.formatted`)
 
 
 @dataclass
