@@ -118,3 +118,10 @@ def test_config_show_lists_what_each_preset_changes(capsys):
                           "agentic/ --config-name openai_agent", "agentic/ --config-name search"}
     assert "actor.lora.rank=16" in lines["reasoning/ --config-name grpo_smollm2"]
     assert "runner.max_steps=150" in lines["reasoning/ --config-name grpo_collocated"]
+
+
+def test_a_script_finds_its_presets_from_any_folder(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / MAIN), "--config-name", "grpo_pipelined", "--help"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "runner.max_staleness = 1  (set here; schema default 0)" in out.stdout

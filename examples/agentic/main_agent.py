@@ -42,5 +42,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
-    sys.argv[1:] = prepare_command_line(ReasoningConfig, sys.argv[1:], "examples/agentic/main_agent.py", "calculator")
+    sys.argv[1:] = prepare_command_line(ReasoningConfig, sys.argv[1:], __file__, "calculator")
     main()

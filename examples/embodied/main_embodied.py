@@ -44,5 +44,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
-    sys.argv[1:] = prepare_command_line(EmbodiedConfig, sys.argv[1:], "examples/embodied/main_embodied.py", "embodied")
+    sys.argv[1:] = prepare_command_line(EmbodiedConfig, sys.argv[1:], __file__, "embodied")
     main()

@@ -47,5 +47,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
-    sys.argv[1:] = prepare_command_line(ReasoningConfig, sys.argv[1:], "examples/reasoning/main_grpo.py", "grpo_collocated")
+    sys.argv[1:] = prepare_command_line(ReasoningConfig, sys.argv[1:], __file__, "grpo_collocated")
     main()

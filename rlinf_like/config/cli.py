@@ -12,6 +12,7 @@ What hydra alone would do badly, done first:
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import typing
@@ -89,7 +90,8 @@ def normalize_override(cls: type, override: str) -> str:
 
 def prepare_command_line(cls: type, argv: list[str], script: str | Path, default_preset: str) -> list[str]:
     """The arguments to hand hydra (see the module docstring); `--help` prints and exits, and a bad argument exits
-    with its one-line message."""
+    with its one-line message. `script`: the script's own file (`__file__`), whose `config/` folder holds the
+    presets, wherever the command runs from."""
     try:
         return _prepare(cls, argv, script, default_preset)
     except ConfigError as err:
@@ -111,8 +113,8 @@ def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str
     if asked_help:
         values = composed(cls, config_dir, preset, overrides)
         shown = " ".join([f"--config-name {preset}", *overrides])
-        print(help_text(cls, f"usage: python {script} [--config-name PRESET] [key=value ...]\n{USAGE}\n"
-                             f"Values of: {shown} (presets: {', '.join(known)})", values))
+        usage = f"usage: python {os.path.relpath(script)} [--config-name PRESET] [key=value ...]"
+        print(help_text(cls, f"{usage}\n{USAGE}\nValues of: {shown} (presets: {', '.join(known)})", values))
         sys.exit(0)
     return preset_args + overrides
 

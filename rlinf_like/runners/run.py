@@ -26,7 +26,7 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
 from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.launch import launch_reference, launch_workers
+from rlinf_like.runners.launch import launch_reference, launch_workers, plan_before_start
 from rlinf_like.runners.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.phases import eval_metrics, score_groups
 from rlinf_like.scheduler import Cluster, Placement, wait_all
@@ -118,6 +118,7 @@ class ReasoningRun:
 
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
+        plan_before_start(self.cfg, self.estimator, self.check_placement)
         note = earlier_attempts(self.out / "tensorboard")
         if note and self.cfg.logger.tensorboard:
             log.info(note)
