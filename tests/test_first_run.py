@@ -51,7 +51,8 @@ def test_a_wrong_preset_lists_the_presets_and_bad_quoting_names_the_quoting_that
         prepare("--config-name", "grpo_colocated")
     assert str(err.value).splitlines() == [
         f"--config-name 'grpo_colocated': no such preset in {ROOT / 'examples/reasoning/config'}. Presets:",
-        "  --config-name grpo_collocated", "  --config-name grpo_pipelined", "  --config-name grpo_smollm2"]
+        "  --config-name grpo_collocated", "  --config-name grpo_pipelined", "  --config-name grpo_smollm2",
+        "Groups, added to any preset: data=chain_sum|gsm8k_files, model=gemma3|smollm2"]
     with pytest.raises(SystemExit) as err:
         prepare("data.system_prompt=Add {the} numbers.")
     assert str(err.value).startswith("error: cannot parse the override 'data.system_prompt=Add {the} numbers.'")
@@ -125,3 +126,20 @@ def test_a_script_finds_its_presets_from_any_folder(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "runner.max_staleness = 1  (set here; schema default 0)" in out.stdout
+
+
+def test_model_and_data_groups_compose_onto_any_preset_replacing_what_it_set(caplog):
+    from rlinf_like.data.sources import check_data_config
+
+    argv = prepare("model=smollm2", "data=gsm8k_files", f"data.train_files={GSM8K}", preset="grpo_smollm2")
+    assert argv[:2] == ["+model=smollm2", "+data=gsm8k_files"]
+    cfg = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_smollm2", argv)
+    assert (cfg.model.path, cfg.data.source, cfg.data.prompt_key) == ("models/smollm2-135m-instruct", "files",
+                                                                      "question")
+    assert cfg.data.train_files == [GSM8K] and cfg.actor.lora.rank == 16  # the user's file; the preset's LoRA
+    with caplog.at_level("INFO"):
+        check_data_config(cfg.data)  # the group set data.source: the preset's reasoning-gym keys go, in one line
+    assert cfg.data.options == {} and "dropped the preset's data.sft_problems=200" in caplog.text
+    plain = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_collocated",
+                         prepare("data=chain_sum"))
+    assert (plain.data.source, plain.data.name, plain.model.path) == ("reasoning_gym", "chain_sum", "")

@@ -4,6 +4,8 @@ What hydra alone would do badly, done first:
   * `--help` / `-h` prints every key with the value the run would use: the preset composed with the overrides,
     each value a preset or an override changed marked with the schema's default;
   * `--config-name NAME` that names no preset lists the presets, one a line (hydra: "Cannot find primary config");
+  * `group=option` (a subfolder of the script's config folder, e.g. `model=smollm2 data=gsm8k_files`) selects that
+    group's option on top of the preset, replacing what the preset set for those keys;
   * a list-typed key given one value (`data.train_files=/data/train.parquet`, as veRL takes it) becomes a one-item
     list (OmegaConf would refuse "str is not a ListConfig");
   * an override hydra cannot parse (an unquoted `{`, `,` or space in a value) is named with the quoting that works;
@@ -38,6 +40,28 @@ _PRESET_FLAGS = ("--config-name", "-cn")
 def presets(config_dir: Path) -> list[str]:
     """The presets of a script's config folder (its top-level YAML files)."""
     return sorted(p.stem for p in Path(config_dir).glob("*.yaml"))
+
+
+def groups(config_dir: Path) -> dict[str, list[str]]:
+    """The config groups of a script's config folder (its subfolders of YAML files) and their options: a group
+    option replaces the section of the same name, e.g. `model=smollm2 data=gsm8k_files`."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(Path(config_dir).iterdir())
+            if d.is_dir() and any(d.glob("*.yaml"))}
+
+
+def select_group(config_dir: Path, preset: str, override: str) -> tuple[str, set[str]] | None:
+    """`group=option` naming one of the folder's group options: as it is when the preset's defaults list has the
+    group (the embodied `env=`, `policy=`), else hydra's `+group=option` (appended after the preset, so it wins);
+    with the keys that option sets. None for any other override."""
+    import yaml
+
+    key, _, option = override.partition("=")
+    if "." in key or key.startswith(("+", "~", "-")) or option not in groups(config_dir).get(key, []):
+        return None
+    content = yaml.safe_load((Path(config_dir) / key / f"{option}.yaml").read_text()) or {}
+    defaults = (yaml.safe_load((Path(config_dir) / f"{preset}.yaml").read_text()) or {}).get("defaults", [])
+    listed = any(isinstance(d, dict) and key in d for d in defaults)
+    return f"{'' if listed else '+'}{key}={option}", {f"{key}.{k}" for k in content}
 
 
 def split_preset(argv: list[str], default: str) -> tuple[str, list[str], list[str]]:
@@ -104,12 +128,26 @@ def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str
     known = presets(config_dir)
     if preset not in known:
         sys.exit(f"--config-name {preset!r}: no such preset in {config_dir}. Presets:\n"
-                 + "\n".join(f"  --config-name {p}" for p in known))
+                 + "\n".join(f"  --config-name {p}" for p in known)
+                 + "\nGroups, added to any preset: "
+                 + ", ".join(f"{g}={'|'.join(o)}" for g, o in groups(config_dir).items()))
     asked_help = any(a in ("--help", "-h") for a in overrides)
-    overrides = [normalize_override(cls, o) for o in overrides if o not in ("--help", "-h")]
+    user_keys: set[str] = set()
+    prepared = []
+    for override in overrides:
+        if override in ("--help", "-h"):
+            continue
+        selected = select_group(config_dir, preset, override)
+        if selected is not None:
+            prepared.append(selected[0])
+            user_keys |= selected[1]
+        else:
+            prepared.append(normalize_override(cls, override))
+            user_keys.add(prepared[-1].lstrip("+~").split("=", 1)[0])
+    overrides = prepared
     check_overrides(cls, overrides)
     global _USER_KEYS
-    _USER_KEYS = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    _USER_KEYS = user_keys
     if asked_help:
         values = composed(cls, config_dir, preset, overrides)
         shown = " ".join([f"--config-name {preset}", *overrides])
