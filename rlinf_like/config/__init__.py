@@ -4,8 +4,7 @@ or a field's bounds, and the allowed ones. `help_text` / `python -m rlinf_like.c
 
 from rlinf_like.config.cli import prepare_command_line
 from rlinf_like.config.schema import describe, field_comments, help_text, hydra_schema
-from rlinf_like.config.show import print_help_if_asked
 from rlinf_like.config.validate import ConfigError, bounded, check_instance, check_overrides, structure
 
 __all__ = ["ConfigError", "bounded", "check_instance", "check_overrides", "describe", "field_comments", "help_text", "hydra_schema",
-           "prepare_command_line", "print_help_if_asked", "structure"]
+           "prepare_command_line", "structure"]

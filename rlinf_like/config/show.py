@@ -14,6 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from rlinf_like.config.cli import USAGE
 from rlinf_like.config.schema import help_text
 
 SCHEMAS = {"reasoning": "rlinf_like.runners.config:ReasoningConfig",
@@ -22,20 +23,11 @@ SCHEMAS = {"reasoning": "rlinf_like.runners.config:ReasoningConfig",
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PRESET_DIRS = {"reasoning": ("reasoning_schema", ["reasoning/config", "agentic/config"]),
                "embodied": ("embodied_schema", ["embodied/config"])}
-USAGE = ("Override any key on the command line as key=value (hydra), e.g. runner.max_steps=50; "
-         "hydra's own options: --hydra-help.")
 
 
 def schema(name: str) -> type:
     module, cls = SCHEMAS[name].split(":")
     return getattr(importlib.import_module(module), cls)
-
-
-def print_help_if_asked(cls: type, argv: list[str], script: str) -> None:
-    """`--help` / `-h` prints the schema and exits (hydra's own help lists only the YAML)."""
-    if "--help" in argv or "-h" in argv:
-        print(help_text(cls, f"usage: python {script} [--config-name PRESET] [key=value ...]\n{USAGE}"))
-        sys.exit(0)
 
 
 def main(argv: list[str]) -> None:
