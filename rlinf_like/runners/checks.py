@@ -138,6 +138,7 @@ def check_model(cfg: ReasoningConfig) -> None:
     m = cfg.model
     models = {"actor": (m.path, "model.path")}
     models["rollout"] = (cfg.rollout.model_path, "rollout.model_path") if cfg.rollout.model_path else models["actor"]
+    checked: set[str] = set()  # one checkpoint's tensors are read once when actor and rollout share it
     for component, tp_key, tp in (("rollout", "rollout.tp_size", cfg.rollout.tp_size),
                                   ("actor", "actor.tp_size", cfg.actor.tp_size)):
         path, key = models[component]
@@ -146,7 +147,9 @@ def check_model(cfg: ReasoningConfig) -> None:
             if component == "rollout" and cfg.rollout.engine == "native":
                 ModelConfig.from_hf(hf, f"{key}={path!r}: rollout.engine=native",
                                     hint="use rollout.engine=hf or sglang")
-            check_checkpoint_tensors(path, hf, key)
+            if path not in checked:
+                check_checkpoint_tensors(path, hf, key)
+                checked.add(path)
             heads = hf["num_attention_heads"]
             kv_heads = hf.get("num_key_value_heads") or heads
             where = f"{key}={path!r}"
