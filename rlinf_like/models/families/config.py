@@ -62,7 +62,7 @@ def _layer_types(hf: dict, family: ModelFamily, user: str) -> tuple[str, ...]:
     return types
 
 
-def _ropes(hf: dict, user: str) -> tuple[dict, dict]:
+def _ropes(hf: dict) -> tuple[dict, dict]:
     """The RoPE parameters of full and of sliding layers: transformers 5's rope_parameters (one dict, or one
     per layer type), or older configs' rope_theta / rope_scaling / rope_local_base_freq."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -115,7 +115,7 @@ class ModelConfig:
         if hf.get("use_sliding_window"):
             raise ValueError(f"{user}: sliding-window attention (use_sliding_window=true) is not supported")
         types = _layer_types(hf, family, user)
-        full, local = _ropes(hf, user)
+        full, local = _ropes(hf)
         sliding = SLIDING in types
         if sliding and _rope_scaling(local, user) is not None:
             raise ValueError(f"{user}: RoPE scaling of sliding-window layers ({local}) is not supported")
