@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.async_stream import GroupStream, may_start, staleness_metrics
+from rlinf_like.runners.async_stream import GroupStream, may_start, serve_metrics, staleness_metrics
 from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
 from small_runs import small_reasoning_config
@@ -163,6 +163,24 @@ def test_drop_takes_the_first_to_finish_and_drops_stale_groups():
     assert all(len(got.results) == 2 for got, _ in taken)
 
 
+def test_serve_metrics_count_every_group_served_not_only_the_ones_trained_on():
+    rollout = Rollout()
+    stream = GroupStream(rollout=rollout, channel=Finishing(rollout, lambda todo: todo[0]), draw=draw, per_step=2,
+                         max_staleness=1, policy="drop")
+    taken = []
+    for step in range(4):
+        rollout.version = 3 * step  # versions run ahead: groups get dropped, yet they were served
+        stream.top_up(step)
+        taken.append(stream.take(step, rollout.version))
+    arrived = sum(len(t.results) + t.dropped for t in taken) + len(stream.finished)
+    assert sum(t.dropped for t in taken) > 0
+    assert sum(t.served_tokens for t in taken) == 2 * arrived  # each fake group has one 2-token sample
+    metrics = serve_metrics(taken[-1])
+    assert metrics["serve_tokens_per_s"] > 0 and "rollout_s" not in metrics
+    assert 0 <= metrics["queued_s_mean"] <= metrics["queued_s_max"]
+    assert 0 <= metrics["group_latency_s_mean"] <= metrics["group_latency_s_max"]
+
+
 def test_groups_that_finish_while_the_trainer_works_are_scored_on_arrival():
     rollout = Rollout()
     scored_on_arrival = []
@@ -212,4 +230,6 @@ def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_
     for a, b in zip(sync, asyn, strict=True):
         assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["step"]
     assert [h["staleness_max"] for h in asyn[1:]] == [0.0, 0.0]
+    # a step boundary means nothing to the serve loops: their throughput is reported, not a rollout phase
+    assert all(h["serve_tokens_per_s"] > 0 and "rollout_s" not in h for h in asyn[1:])
     assert [h["step"] for h in more] == [0, 1, 2, 3] and more[3]["staleness_max"] == 0.0

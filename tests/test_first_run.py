@@ -52,7 +52,8 @@ def test_a_wrong_preset_lists_the_presets_and_bad_quoting_names_the_quoting_that
     assert str(err.value).splitlines() == [
         f"--config-name 'grpo_colocated': no such preset in {ROOT / 'examples/reasoning/config'}. Presets:",
         "  --config-name grpo_collocated", "  --config-name grpo_pipelined", "  --config-name grpo_smollm2",
-        "Groups, added to any preset: data=chain_sum|gsm8k_files, model=gemma3|smollm2"]
+        "Groups, added to any preset: data=chain_sum|gsm8k_files, model=gemma3|smollm2, "
+        "schedule=async|collocated|dynamic|pipelined"]
     with pytest.raises(SystemExit) as err:
         prepare("data.system_prompt=Add {the} numbers.")
     assert str(err.value).startswith("error: cannot parse the override 'data.system_prompt=Add {the} numbers.'")
@@ -128,18 +129,27 @@ def test_a_script_finds_its_presets_from_any_folder(tmp_path):
     assert "runner.max_staleness = 1  (set here; schema default 0)" in out.stdout
 
 
-def test_model_and_data_groups_compose_onto_any_preset_replacing_what_it_set(caplog):
-    from rlinf_like.data.sources import check_data_config
-
-    argv = prepare("model=smollm2", "data=gsm8k_files", f"data.train_files={GSM8K}", preset="grpo_smollm2")
-    assert argv[:2] == ["+model=smollm2", "+data=gsm8k_files"]
-    cfg = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_smollm2", argv)
+def test_model_data_and_schedule_groups_compose_onto_any_preset_replacing_its_own_choice():
+    config_dir = ROOT / "examples/reasoning/config"
+    # grpo_smollm2 is built from schedule=collocated model=smollm2 data=chain_sum: a group given replaces its choice
+    argv = prepare("data=gsm8k_files", f"data.train_files={GSM8K}", "schedule=async", preset="grpo_smollm2")
+    assert argv[0] == "data=gsm8k_files" and argv[2] == "schedule=async"
+    assert {"data.source", "runner.schedule", "cluster.component_placement.rollout"} <= cli.user_overrides()
+    cfg = cli.composed(ReasoningConfig, config_dir, "grpo_smollm2", argv)
     assert (cfg.model.path, cfg.data.source, cfg.data.prompt_key) == ("models/smollm2-135m-instruct", "files",
                                                                       "question")
     assert cfg.data.train_files == [GSM8K] and cfg.actor.lora.rank == 16  # the user's file; the preset's LoRA
-    with caplog.at_level("INFO"):
-        check_data_config(cfg.data)  # the group set data.source: the preset's reasoning-gym keys go, in one line
-    assert cfg.data.options == {} and "dropped the preset's data.sft_problems=200" in caplog.text
-    plain = cli.composed(ReasoningConfig, ROOT / "examples/reasoning/config", "grpo_collocated",
-                         prepare("data=chain_sum"))
-    assert (plain.data.source, plain.data.name, plain.model.path) == ("reasoning_gym", "chain_sum", "")
+    assert cfg.data.options == {} and cfg.data.sft_problems == ReasoningConfig().data.sft_problems  # chain_sum's: gone
+    assert cfg.data.system_prompt.startswith("Solve the problem.")  # the preset's own keys stay
+    assert (cfg.runner.schedule, cfg.runner.max_staleness) == ("async", 1)
+    assert dict(cfg.cluster.component_placement) == {"actor": "0", "rollout": "1", "reward": "1", "reference": "0",
+                                                     "critic": "0"}
+    # on a preset that chose no model or data, the option is laid over it (hydra's +group=option)
+    argv = prepare("model=smollm2", "data=chain_sum", "schedule=pipelined")
+    assert argv == ["+model=smollm2", "+data=chain_sum", "schedule=pipelined"]
+    plain = cli.composed(ReasoningConfig, config_dir, "grpo_collocated", argv)
+    assert (plain.data.source, plain.data.name, plain.model.path) == ("reasoning_gym", "chain_sum",
+                                                                      "models/smollm2-135m-instruct")
+    assert (plain.runner.schedule, plain.cluster.component_placement["actor"]) == ("static", "0")  # by placement
+    with pytest.raises(SystemExit, match=r"schedule=asynch: the config group 'schedule' has the options \['async', "):
+        prepare("schedule=asynch")

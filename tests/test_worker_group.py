@@ -154,3 +154,31 @@ def test_device_accounting_goes_through_ray(cluster, groups):
     with pytest.raises(GroupTimeoutError, match="'greedy'"):
         Probe.create_group(0).launch(cluster, placement, "greedy", timeout=3)
     assert time.monotonic() - t0 < 15
+
+
+def test_memory_metrics_read_host_memory_and_ask_busy_ranks_for_device_memory(groups):
+    from rlinf_like.runners.run_files import memory_metrics
+
+    actor, _ = groups
+    busy = actor.sleep(3)  # device_memory is a control method: a rank in a long call still answers
+    start = time.monotonic()
+    assert actor.call("device_memory").wait() == [None, None]  # CPU slots hold no device memory
+    assert time.monotonic() - start < 2
+    busy.wait()
+    metrics = memory_metrics({"actor": actor, "critic": None})
+    assert 0.05 < metrics["memory/actor_gb"] <= metrics["memory/actor_peak_gb"]
+    assert not any("gpu" in key or "critic" in key for key in metrics)
+
+
+@pytest.mark.gpu
+def test_device_memory_reports_what_torch_holds_on_a_gpu():
+    from rlinf_like.scheduler import Cluster, ClusterConfig
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    with Cluster(ClusterConfig(backend="local")) as cluster:
+        group = Probe.create_group(0).launch(cluster, cluster.place({"actor": "0"}), "actor", init_process_group=False)
+        held = torch.ones(2**20, device="cuda:0")  # 4 MiB in this process, which hosts the in-process rank
+        [(now, peak)] = group.call("device_memory").wait()
+        assert peak >= now >= held.numel() * 4
+        group.shutdown()

@@ -5,10 +5,13 @@
     python examples/reasoning/main_grpo.py runner.max_steps=50 algorithm.kl_beta=0.01
     python examples/reasoning/main_grpo.py cluster.component_placement.actor=0 \\
         cluster.component_placement.rollout=1 runner.max_staleness=1    # disaggregated by hand
+    python examples/reasoning/main_grpo.py schedule=async data=gsm8k_files  # swap parts: config/<group>/
     python examples/reasoning/main_grpo.py --help                           # every key, default, comment
 
 Placement has one key per component (`cluster.component_placement.<component>=<devices>`); components
-whose device ranges overlap are collocated.
+whose device ranges overlap are collocated. A preset is built from parts, one folder each under config/:
+`model=`, `data=` and `schedule=` (collocated, pipelined, async, dynamic: a placement and its loop) swap one
+part and keep the rest.
 
 Warm-starts the actor with SFT, then trains with GRPO; prints a table of held-out accuracy,
 writes TensorBoard scalars, a PNG of the curves, a checkpoint every `runner.save_every` steps

@@ -4,8 +4,9 @@ What hydra alone would do badly, done first:
   * `--help` / `-h` prints every key with the value the run would use: the preset composed with the overrides,
     each value a preset or an override changed marked with the schema's default;
   * `--config-name NAME` that names no preset lists the presets, one a line (hydra: "Cannot find primary config");
-  * `group=option` (a subfolder of the script's config folder, e.g. `model=smollm2 data=gsm8k_files`) selects that
-    group's option on top of the preset, replacing what the preset set for those keys;
+  * `group=option` (a subfolder of the script's config folder, e.g. `model=smollm2 data=gsm8k_files
+    schedule=async`) selects that group's option: it replaces the preset's own choice of that group, or is laid
+    over the preset when the preset chose none;
   * a list-typed key given one value (`data.train_files=/data/train.parquet`, as veRL takes it) becomes a one-item
     list (OmegaConf would refuse "str is not a ListConfig");
   * an override hydra cannot parse (an unquoted `{`, `,` or space in a value) is named with the quoting that works;
@@ -56,12 +57,29 @@ def select_group(config_dir: Path, preset: str, override: str) -> tuple[str, set
     import yaml
 
     key, _, option = override.partition("=")
-    if "." in key or key.startswith(("+", "~", "-")) or option not in groups(config_dir).get(key, []):
+    options = groups(config_dir).get(key.lstrip("+"))
+    if "." in key or key.startswith(("~", "-")) or options is None:
         return None
-    content = yaml.safe_load((Path(config_dir) / key / f"{option}.yaml").read_text()) or {}
+    if option not in options:
+        raise ConfigError(f"{override}: the config group {key.lstrip('+')!r} has the options {options} "
+                          f"(files in {Path(config_dir) / key.lstrip('+')})")
+    key = key.lstrip("+")
+    text = (Path(config_dir) / key / f"{option}.yaml").read_text()
+    content = yaml.safe_load(text) or {}
     defaults = (yaml.safe_load((Path(config_dir) / f"{preset}.yaml").read_text()) or {}).get("defaults", [])
     listed = any(isinstance(d, dict) and key in d for d in defaults)
-    return f"{'' if listed else '+'}{key}={option}", {f"{key}.{k}" for k in content}
+    # an option under `# @package _global_` (schedule=) sets keys of several sections, named from the top
+    keys = dotted_leaves(content, "" if "@package _global_" in text.split("\n", 1)[0] else key)
+    return f"{'' if listed else '+'}{key}={option}", keys
+
+
+def dotted_leaves(tree: dict, prefix: str) -> set[str]:
+    """{"a": {"b": 1}, "c": 2} under prefix "p": {"p.a.b", "p.c"}."""
+    keys = set()
+    for name, value in tree.items():
+        dotted = f"{prefix}.{name}" if prefix else str(name)
+        keys |= dotted_leaves(value, dotted) if isinstance(value, dict) and value else {dotted}
+    return keys
 
 
 def split_preset(argv: list[str], default: str) -> tuple[str, list[str], list[str]]:
@@ -133,7 +151,7 @@ def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str
                  + ", ".join(f"{g}={'|'.join(o)}" for g, o in groups(config_dir).items()))
     asked_help = any(a in ("--help", "-h") for a in overrides)
     user_keys: set[str] = set()
-    prepared = []
+    prepared, keyed = [], []  # all of them; those that set keys (not a group choice)
     for override in overrides:
         if override in ("--help", "-h"):
             continue
@@ -143,9 +161,10 @@ def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str
             user_keys |= selected[1]
         else:
             prepared.append(normalize_override(cls, override))
+            keyed.append(prepared[-1])
             user_keys.add(prepared[-1].lstrip("+~").split("=", 1)[0])
     overrides = prepared
-    check_overrides(cls, overrides)
+    check_overrides(cls, keyed)
     global _USER_KEYS
     _USER_KEYS = user_keys
     if asked_help:

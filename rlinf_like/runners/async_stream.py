@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 from rlinf_like.data.tasks import Problem
@@ -78,6 +78,10 @@ class Taken:
     dropped: int  # groups dropped as too stale while collecting these
     wait_s: float  # the trainer's wait for them
     scoring: list[GroupResult | None]  # per group, its reward call when it was started on arrival (`scorer`)
+    served_tokens: int = 0  # response tokens of every group that arrived since the previous take (kept or not)
+    served_s: float = 0.0  # wall seconds since the previous take
+    queued_s: list[float] = field(default_factory=list)  # per taken group, finished -> taken
+    latency_s: list[float] = field(default_factory=list)  # per taken group submitted in this attempt, submit -> finish
 
 
 class GroupStream:
@@ -94,6 +98,10 @@ class GroupStream:
         self.out: dict[str, int] = {}  # request id -> group, for groups submitted and not yet trained on
         self.finished: dict[int, RolloutResult] = {}  # group -> its result, arrived and not yet trained on
         self._draws: dict[int, tuple[list, list]] = {}
+        # for the serve metrics: when groups went out and came back, and the tokens served since the last take
+        self.submitted_at: dict[int, float] = {}
+        self.arrived_at: dict[int, float] = {}
+        self.served_tokens, self.last_take = 0, time.perf_counter()
 
     # --- groups ------------------------------------------------------------------------------------------
     def _group(self, group: int) -> tuple[RolloutRequest, Problem]:
@@ -107,6 +115,7 @@ class GroupStream:
     def _submit(self, groups: list[int]) -> None:
         requests = [self._group(g)[0] for g in groups]
         self.out.update({request.request_id: g for request, g in zip(requests, groups)})
+        self.submitted_at.update(dict.fromkeys(groups, time.perf_counter()))
         submit_round_robin(self.rollout, requests, groups, TRAIN)
 
     def top_up(self, steps_done: int) -> None:
@@ -127,6 +136,8 @@ class GroupStream:
         group = self.out.get(result.request_id)
         if group is not None:  # groups aborted at a shutdown or resubmitted after a resume are not ours
             self.finished[group] = result
+            self.arrived_at[group] = time.perf_counter()
+            self.served_tokens += sum(len(ids) for ids in result.response_ids)
             if self.scorer is not None:
                 self.scoring[group] = self.scorer([result], [self._group(group)[1]])
         return True
@@ -161,8 +172,16 @@ class GroupStream:
         results = [self.finished.pop(g) for g in chosen]
         for result in results:
             del self.out[result.request_id]
-        return Taken(results=results, problems=[self._group(g)[1] for g in chosen], dropped=dropped,
-                     wait_s=time.perf_counter() - start, scoring=[self.scoring.pop(g, None) for g in chosen])
+        now = time.perf_counter()
+        arrived = [self.arrived_at.pop(g, now) for g in chosen]  # restored groups arrived before this attempt
+        submitted = [self.submitted_at.pop(g, None) for g in chosen]
+        taken = Taken(results=results, problems=[self._group(g)[1] for g in chosen], dropped=dropped,
+                      wait_s=now - start, scoring=[self.scoring.pop(g, None) for g in chosen],
+                      served_tokens=self.served_tokens, served_s=now - self.last_take,
+                      queued_s=[now - a for a in arrived],
+                      latency_s=[a - s for a, s in zip(arrived, submitted, strict=True) if s is not None])
+        self.served_tokens, self.last_take = 0, now
+        return taken
 
     # --- checkpoints -------------------------------------------------------------------------------------
     def state(self) -> dict:
@@ -190,6 +209,17 @@ def staleness_metrics(taken: Taken, version: int) -> dict[str, float]:
             "staleness_max": float(max(behind)), "dropped_groups": float(taken.dropped),
             "stale_token_fraction": sum(t > 0 for t in tokens) / max(len(tokens), 1),
             "partial_groups": float(sum(len({v for vs in r.token_versions for v in vs}) > 1 for r in taken.results))}
+
+
+def serve_metrics(taken: Taken) -> dict[str, float]:
+    """Per step, what the continuously serving rollout did: tokens served per wall second since the previous
+    step (every group that arrived, trained on or dropped), how long the trainer waited for groups, how long the
+    taken groups had waited finished, and their submit -> finish latency. A step boundary means nothing to the
+    serve loops, so the synchronous schedules' `rollout_s` is not reported."""
+    latency = taken.latency_s or [0.0]
+    return {"serve_tokens_per_s": taken.served_tokens / max(taken.served_s, 1e-9), "rollout_wait_s": taken.wait_s,
+            "queued_s_mean": sum(taken.queued_s) / len(taken.queued_s), "queued_s_max": max(taken.queued_s),
+            "group_latency_s_mean": sum(latency) / len(latency), "group_latency_s_max": max(latency)}
 
 
 def served_generate(rollout: WorkerGroup, channel: Channel, requests: list[RolloutRequest],

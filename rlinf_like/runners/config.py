@@ -51,7 +51,9 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3 (algorithms/losses.py)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
     entropy_coef: float = 0.0  # entropy bonus weight in the loss
-    recompute_logprobs: bool = False  # the trainer recomputes old logprobs; logs mismatch/kl_k3, abs_log_ratio_*
+    # the trainer recomputes pi_old. The train/rollout mismatch (mismatch/kl_k3, abs_log_ratio_*) is logged without
+    # it when a step makes one update (mini_batches = epochs = 1), and needs it otherwise
+    recompute_logprobs: bool = False
     # recompute one unpadded forward per row length (slower): on CPU in fp32 with rollout.logprobs=rescored the
     # proximal logprobs then equal the native engine's bit for bit (a padded batch changes their last bits)
     recompute_by_length: bool = False

@@ -207,12 +207,14 @@ def train_actor(w: Workers, batch: Batch, rank_plan: RankPlan | None) -> dict:
     return [call.wait()[0] for call in calls][0]
 
 
-def batch_metrics(scored: Scored, version: int, rollout_s: float) -> dict[str, float]:
+def batch_metrics(scored: Scored, version: int, rollout_s: float | None) -> dict[str, float]:
     """What a step reports about its samples: reward (mean and spread), accuracy, staleness, lengths, truncation,
-    rollout throughput."""
+    and the rollout's seconds and throughput when the step had a rollout phase (`rollout_s` None: it had not)."""
     tokens = float(scored.batch["response_mask"].sum())
+    phase = {} if rollout_s is None else {"rollout_s": rollout_s,
+                                           "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9)}
     return {"reward": float(scored.rewards.mean()), "train_accuracy": float(scored.correct.mean()),
             "train_format_rate": float(scored.formatted.mean()),
             "staleness": float(version - scored.versions.min()), "response_tokens": tokens / len(scored.rewards),
-            "reward_s": scored.seconds, "rollout_s": rollout_s, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+            "reward_s": scored.seconds, **phase,
             **sample_metrics(scored.results, scored.rewards, scored.batch["response_mask"].sum(-1)), **scored.extras}

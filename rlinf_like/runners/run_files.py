@@ -122,7 +122,9 @@ class SampleLog:
 def memory_metrics(groups: dict) -> dict[str, float]:
     """Host memory (GiB): `memory/<component>_gb` (resident, summed over the component's ranks on this node) and
     `memory/<component>_peak_gb` (their peaks, summed), read from /proc now; `memory/driver_gb` (this process,
-    which holds every component under `cluster.backend=local`). A component on other nodes is left out."""
+    which holds every component under `cluster.backend=local`). A component on other nodes is left out.
+    Device memory (GiB), for components on GPUs, on any node: `memory/<component>_gpu_gb` and `_gpu_peak_gb`,
+    torch's allocator summed over the ranks (`Worker.device_memory`)."""
     out = {}
     for name, group in groups.items():
         if group is None:
@@ -131,6 +133,10 @@ def memory_metrics(groups: dict) -> dict[str, float]:
         if group.memory:
             out[f"memory/{name}_gb"] = sum(s.rss for s in group.memory.values()) / GIB
             out[f"memory/{name}_peak_gb"] = sum(s.peak for s in group.memory.values()) / GIB
+        if group.gpu_ranks:
+            held = [m for m in group.call("device_memory", ranks=group.gpu_ranks).wait() if m is not None]
+            out[f"memory/{name}_gpu_gb"] = sum(now for now, _ in held) / GIB
+            out[f"memory/{name}_gpu_peak_gb"] = sum(peak for _, peak in held) / GIB
     driver = read_memory(os.getpid())
     if driver is not None:
         out["memory/driver_gb"] = driver.rss / GIB

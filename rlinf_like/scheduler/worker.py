@@ -64,6 +64,16 @@ class Worker:
             raise RuntimeError(f"{self.name}: launched with init_process_group=False, so it has no process group")
         return dist.group.WORLD
 
+    @control
+    def device_memory(self) -> tuple[int, int] | None:
+        """This rank's GPU memory held by torch's allocator, now and at its peak (bytes); None on a CPU slot.
+        A control method, so a rank busy in a long call (a serve loop) still answers."""
+        if self.device.kind != "gpu":
+            return None
+        import torch
+
+        return torch.cuda.memory_allocated(self.torch_device), torch.cuda.max_memory_allocated(self.torch_device)
+
     def peer_group(self, name: str) -> comm.PeerGroup:
         groups = getattr(self, "_peer_groups", {})
         if name not in groups:

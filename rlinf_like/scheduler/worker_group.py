@@ -245,6 +245,7 @@ class WorkerGroup:
         self.memory_advice = ""  # the config keys that reduce this component's memory, named when it is killed for it
         self.memory: dict[int, MemorySample] = {}  # each rank's last measured memory (ranks on the driver's node)
         self._measured: set[int] = set()  # those ranks
+        self.gpu_ranks: list[int] = []  # the ranks placed on a GPU (they answer `device_memory`)
 
     # --- launch --------------------------------------------------------------------------------
     def launch(
@@ -268,6 +269,7 @@ class WorkerGroup:
         timeout = cluster.config.collective_timeout_s if timeout is None else timeout
         self.name, self.memory_advice = name, memory_advice
         self._ranks = list(range(component.world_size))
+        self.gpu_ranks = [rp.rank for rp in component.ranks if rp.device.kind == "gpu"]
         for rp in component.ranks:
             ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s,
                                 in_process=cluster.in_process)

@@ -20,6 +20,7 @@ explicit mask (see model.py). Fusion flags must be off and sequence parallelism 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -51,6 +52,17 @@ def _cpu_rng_state(device=None, clone=True, graph_safe=False) -> torch.Tensor:
 
 def _set_cpu_rng_state(new_state: torch.Tensor, device=-1, graph_safe=False) -> None:
     torch.set_rng_state(new_state)
+
+
+# what megatron-core warns about, once per module and rank, when it imports without TransformerEngine or Apex
+_FALLBACK_WARNINGS = r"(Transformer Engine and Apex are not installed|Apex is not installed)"
+
+
+def quiet_fallback_warnings() -> None:
+    """Without TransformerEngine and Apex (any CPU host), megatron-core warns at import of each module that falls
+    back to torch (norms, optimizers, grad clipping): ~20 lines a run across ranks. The manager logs it once
+    instead (`MegatronModelManager`), so these are silenced; megatron's other warnings still show."""
+    warnings.filterwarnings("ignore", message=_FALLBACK_WARNINGS, category=UserWarning, module=r"megatron\.")
 
 
 def needed() -> bool:

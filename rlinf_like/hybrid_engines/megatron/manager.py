@@ -12,6 +12,7 @@ calls and `sync_gradients=False` defers the data-parallel reduction. Losses are 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -36,6 +37,9 @@ from rlinf_like.hybrid_engines.packing import Packing
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.utils.extras import require
+
+
+log = logging.getLogger(__name__)
 
 
 def _check_config(cfg: MegatronConfig) -> None:
@@ -72,9 +76,14 @@ class _OptimizerState:
 
 class MegatronModelManager(ModelManager):
     def __init__(self, source: nn.Module | str | Path, config: MegatronConfig | None = None):
+        if not mmodel.te_available():
+            cpu_compat.quiet_fallback_warnings()  # before megatron.core's first import, which warns
         require("megatron.core")
         if not dist.is_initialized():
             raise RuntimeError("MegatronModelManager needs an initialized process group (launch it inside a Worker)")
+        if not mmodel.te_available():
+            if dist.get_rank() == 0:
+                log.info("megatron-core runs without TransformerEngine: torch's norms, optimizer and grad clipping")
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer

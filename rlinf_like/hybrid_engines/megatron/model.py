@@ -85,6 +85,7 @@ def transformer_config(hf: dict, tp: int, pp: int, dtype: torch.dtype, **overrid
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, apply_rope_fusion=False, bias_dropout_fusion=False,
         attention_softmax_in_fp32=True, batch_p2p_comm=False,
+        cuda_graph_scope=[],  # megatron's own default ("full") is deprecated and warns on every build
     )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)

@@ -4,7 +4,8 @@ The rollout (its own devices, tp_size 1 per replica) runs one long `serve` call.
 prompt groups as `runner.stale_policy` and `runner.max_staleness` allow (`runners/async_stream.py`), takes a
 step's groups as they finish, trains, and announces the new weights: each replica receives them before its
 next decode step, without draining, so samples in flight finish under the new weights (a partial rollout;
-every token's version is kept). While the trainer works, the driver takes the groups that finish and starts
+every token's version is kept). A step reports the serve loops' throughput and queueing (`serve_metrics`), not
+a rollout phase. While the trainer works, the driver takes the groups that finish and starts
 their reward calls, so the next step's scoring is off the critical path. Evaluation goes through the same
 serve loop.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from rlinf_like.runners.async_stream import GroupStream, Taken, served_generate, staleness_metrics
+from rlinf_like.runners.async_stream import GroupStream, Taken, serve_metrics, served_generate, staleness_metrics
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.run import ReasoningRun, RunResult
@@ -50,7 +51,7 @@ def train(cfg: ReasoningConfig) -> RunResult:
 
                 start = time.perf_counter()
                 batch, prepared, updated = while_pumping(stream, lambda: train_on(w, run, graded, step))
-                metrics = {**updated, **prepared, **batch_metrics(graded, run.version, taken.wait_s),
+                metrics = {**updated, **prepared, **batch_metrics(graded, run.version, None), **serve_metrics(taken),
                            **staleness_metrics(taken, run.version), "train_s": time.perf_counter() - start}
 
                 run.sync_weights()  # the serve loops pick the new version up between decode steps
