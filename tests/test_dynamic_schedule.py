@@ -12,7 +12,7 @@ import torch
 
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.schedules import dynamic
-from rlinf_like.runners.checks import check_dynamic
+from rlinf_like.runners.schedules.dynamic import check as check_dynamic
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.scheduler import ClusterConfig
 from rlinf_like.scheduler.dynamic import DeviceScheduler
@@ -71,8 +71,8 @@ def test_bad_schedule_values_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"runner.schedule='elastic' is not one of \['static', 'async', 'collocated', 'dynamic', 'pipelined'\]"):
         check_config(cfg)
     cfg = small_config(tmp_path, "static")
-    with pytest.raises(ValueError, match=r"runner.migrate_at=0.5 must be in \[0, 1\), and > 0 only with "
-                                         r"runner.schedule=dynamic"):
+    with pytest.raises(ValueError, match=r"runner.migrate_at=0.5 is read by runner.schedule=dynamic only \(got "
+                                         r"runner.schedule='static'\)"):
         check_config(cfg)
     cfg = small_config(tmp_path, "dynamic")
     cfg.rollout.engine = "hf"

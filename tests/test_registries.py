@@ -10,9 +10,9 @@ from rlinf_like.envs import ENV_REGISTRY, ActionSpec, EnvConfig, FieldSpec, Vect
 from rlinf_like.models.policies import check_policy_fits, policy_class
 from rlinf_like.training.loop import LoopConfig
 from rlinf_like.utils.registry import Registry, UnknownNameError
-from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, BACKENDS, TrainingBackend, backend_class, backends_with
+from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, TrainingBackend, backend_class, backends_with
 from rlinf_like.workers.actor.worker import ActorConfig, check_actor_config
-from rlinf_like.workers.rollout import ENGINE_REGISTRY, ENGINES, RolloutConfig, RolloutEngine, make_engine
+from rlinf_like.workers.rollout import ENGINE_REGISTRY, RolloutConfig, RolloutEngine, make_engine
 from rlinf_like.workers.rollout.engine import LOGPROB_SOURCES, check_rollout_config, engine_class, engines_with
 
 
@@ -72,19 +72,21 @@ def test_a_registered_engine_is_built_by_name_and_its_declarations_drive_the_che
 def test_builtin_engines_declare_what_they_can_do_without_importing_their_gpu_stack(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)  # any `import sglang` or `import vllm` would fail
     monkeypatch.setitem(sys.modules, "vllm", None)
-    declared = {name: (cls.supports_tp, cls.continues_migrated, cls.rescored_logprobs, cls.needs_gpu)
-                for name in ENGINES for cls in [engine_class(name)]}
-    assert declared == {"native": (True, True, True, False), "hf": (False, False, False, False),
-                        "sglang": (True, True, False, True), "vllm": (True, False, False, False)}
-    assert ENGINES == ("native", "hf", "sglang", "vllm") and LOGPROB_SOURCES == ("sampled", "rescored")  # the runners' names
+    declared = {name: (cls.supports_tp, cls.continues_migrated, cls.rescored_logprobs, cls.needs_gpu,
+                       cls.implements_families) for name in ENGINE_REGISTRY.names() for cls in [engine_class(name)]}
+    assert declared == {"native": (True, True, True, False, True), "hf": (False, False, False, False, False),
+                        "sglang": (True, True, False, True, False), "vllm": (True, False, False, False, False)}
+    assert LOGPROB_SOURCES == ("sampled", "rescored")
 
 
 def test_backends_declare_parallelism_and_elasticity():
-    assert BACKENDS == ("fsdp", "megatron")
+    assert BACKEND_REGISTRY.names() == ["fsdp", "megatron"]
     fsdp, megatron = backend_class("fsdp"), backend_class("megatron")
     assert (fsdp.supports_tp, fsdp.supports_pp, fsdp.elastic, fsdp.extra) == (False, False, True, None)
     assert (megatron.supports_tp, megatron.supports_pp, megatron.elastic, megatron.extra) == (True, True, False, "megatron")
     assert backends_with("elastic") == ["fsdp"]
+    assert (megatron.reference_parallel, megatron.cpu_precision, fsdp.reference_parallel, fsdp.cpu_precision) == (
+        True, "fp32", False, None)
 
 
 def test_a_registered_backend_is_checked_by_its_own_rules():

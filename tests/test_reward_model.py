@@ -95,9 +95,11 @@ def test_combine_rule_model_both_with_weights_penalties_and_whitening():
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(kind="learned"), r"reward.kind='learned' is not one of \['rule', 'model', 'both'\]"),
+    (dict(kind="learned"), r"reward.kind='learned' is not one of \['both', 'model', 'rule'\]"),
     (dict(kind="model"), r"reward.kind='model' needs reward.model_path"),
-    (dict(kind="both", model_path="m", rule_weight=0.0, model_weight=0.0), "gives no reward"),
+    (dict(kind="both", model_path="m", rule_weight=0.0, model_weight=0.0),
+     "reward.kind='both' with reward.rule_weight=0 and reward.model_weight=0 gives no reward"),
+    (dict(kind="model", model_path="m", model_weight=0.0), "reward.kind='model' with reward.model_weight=0 gives"),
     (dict(model_weight=float("nan")), r"reward.model_weight must be finite"),
     (dict(model_min_response_tokens=-1), r"reward.model_min_response_tokens must be >= 0"),
 ])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rlinf_like.envs.text import TEXT_ENVS
 from rlinf_like.envs.tools import TOOLS
+from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedules_with
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 
-SCHEDULES = ("static", "collocated", "pipelined", "async")  # the loops multi-turn rollouts run under
 
 
 def check_agent(cfg) -> None:
@@ -32,9 +32,11 @@ def check_agent(cfg) -> None:
         raise ValueError("agent.env / agent.program render every turn through a chat template: data.chat_template "
                          "must be auto (the tokenizer's own) or a Jinja file, not none")
     check_serves_continuously(cfg.rollout, "multi-turn rollouts (agent.env / agent.program)")  # turns join the batch
-    if cfg.runner.schedule == "async" and a.program:
-        raise ValueError("runner.schedule=async runs agent.env episodes; agent.program is not built for it "
-                         "(its endpoint serves one generate call at a time): use collocated or pipelined")
-    if cfg.runner.schedule not in SCHEDULES:
-        raise ValueError(f"multi-turn rollouts run under runner.schedule in {list(SCHEDULES)}; "
+    schedule = None if cfg.runner.schedule == STATIC else SCHEDULES.get(cfg.runner.schedule)
+    if schedule is not None and schedule.serves_continuously and a.program:
+        raise ValueError(f"runner.schedule={cfg.runner.schedule} runs agent.env episodes; agent.program is not built "
+                         f"for it (its endpoint serves one generate call at a time): use "
+                         f"{' or '.join(schedules_with(serves_continuously=False, runs_episodes=True))}")
+    if schedule is not None and not schedule.runs_episodes:
+        raise ValueError(f"multi-turn rollouts run under runner.schedule in {schedules_with(runs_episodes=True)}; "
                          f"got {cfg.runner.schedule!r}")

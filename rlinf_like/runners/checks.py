@@ -21,11 +21,11 @@ from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
 from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.scheduler.placement import share_devices
 from rlinf_like.training.loop import LoopConfig, check_loop
-from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, backends_with
+from rlinf_like.workers.actor.backends import BACKEND_REGISTRY
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.fn import AUTO
 from rlinf_like.workers.reward.rules import RewardConfig
-from rlinf_like.workers.rollout.engine import check_rollout_config, check_serves_continuously, engine_class, engines_with
+from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class
 
 def estimators_where(**declared: bool) -> list[str]:
     """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
@@ -112,19 +112,26 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_estimator(a)
     check_off_policy(a)
     check_data_config(cfg.data)
-    if r.migrate_at and r.schedule != "dynamic":
-        raise ValueError(f"runner.migrate_at={r.migrate_at} must be in [0, 1), and > 0 only with "
-                         f"runner.schedule=dynamic (got {r.schedule!r})")
+    check_schedule_options(r)
     check_reward_config(reward_config(cfg))
     check_loop(runner_loop(cfg), "runner")
     check_actor_section(cfg)
     check_model(cfg)
-    if r.schedule == "dynamic":
-        check_dynamic(cfg)
-    if r.schedule == "async":
-        check_async(cfg)
+    if r.schedule != STATIC:
+        SCHEDULES.get(r.schedule).check_config(cfg)
     check_agent(cfg)
     check_schedule_placement(cfg)
+
+
+def check_schedule_options(r) -> None:
+    """A `runner.*` key set away from its default that only another schedule reads (each declares its `options`)
+    is refused, naming the schedules that read it."""
+    defaults = type(r)()
+    for name in SCHEDULES.names():
+        for key in SCHEDULES.get(name).options:
+            if r.schedule != name and getattr(r, key) != getattr(defaults, key):
+                raise ValueError(f"runner.{key}={getattr(r, key)!r} is read by runner.schedule={name} only "
+                                 f"(got runner.schedule={r.schedule!r})")
 
 
 def tp_sizes_that_divide(heads: int, kv_heads: int) -> list[int]:
@@ -144,7 +151,7 @@ def check_model(cfg: ReasoningConfig) -> None:
         path, key = models[component]
         if path:
             hf = read_hf_config(path, key)
-            if component == "rollout" and cfg.rollout.engine == "native":
+            if component == "rollout" and engine_class(cfg.rollout.engine).implements_families:
                 ModelConfig.from_hf(hf, f"{key}={path!r}: rollout.engine=native",
                                     hint="use rollout.engine=hf or sglang")
             if path not in checked:
@@ -180,34 +187,6 @@ def check_schedule_placement(cfg: ReasoningConfig) -> None:
         raise ValueError(f"runner.schedule={cfg.runner.schedule} needs actor and rollout on "
                          f"{'the same' if wanted else 'different'} devices (cluster.component_placement.actor / "
                          f".rollout); runner.schedule=static picks the loop from the placement")
-
-
-def check_dynamic(cfg: ReasoningConfig) -> None:
-    """What this schedule does not support yet, refused before any worker starts."""
-    a = cfg.algorithm
-    per_group = estimators_where(token_level=False, needs_critic=False)
-    unsupported = {"algorithm.advantage": (a.advantage not in per_group,
-                                           f"{' or '.join(per_group)} (per-group advantages)"),
-                   "algorithm.kl_beta": (a.kl_beta > 0, "0 (no reference model)"),
-                   "algorithm.recompute_logprobs": (a.recompute_logprobs, "false")}
-    for key, (bad, allowed) in unsupported.items():
-        if bad:
-            raise ValueError(f"runner.schedule=dynamic needs {key} = {allowed}; got {getattr(a, key.split('.')[1])!r}")
-    if cfg.runner.migrate_at and not engine_class(cfg.rollout.engine).continues_migrated:
-        raise ValueError(f"runner.migrate_at > 0 needs a rollout engine that continues migrated requests "
-                         f"(rollout.engine in {engines_with('continues_migrated')}); got {cfg.rollout.engine!r}")
-    if cfg.actor.lora.enabled:
-        raise ValueError(f"runner.schedule=dynamic with actor.lora.rank={cfg.actor.lora.rank}: LoRA in the elastic "
-                         f"actor is not supported yet (use runner.schedule=static, or actor.lora.rank=0)")
-    if not backend_class(cfg.actor.backend).elastic:
-        raise ValueError(f"runner.schedule=dynamic needs actor.backend={' or '.join(backends_with('elastic'))} "
-                         f"(its elastic actor trains data parallel over a changing set of ranks); "
-                         f"got {cfg.actor.backend!r}")
-
-
-def check_async(cfg: ReasoningConfig) -> None:
-    """The asynchronous schedule needs an engine that serves continuously, one rank per replica."""
-    check_serves_continuously(cfg.rollout, "runner.schedule=async")
 
 
 def runner_loop(cfg: ReasoningConfig, micro_batch_tokens: int | None = None) -> LoopConfig:

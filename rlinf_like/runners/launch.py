@@ -22,9 +22,11 @@ from rlinf_like.runners.agent_format import chat_template_text
 from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
+from rlinf_like.runners.schedules import SCHEDULES, STATIC
 from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
 from rlinf_like.utils import hardware
+from rlinf_like.workers.actor.backends import backend_class
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
@@ -84,8 +86,8 @@ def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: Adva
     # the actor's rows split over its data-parallel replicas (TP x PP ranks of one replica share them)
     split = "actor" if cfg.actor.tp_size * cfg.actor.pp_size == 1 else "actor data-parallel"
     replicas = {split: actor_replicas(cfg, placement["actor"].world_size)}
-    if a.kl_beta > 0 and cfg.actor.backend == "megatron" and "reference" in placement.components:  # the reference is split like the actor
-        actor_replicas(cfg, placement["reference"].world_size, "reference")
+    if a.kl_beta > 0 and backend_class(cfg.actor.backend).reference_parallel and "reference" in placement.components:
+        actor_replicas(cfg, placement["reference"].world_size, "reference")  # the reference is split like the actor
     if estimator.needs_critic:
         replicas["critic"] = placement["critic"].world_size
     check_batch_split(cfg, replicas)
@@ -102,8 +104,9 @@ def precision_choice(cfg: ReasoningConfig, kind: str) -> tuple[str, str]:
     chosen = actor_precision(cfg)
     if chosen != "auto":
         return chosen, "set in the config" if cfg.actor.precision != "auto" else "algorithm.recompute_by_length"
-    if cfg.actor.backend == "megatron" and kind != "gpu":  # its manager trains in fp32 off the GPU (megatron/manager)
-        return "fp32", "the Megatron actor on CPU"
+    backend = backend_class(cfg.actor.backend)
+    if backend.cpu_precision is not None and kind != "gpu":
+        return backend.cpu_precision, f"actor.backend={cfg.actor.backend} off a GPU"
     return hardware.auto_precision(torch.device("cuda" if kind == "gpu" else "cpu"))
 
 
@@ -201,7 +204,8 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=loop, value_clip=a.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
                                                               memory_advice=MEMORY_ADVICE["critic"])
-    serving = cfg.runner.schedule == "async" or cfg.agent.multi_turn
+    serving = cfg.runner.schedule != STATIC and SCHEDULES.get(cfg.runner.schedule).serves_continuously \
+        or cfg.agent.multi_turn
     dtype, why = rollout_dtype_choice(cfg, placement)
     log.info(f"rollout dtype: {dtype} ({why})")
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path, dtype=dtype,
@@ -242,7 +246,7 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
         raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "
                                 f"warm-start (this run directory predates that, or was cut short before it)")
     megatron = actor_config(cfg, str(start), loss_config(cfg), runner_loop(cfg)).megatron \
-        if cfg.actor.backend == "megatron" else None
+        if backend_class(cfg.actor.backend).reference_parallel else None
     r = cfg.runner
     rows = r.micro_batch_size or AUTO_ROWS_CAP
     w.reference = InferenceWorker.create_group(str(start), rows, r.temperature, r.pack_sequences,

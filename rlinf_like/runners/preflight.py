@@ -25,10 +25,10 @@ def _reasoning(cfg) -> Placement:
     from rlinf_like.runners.launch import plan
     from rlinf_like.runners.reasoning import schedule_of
     from rlinf_like.runners.run import ReasoningRun
-    from rlinf_like.runners.schedules.dynamic import rank_by_rank
+    from rlinf_like.runners.schedules import SCHEDULES
 
     run = ReasoningRun(cfg)  # config, data, model folder, tokenizer, prompt format, estimator
-    check = rank_by_rank if schedule_of(cfg) == "dynamic" else None
+    check = SCHEDULES.get(schedule_of(cfg)).placement_check()
     placement, _ = plan(cfg, devices_of(cfg.cluster), run.estimator, check)
     return placement
 

@@ -16,22 +16,55 @@ from rlinf_like.utils.registry import Registry
 STATIC = "static"  # collocated or pipelined, whichever the placement gives
 
 
+def _resolve(ref: str):
+    """"module:function" -> the function (imported when the schedule is used)."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
+    """A loop and what it declares; the runner's checks ask these instead of branching on schedule names."""
+
     loop: str  # "module:function": its train(cfg) loop
     shares_devices: bool  # True: actor and rollout take turns on the same devices; False: they run side by side
+    # the rollout runs one long serve call with no step boundary (an engine that serves continuously, one rank per
+    # replica); agent programs, whose endpoint serves one generate call at a time, do not run under it
+    serves_continuously: bool = False
+    runs_episodes: bool = True  # multi-turn rollouts (agent.env / agent.program) run under it
+    check: str | None = None  # "module:function(cfg)": what it refuses before any worker starts
+    check_placement: str | None = None  # "module:function(placement)": what it needs of the placed ranks
+    options: tuple[str, ...] = ()  # runner.* keys only this schedule reads (refused, set, under another)
 
     def train(self, cfg, **options):
-        module, name = self.loop.split(":")
-        return getattr(importlib.import_module(module), name)(cfg, **options)
+        return _resolve(self.loop)(cfg, **options)
+
+    def check_config(self, cfg) -> None:
+        if self.check is not None:
+            _resolve(self.check)(cfg)
+
+    def placement_check(self):
+        """The function that checks a placement for this schedule, or None."""
+        return None if self.check_placement is None else _resolve(self.check_placement)
 
 
 SCHEDULES: Registry[Schedule] = Registry("schedule", key="runner.schedule")
 SCHEDULES.register("collocated", Schedule(loop="rlinf_like.runners.schedules.collocated:train", shares_devices=True))
 SCHEDULES.register("pipelined", Schedule(loop="rlinf_like.runners.schedules.pipelined:train", shares_devices=False))
-SCHEDULES.register("dynamic", Schedule(loop="rlinf_like.runners.schedules.dynamic:train", shares_devices=True))
-SCHEDULES.register("async", Schedule(loop="rlinf_like.runners.schedules.asynchronous:train", shares_devices=False))
+SCHEDULES.register("dynamic", Schedule(loop="rlinf_like.runners.schedules.dynamic:train", shares_devices=True,
+                                       runs_episodes=False, check="rlinf_like.runners.schedules.dynamic:check",
+                                       check_placement="rlinf_like.runners.schedules.dynamic:rank_by_rank",
+                                       options=("migrate_at",)))
+SCHEDULES.register("async", Schedule(loop="rlinf_like.runners.schedules.asynchronous:train", shares_devices=False,
+                                     serves_continuously=True,
+                                     check="rlinf_like.runners.schedules.asynchronous:check"))
 
 
 def schedule_choices() -> list[str]:
     return [STATIC, *SCHEDULES.names()]
+
+
+def schedules_with(**declared) -> list[str]:
+    """The schedule names (static included when collocated and pipelined both match) whose declarations match."""
+    names = [n for n in SCHEDULES.names() if all(getattr(SCHEDULES.get(n), k) == v for k, v in declared.items())]
+    return [STATIC, *names] if {"collocated", "pipelined"} <= set(names) else names

@@ -24,9 +24,15 @@ from rlinf_like.runners.run import ReasoningRun, RunResult
 from rlinf_like.runners.run_files import Generated
 from rlinf_like.scheduler import Channel, wait_all
 from rlinf_like.workers.rollout import RolloutResult
+from rlinf_like.workers.rollout.engine import check_serves_continuously
 
 T = TypeVar("T")
 PUMP_S = 0.02  # how long each wait for a finished group lasts while the trainer works
+
+
+def check(cfg: ReasoningConfig) -> None:
+    """The engine must serve continuously, one rank per replica (`SCHEDULES` declares this check)."""
+    check_serves_continuously(cfg.rollout, "runner.schedule=async")
 
 
 def train(cfg: ReasoningConfig) -> RunResult:

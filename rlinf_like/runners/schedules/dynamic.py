@@ -26,6 +26,7 @@ import time
 import torch
 
 from rlinf_like.data.tasks import Problem
+from rlinf_like.runners.checks import estimators_where
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import advantages, extra_metrics, make_requests, rl_batch, sample_metrics, score_groups
 from rlinf_like.runners.run import ReasoningRun, RunResult
@@ -34,7 +35,32 @@ from rlinf_like.runners.schedules.elastic_rollout import ElasticRollout
 from rlinf_like.scheduler import Channel, Placement, PlacementMode
 from rlinf_like.scheduler.dynamic import DeviceScheduler, check_handover
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
+from rlinf_like.workers.actor.backends import backend_class, backends_with
 from rlinf_like.workers.rollout import RolloutResult
+from rlinf_like.workers.rollout.engine import engine_class, engines_with
+
+
+def check(cfg: ReasoningConfig) -> None:
+    """What this schedule does not support yet, refused before any worker starts (`SCHEDULES` declares it)."""
+    a = cfg.algorithm
+    per_group = estimators_where(token_level=False, needs_critic=False)
+    unsupported = {"algorithm.advantage": (a.advantage not in per_group,
+                                           f"{' or '.join(per_group)} (per-group advantages)"),
+                   "algorithm.kl_beta": (a.kl_beta > 0, "0 (no reference model)"),
+                   "algorithm.recompute_logprobs": (a.recompute_logprobs, "false")}
+    for key, (bad, allowed) in unsupported.items():
+        if bad:
+            raise ValueError(f"runner.schedule=dynamic needs {key} = {allowed}; got {getattr(a, key.split('.')[1])!r}")
+    if cfg.runner.migrate_at and not engine_class(cfg.rollout.engine).continues_migrated:
+        raise ValueError(f"runner.migrate_at > 0 needs a rollout engine that continues migrated requests "
+                         f"(rollout.engine in {engines_with('continues_migrated')}); got {cfg.rollout.engine!r}")
+    if cfg.actor.lora.enabled:
+        raise ValueError(f"runner.schedule=dynamic with actor.lora.rank={cfg.actor.lora.rank}: LoRA in the elastic "
+                         f"actor is not supported yet (use runner.schedule=static, or actor.lora.rank=0)")
+    if not backend_class(cfg.actor.backend).elastic:
+        raise ValueError(f"runner.schedule=dynamic needs actor.backend={' or '.join(backends_with('elastic'))} "
+                         f"(its elastic actor trains data parallel over a changing set of ranks); "
+                         f"got {cfg.actor.backend!r}")
 
 
 def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:

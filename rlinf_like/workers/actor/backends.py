@@ -20,6 +20,9 @@ class TrainingBackend:
     supports_pp = False  # pipeline parallelism inside a replica
     supports_lora = False  # LoRA adapters (actor.lora.rank > 0)
     elastic = False  # trains data parallel over a changing set of ranks (the dynamic schedule's elastic actor)
+    # the KL reference (an inference worker) is split over the actor's tensor / pipeline layout, not replicated
+    reference_parallel = False
+    cpu_precision: str | None = None  # the precision it trains in off a GPU when actor.precision=auto; None: hardware's
     extra: str | None = None  # the optional-dependency extra it needs installed
     requires: str | None = None  # the module of that extra, looked up in the driver before any worker starts
 
@@ -54,6 +57,8 @@ class FSDPBackend(TrainingBackend):
 class MegatronBackend(TrainingBackend):
     supports_tp = True
     supports_pp = True
+    reference_parallel = True
+    cpu_precision = "fp32"  # megatron/manager.py: bf16 only on a GPU
     extra = "megatron"
     requires = "megatron.core"
 
@@ -72,10 +77,6 @@ class MegatronBackend(TrainingBackend):
         from rlinf_like.hybrid_engines.megatron import MegatronModelManager  # raises naming [megatron] if missing
 
         return MegatronModelManager(config.model_path, config.megatron)
-
-
-# The built-ins, as before the registry (the runners' checks import this name).
-BACKENDS = BACKEND_REGISTRY.registered()
 
 
 def backend_class(name: str) -> type[TrainingBackend]:

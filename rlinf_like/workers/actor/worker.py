@@ -14,13 +14,13 @@ import torch
 from rlinf_like.data.batch import Batch
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig, check_lora
-from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, BACKENDS, backend_class, backends_with
+from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, backends_with
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.training.loop import check_loop, loss_tokens, num_rows, run_steps, train_epochs
 
-__all__ = ["BACKENDS", "ActorConfig", "ActorWorker", "build_manager", "check_actor_config", "loss_weigh"]
+__all__ = ["ActorConfig", "ActorWorker", "build_manager", "check_actor_config", "loss_weigh"]
 
 
 def check_actor_config(config: ActorConfig, owner: str = "actor") -> None:

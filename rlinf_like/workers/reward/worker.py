@@ -10,7 +10,7 @@ import torch
 
 from rlinf_like.models import load_tokenizer
 from rlinf_like.scheduler import Worker
-from rlinf_like.workers.reward.combine import check_reward_config, combine_rewards
+from rlinf_like.workers.reward.combine import REWARD_KINDS, check_reward_config, combine_rewards
 from rlinf_like.workers.reward.fn import load_reward_fn, score_sample
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.reward.types import SampleScore
@@ -41,7 +41,7 @@ class RewardWorker(Worker):
         self.config = config
         self.reward_fn = load_reward_fn(config)  # a user's `module:function` is imported here, in the worker
         self.model = None
-        if config.kind != "rule":
+        if REWARD_KINDS.get(config.kind).uses_model:
             from rlinf_like.workers.reward.model import RewardModel
 
             self.model = RewardModel(config.model_path, config.model_micro_batch_size, self.torch_device)
@@ -71,7 +71,7 @@ class RewardWorker(Worker):
                 rows.append(list(result.prompt_ids) + list(tokens))
                 finished.append(reason == "stop")
                 lengths.append(len(tokens))
-        if self.config.kind != "rule" or self.config.whiten:
+        if self.model is not None or self.config.whiten:
             rule = torch.tensor([s.reward for s in samples])
             model = self.model.score(rows) if self.model is not None else None
             total, penalised = combine_rewards(self.config, rule, model, torch.tensor(finished, dtype=torch.bool),

@@ -3,7 +3,6 @@ SGLang on GPU) behind one interface, and the worker that runs them in a group.""
 
 from rlinf_like.workers.rollout.engine import (
     ENGINE_REGISTRY,
-    ENGINES,
     RolloutConfig,
     RolloutEngine,
     check_rollout_config,
@@ -20,6 +19,6 @@ from rlinf_like.workers.rollout.types import (
     continuation,
 )
 
-__all__ = ["ENGINES", "ENGINE_REGISTRY", "FINISH_REASONS", "RolloutConfig", "RolloutEngine", "RolloutRequest",
+__all__ = ["ENGINE_REGISTRY", "FINISH_REASONS", "RolloutConfig", "RolloutEngine", "RolloutRequest",
            "RolloutResult", "SampleProgress", "SamplingParams", "check_rollout_config", "continuation", "engine_class",
            "engine_names", "make_engine"]

@@ -82,6 +82,8 @@ class RolloutEngine(ABC):
     rescored_logprobs = False  # rollout.logprobs=rescored: one pass over prompt + response after decoding
     needs_gpu = False
     serves_continuously = False  # `serve`: requests join while others decode, weights change between steps
+    # runs only the model families implemented here (models/families), not any transformers architecture
+    implements_families = False
     extra_module: str | None = None  # the optional package the engine is built on (its extra), e.g. "vllm"
     # non-empty: this is the recommended engine for real checkpoints on CPU, and why, as measured (engine_advice.py)
     cpu_real_model_choice = ""

@@ -28,11 +28,7 @@ ENGINE_REGISTRY.register("hf", "rlinf_like.workers.rollout.hf_engine:HFEngine")
 ENGINE_REGISTRY.register("sglang", "rlinf_like.workers.rollout.sglang_engine:SGLangEngine")
 ENGINE_REGISTRY.register("vllm", "rlinf_like.workers.rollout.vllm_engine:VLLMEngine")
 
-# The built-ins, as before the registry (the runners' checks import these names); engines registered
-# later are in `engine_names()` only.
-ENGINES = ENGINE_REGISTRY.registered()
-
-__all__ = ["ENGINES", "ENGINE_REGISTRY", "LOGPROB_SOURCES", "ResultCallback", "RolloutConfig", "RolloutEngine",
+__all__ = ["ENGINE_REGISTRY", "LOGPROB_SOURCES", "ResultCallback", "RolloutConfig", "RolloutEngine",
            "check_rollout_config", "engine_class", "engine_names", "engines_with", "make_engine"]
 
 

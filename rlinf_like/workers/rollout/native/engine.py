@@ -84,6 +84,7 @@ class NativeEngine(RolloutEngine):
     continues_migrated = True
     rescored_logprobs = True
     serves_continuously = True
+    implements_families = True
 
     def __init__(self, config: RolloutConfig, process_group=None, tokenizer=None, device: str = "cpu"):
         super().__init__()
