@@ -14,14 +14,8 @@ from rlinf_like.hybrid_engines.reshard.layout import (
     sharded,
     split_bounds,
 )
-from rlinf_like.hybrid_engines.reshard.sync import (
-    SyncPlan,
-    WeightReceiver,
-    WeightSender,
-    TRANSPORTS,
-    WeightSyncError,
-    dtensor_layout,
-)
+from rlinf_like.hybrid_engines.reshard.sync import SyncPlan, WeightReceiver, WeightSender, dtensor_layout
+from rlinf_like.hybrid_engines.reshard.transports import TRANSPORTS, WeightSyncError
 from rlinf_like.hybrid_engines.reshard.planner import (
     NameMap,
     ReshardError,

@@ -23,24 +23,17 @@ later ones, and says which in the header; a receiver that holds no full round ye
 
 from __future__ import annotations
 
-import datetime
 import itertools
-import pickle
-import socket
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.reduction import ForkingPickler
 
 import torch
 
 from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slices, dtype_from_name, split_bounds
 from rlinf_like.hybrid_engines.reshard.planner import NameMap, ReshardError, Transfer, bucketize, plan_reshard
+from rlinf_like.hybrid_engines.reshard.transports import TRANSPORTS, WeightSyncError, message_tag
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.scheduler.comm import PeerGroup
-
-
-class WeightSyncError(RuntimeError):
-    """A sync round was rejected (stale or mismatched version) or did not complete."""
 
 
 def dtensor_layout(name: str, tensor) -> TensorLayout:
@@ -142,7 +135,6 @@ def _buckets(transfers: Sequence[Transfer], bucket_bytes: int, first_tag: int = 
     return tuple(buckets)
 
 
-TRANSPORTS = ("group", "ipc")
 FULL, DELTA = 0, 1  # what a round sends, in its header
 
 
@@ -162,30 +154,23 @@ def _slot(buffer: torch.Tensor, offset: int, transfer: Transfer, dtype: torch.dt
 
 
 class _Endpoint:
-    """What sender and receiver share: the plan, the version handshake, the transport.
-
-    Transports: "group" sends each bucket's transfers over the peer process group (gloo on CPU, NCCL on GPU);
-    "ipc" shares each packed bucket as a handle through the group's store — shared memory on CPU,
-    CUDA IPC on GPU — and the receiver copies straight out of the sender's buffer. "ipc" needs every
-    pair on one node; the buffers are reused across rounds, and a closing barrier tells the sender
-    its buffers may be overwritten."""
+    """What sender and receiver share: the plan, the version handshake, the packed buffers, and the transport that
+    moves a round's buckets (`reshard/transports.py`: "group" or "ipc")."""
 
     def __init__(self, group: PeerGroup, plan: SyncPlan, transport: str):
         for side in (plan.src_group, plan.dst_group):
             if side not in group.ranks:
                 raise ValueError(f"peer group {group.name!r} has no group {side!r}; it joins {sorted(group.ranks)}")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown weight-sync transport {transport!r}; choose one of {TRANSPORTS}")
-        self.group, self.plan, self.transport = group, plan, transport
+        self.group, self.plan, self.transport = group, plan, TRANSPORTS.get(transport)()
         self._buffers: dict[int, torch.Tensor] = {}  # bucket tag -> packed buffer, reused every round
 
-    def _peer(self, side: str, rank: int) -> int:
+    def peer(self, side: str, rank: int) -> int:
         return self.group.ranks[side][rank]
 
     def _handshake(self, version: int, kind: int = FULL) -> int:
         """Returns what the round sends (FULL or DELTA), as the sender's header says."""
         header = torch.tensor([version, kind], dtype=torch.int64, device=self.group.device)
-        self.group.broadcast(header, src=self._peer(self.plan.src_group, 0))
+        self.group.broadcast(header, src=self.peer(self.plan.src_group, 0))
         sent_version, kind = int(header[0]), int(header[1])
         reject_reason = self._check(sent_version, kind)
         votes = torch.tensor([0 if reject_reason is None else 1], dtype=torch.int64, device=self.group.device)
@@ -206,20 +191,17 @@ class _Endpoint:
         """After a round over the group on CPU: drop the packed buffers. They are host memory the size of everything
         this rank sent or received, held between rounds while the actor trains and the rollout generates (a 270M
         model in bf16: 0.54 GB per rollout replica); the next round faults its pages in again, small beside a step."""
-        if self.transport == "group" and self.group.device.type == "cpu":
+        if self.transport.releases_buffers and self.group.device.type == "cpu":
             self._buffers.clear()
 
-    def _buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
+    def buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
         buffer = self._buffers.get(bucket.tag)
         if buffer is None or buffer.device != device:
             buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
             self._buffers[bucket.tag] = buffer
         return buffer
 
-    def _handle_key(self, version: int, bucket: Bucket) -> str:
-        return f"weight-sync/{self.plan.src_group}->{self.plan.dst_group}/v{version}/bucket{bucket.tag}"
-
-    def _wait_all(self, works, what: str, timeout_s: float | None) -> None:
+    def wait_all(self, works, what: str, timeout_s: float | None) -> None:
         try:
             for work in works:
                 self.group.wait(work, timeout_s)
@@ -232,31 +214,18 @@ class WeightSender(_Endpoint):
         super().__init__(group, plan, transport)
         self.rank = rank
         self.sent_full = False  # a delta round only after a full one went through
-        self._handles: dict[int, tuple[torch.Tensor, bytes]] = {}  # ipc: bucket tag -> (buffer, its handle)
 
-    def _pack(self, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        if self.transport == "group":
-            buffer = self._buffer(bucket, self.group.device)
-        else:  # ipc: where the weights live; shared once, then reused with the same handle
-            device = local_tensor(tensors[bucket.transfers[0].src_name]).device
-            buffer = self._buffer(bucket, device)
-            if self._handles.get(bucket.tag, (None,))[0] is not buffer:
-                self._handles[bucket.tag] = (buffer, _share(buffer))
-        for t, offset in zip(bucket.transfers, bucket.offsets):
-            self._copy_in(buffer, offset, t, tensors)
-        return buffer
-
-    def _copy_in(self, buffer: torch.Tensor, offset: int, t: Transfer, tensors) -> torch.Tensor:
+    def copy_in(self, buffer: torch.Tensor, offset: int, t: Transfer, tensors) -> torch.Tensor:
         local = local_tensor(tensors[t.src_name]).detach()
         dtype = dtype_from_name(self.plan.dst_dtypes[t.dst_name])
         return _slot(buffer, offset, t, dtype).copy_(local[box_slices(t.src_box)])  # casts to the rollout dtype
 
-    def _post_bucket(self, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> list:
+    def post_bucket(self, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> list:
         """One send per transfer, posted as soon as it is ready, so copies overlap the sends already in flight.
         A slice that is contiguous, on the group's device and already in the rollout dtype goes out straight
         from the weights (no copy); any other is packed into the bucket's buffer first."""
-        buffer = self._buffer(bucket, self.group.device)
-        dst = self._peer(self.plan.dst_group, bucket.dst_rank)
+        buffer = self.buffer(bucket, self.group.device)
+        dst = self.peer(self.plan.dst_group, bucket.dst_rank)
         works = []
         for i, (t, offset) in enumerate(zip(bucket.transfers, bucket.offsets)):
             piece = local_tensor(tensors[t.src_name]).detach()[box_slices(t.src_box)]
@@ -264,8 +233,8 @@ class WeightSender(_Endpoint):
                     and str(piece.dtype) == self.plan.dst_dtypes[t.dst_name]):
                 piece = piece.reshape(-1).view(torch.uint8)
             else:
-                piece = self._copy_in(buffer, offset, t, tensors).reshape(-1).view(torch.uint8)
-            works.append(self.group.post_send(piece, dst, _message_tag(bucket, i)))
+                piece = self.copy_in(buffer, offset, t, tensors).reshape(-1).view(torch.uint8)
+            works.append(self.group.post_send(piece, dst, message_tag(bucket, i)))
         return works
 
     def publish(self, version: int, tensors: Mapping[str, torch.Tensor], timeout_s: float | None = None) -> int:
@@ -274,43 +243,10 @@ class WeightSender(_Endpoint):
         check_dtypes(self.plan.src_dtypes, tensors, f"{self.plan.src_group} rank {self.rank}")
         kind = self._handshake(version, DELTA if self.sent_full and self.plan.delta is not None else FULL)
         mine = [b for b in self._round_plan(kind).buckets if b.src_rank == self.rank]
-        if self.transport == "group":
-            works = [work for bucket in mine for work in self._post_bucket(bucket, tensors)]
-            self._wait_all(works, f"sending version {version}", timeout_s)
-            self._release()
-        else:
-            for bucket in mine:
-                self._pack(bucket, tensors)
-            host = socket.gethostname()
-            for bucket in mine:
-                self.group.store.set(self._handle_key(version, bucket), pickle.dumps((host, self._handles[bucket.tag][1])))
-            self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
-            for bucket in mine:
-                self.group.store.delete_key(self._handle_key(version, bucket))
+        self.transport.send(self, version, mine, tensors, timeout_s)
+        self._release()
         self.sent_full = True
         return sum(b.nbytes for b in mine)
-
-
-_MAX_TRANSFERS_PER_BUCKET = 1 << 16
-
-
-def _message_tag(bucket: Bucket, index: int) -> int:
-    """The tag of a bucket's `index`-th transfer: unique in a round on both sides (gloo tags are 32-bit)."""
-    if len(bucket.transfers) > _MAX_TRANSFERS_PER_BUCKET or bucket.tag >= 1 << 15:
-        raise WeightSyncError(f"bucket {bucket.tag} with {len(bucket.transfers)} transfers exceeds the tag space")
-    return bucket.tag * _MAX_TRANSFERS_PER_BUCKET + index
-
-
-def _share(buffer: torch.Tensor) -> bytes:
-    """A handle any process on this node can open: torch's multiprocessing reduction gives a CUDA IPC
-    handle on GPU, and on CPU (under the file_system strategy) moves the buffer into named shared
-    memory. The strategy is switched only for this call: it is process-wide."""
-    previous = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    try:
-        return bytes(ForkingPickler.dumps(buffer))
-    finally:
-        torch.multiprocessing.set_sharing_strategy(previous)
 
 
 class WeightReceiver(_Endpoint):
@@ -322,7 +258,6 @@ class WeightReceiver(_Endpoint):
         self.version: int | None = None
         self.last_round_full = False  # whether the last round applied was a full one (else only the changing tensors)
         self._requested: int | None = None
-        self._opened: dict[int, tuple[bytes, torch.Tensor]] = {}  # ipc: bucket tag -> (handle, sender's buffer)
         check_dtypes(plan.dst_dtypes, tensors, f"{plan.dst_group} rank {rank}")
 
     def _check(self, sent_version: int, kind: int) -> str | None:
@@ -335,46 +270,19 @@ class WeightReceiver(_Endpoint):
             return f"stale weight version {sent_version}: rollout rank {self.rank} already holds version {self.version}"
         return None
 
-    def _open(self, version: int, bucket: Bucket, timeout_s: float | None) -> torch.Tensor:
-        key = self._handle_key(version, bucket)
-        try:
-            self.group.store.wait([key], datetime.timedelta(seconds=timeout_s or self.group.timeout_s))
-        except RuntimeError as err:
-            raise WeightSyncError(f"peer group {self.group.name!r}: bucket {bucket.tag} of version {version} "
-                                  f"was not shared in time: {err}") from err
-        host, handle = pickle.loads(self.group.store.get(key))
-        if host != socket.gethostname():
-            raise WeightSyncError(f"transport 'ipc' needs one node: actor rank {bucket.src_rank} is on {host!r}, "
-                                  f"rollout rank {self.rank} on {socket.gethostname()!r}; use transport 'group'")
-        cached = self._opened.get(bucket.tag)
-        if cached is None or cached[0] != handle:  # the sender reuses its buffers: open each once
-            self._opened[bucket.tag] = (handle, pickle.loads(handle))
-        return self._opened[bucket.tag][1]
-
     def apply(self, version: int, timeout_s: float | None = None) -> int:
         """Receive `version` into this rank's tensors; returns bytes received. If any bucket does not
         arrive (within `timeout_s`, default the peer group's timeout), raises and keeps the old weights."""
         self._requested = version
         kind = self._handshake(version)
         mine = [b for b in self._round_plan(kind).buckets if b.dst_rank == self.rank]
-        if self.transport == "group":
-            buffers, works = [], []
-            for bucket in mine:  # one message per transfer, into its slot of the bucket's buffer
-                buffers.append(self._buffer(bucket, self.group.device))
-                src = self._peer(self.plan.src_group, bucket.src_rank)
-                for i, (t, offset) in enumerate(zip(bucket.transfers, bucket.offsets)):
-                    slot = buffers[-1][offset : offset + t.nbytes]
-                    works.append(self.group.post_recv(slot, src, _message_tag(bucket, i)))
-            self._wait_all(works, f"receiving version {version}", timeout_s)
-        else:
-            buffers = [self._open(version, bucket, timeout_s) for bucket in mine]
+        buffers = self.transport.receive(self, version, mine, timeout_s)
         for bucket, buffer in zip(mine, buffers):  # everything arrived: now write the weights
             for t, offset in zip(bucket.transfers, bucket.offsets):
                 target = local_tensor(self.tensors[t.dst_name])
                 with torch.no_grad():
                     target[box_slices(t.dst_box)].copy_(_slot(buffer, offset, t, target.dtype))
-        if self.transport == "ipc":  # tell the sender its buffers are free for the next round
-            self._wait_all([self.group.post_barrier()], f"version {version} over ipc", timeout_s)
+        self.transport.received(self, version, timeout_s)  # ipc: the sender's buffers are free for the next round
         self._release()
         self.version, self.last_round_full = version, kind == FULL
         return sum(b.nbytes for b in mine)
