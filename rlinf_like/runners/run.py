@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -29,7 +30,7 @@ from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.launch import launch_reference, launch_workers, plan_before_start
 from rlinf_like.runners.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.phases import eval_metrics, score_groups
-from rlinf_like.scheduler import Cluster, Placement, wait_all
+from rlinf_like.scheduler import Cluster, GroupResult, Placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
@@ -55,6 +56,19 @@ def model_path(cfg: ReasoningConfig, out: Path) -> str:
 
 
 @dataclass(kw_only=True)
+class ServedRollout(Protocol):
+    """A rollout serving continuously, as the run reaches it (`ReasoningRun.serve_through`)."""
+
+    def generate(self, requests: list[RolloutRequest]) -> list: ...
+
+    def receive_weights(self, version: int) -> GroupResult: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
+
+@dataclass
 class RunResult:
     summary: dict
     history: list[dict]
@@ -100,12 +114,8 @@ class ReasoningRun:
         self.version = 0  # the weights' version the rollout holds
         self._clock = 0.0  # RL seconds so far, without evaluations and checkpoints
         self.sync_metrics: dict[str, float] = {}  # the last weight sync's bytes and seconds
-        # What a schedule may swap (the async one: its rollout serves continuously, so requests and weights go
-        # to the running serve loop instead of calls that would queue behind it).
-        self.generate: Callable[[list[RolloutRequest]], list] = self._generate
-        self.receive_weights: Callable[[int], object] = lambda version: self.workers.rollout.apply_weights(version)
-        self.extra_state: Callable[[], dict] | None = None  # saved with each checkpoint
-        self.resumed_extra: dict = {}  # what the checkpoint resumed from saved of it
+        self.server: ServedRollout | None = None  # set by `serve_through` (a rollout that serves continuously)
+        self._resumed_server_state: dict = {}  # what the checkpoint resumed from saved of the server
         self.last_eval: dict[str, float] = {}  # the latest held-out evaluation (the progress bar shows it)
 
     def longest_prompt(self, sample: int = 512) -> int | None:
@@ -187,7 +197,9 @@ class ReasoningRun:
         """The actor's weights to the rollout, as the next version."""
         self.version += 1
         start = time.perf_counter()
-        sent, _ = wait_all([self.workers.actor.publish_weights(self.version), self.receive_weights(self.version)])
+        receiving = self.workers.rollout.apply_weights(self.version) if self.server is None \
+            else self.server.receive_weights(self.version)
+        sent, _ = wait_all([self.workers.actor.publish_weights(self.version), receiving])
         # what the step's sync moved (under LoRA, after the first round: the adapted weights only)
         self.sync_metrics = {"sync_bytes": float(sum(sent)), "sync_s": time.perf_counter() - start}
 
@@ -206,8 +218,18 @@ class ReasoningRun:
         return {**eval_metrics(groups),
                 **{f"eval_{k}": v for k, v in episode_metrics(results).items()}}
 
-    def _generate(self, requests: list[RolloutRequest]) -> list:
+    def generate(self, requests: list[RolloutRequest]) -> list:
+        if self.server is not None:
+            return self.server.generate(requests)
         return gather_results(self.workers.rollout.generate(requests).wait(), requests)
+
+    def serve_through(self, server: ServedRollout) -> None:
+        """From now on the rollout serves continuously (the async schedule): evaluation requests and new weights go
+        to its running serve loop (calls would queue behind it), and the server's state goes into each checkpoint;
+        a resumed run hands the server what the checkpoint saved of it."""
+        self.server = server
+        if self._resumed_server_state:
+            server.restore(self._resumed_server_state)
 
     def steps(self) -> Iterator[int]:
         """The steps left to run (0-based), with a progress bar."""
@@ -250,13 +272,13 @@ class ReasoningRun:
         wait_all([g.save(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
         crash_point("checkpoint", self.step)  # fault tests: the workers' state written, not yet committed
         self.checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history,
-                                            **({"extra": self.extra_state()} if self.extra_state else {})})
+                                            **({"extra": self.server.state()} if self.server else {})})
 
     def _restore(self) -> None:
         path, state = self.checkpoints.latest()
         w = self.workers
         wait_all([g.load(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
-        self.step, self.history, self.resumed_extra = state["step"], state["history"], state.get("extra", {})
+        self.step, self.history, self._resumed_server_state = state["step"], state["history"], state.get("extra", {})
         self.version = state["version"] - 1
         self.sync_weights()  # the rollout starts from the checkpoint's weights, under the checkpoint's version
         log.info(f"resumed at step {self.step} from {path}")

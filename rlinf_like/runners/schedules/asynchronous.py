@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 from rlinf_like.runners.async_stream import GroupStream, Taken, serve_metrics, served_generate, staleness_metrics
@@ -22,7 +23,7 @@ from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.runners.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.run import ReasoningRun, RunResult
 from rlinf_like.runners.run_files import Generated
-from rlinf_like.scheduler import Channel, wait_all
+from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup, wait_all
 from rlinf_like.workers.rollout import RolloutResult
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 
@@ -44,12 +45,8 @@ def train(cfg: ReasoningConfig) -> RunResult:
                              max_staleness=r.max_staleness, policy=r.stale_policy, serving=serving,
                              draw=lambda step: make_requests(cfg, run.tasks, step, run.prompts.prompt_ids),
                              scorer=lambda results, problems: submit_scores(w, results, problems))
-        run.generate = lambda requests: served_generate(w.rollout, channel, requests, serving)
-        run.receive_weights = w.rollout.update_weights
-        run.extra_state = stream.state
         try:
-            if run.resumed_extra:
-                stream.restore(run.resumed_extra)
+            run.serve_through(Served(w.rollout, channel, serving, stream))
             for step in run.steps():
                 stream.top_up(step)
                 taken = stream.take(step, run.version)
@@ -69,6 +66,29 @@ def train(cfg: ReasoningConfig) -> RunResult:
             raise
         stop_serving(w, serving, channel, failing=False)
         return result
+
+
+@dataclass
+class Served:
+    """The running serve loops as the run reaches them (`ReasoningRun.serve_through`): evaluation requests go in
+    under their own key, weights arrive between decode steps, and the stream's groups are checkpointed."""
+
+    rollout: WorkerGroup
+    channel: Channel
+    serving: GroupResult
+    stream: GroupStream
+
+    def generate(self, requests: list) -> list[RolloutResult]:
+        return served_generate(self.rollout, self.channel, requests, self.serving)
+
+    def receive_weights(self, version: int) -> GroupResult:
+        return self.rollout.update_weights(version)
+
+    def state(self) -> dict:
+        return self.stream.state()
+
+    def restore(self, state: dict) -> None:
+        self.stream.restore(state)
 
 
 def score_taken(w, taken: Taken, pad_id: int) -> Scored:
