@@ -1,7 +1,7 @@
 """Our SAC versus Stable-Baselines3's SAC on HalfCheetah-v5: time for the same env-step budget, and the return
 each reaches.
 
-Ours is the one-process loop (`runners/sac_local.py`: the env adapter, `ReplayBuffer` and `SACLearner` the
+Ours is the one-process loop (`bench/sac_local.py`: the env adapter, `ReplayBuffer` and `SACLearner` the
 worker runner also uses); SB3 runs `SAC.learn` on one gymnasium env, as its users do. Matched hyperparameters,
 every SB3 default that differs from ours (or that we change) set explicitly: lr 3e-4 (Adam, eps 1e-8) for
 actor, critics and temperature, buffer = the whole budget (both preallocated), batch 256, tau 0.005, gamma 0.99,
@@ -56,7 +56,7 @@ def evaluate(act, seed: int, episodes: int = 3) -> float:
 
 def run_ours(args) -> dict:
     from rlinf_like.envs import EnvConfig
-    from rlinf_like.runners.sac_local import run_local_sac
+    from bench.sac_local import run_local_sac
     from rlinf_like.workers.actor.sac_learner import SACConfig
 
     sac = SACConfig(tau=0.005, batch_size=256, buffer_size=args.steps, learning_starts=args.learning_starts, utd=1.0,

@@ -114,7 +114,7 @@ def test_vla_chunks_are_refused_before_launch(tmp_path):
 
 def test_discrete_sac_learns_cartpole():
     """From ~20 (random) to a mean return above 60 over the last 10 episodes, in one process."""
-    from rlinf_like.runners.sac_local import run_local_sac
+    from bench.sac_local import run_local_sac
     from rlinf_like.workers.actor.sac_learner import SACConfig
 
     torch.set_num_threads(1)

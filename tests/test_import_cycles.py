@@ -3,7 +3,7 @@ models/policy_base.py, scheduler/worker_host.py, ...) so that modules import the
 
 from pathlib import Path
 
-from rlinf_like.utils.import_graph import find_cycles, import_graph
+from import_graph import find_cycles, import_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -107,7 +107,7 @@ def test_replay_ring_overwrites_and_samples_stored_rows():
 
 def test_sac_learns_pendulum():
     """From ~-1200 (random) to above -400 mean return over the last 5 episodes, in one process."""
-    from rlinf_like.runners.sac_local import run_local_sac
+    from bench.sac_local import run_local_sac
     from rlinf_like.workers.actor.sac_learner import SACConfig
 
     torch.set_num_threads(1)

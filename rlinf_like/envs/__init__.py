@@ -3,7 +3,7 @@ a custom MuJoCo multi-goal task with offscreen-rendered pixels."""
 
 from rlinf_like.envs.base import ActionSpec, EpisodeStats, FieldSpec, Obs, StepResult, VectorEnv
 from rlinf_like.envs.config import EnvConfig
-from rlinf_like.envs.factory import ENV_REGISTRY, KINDS, check_env_config, env_class, make_env
+from rlinf_like.envs.factory import ENV_REGISTRY, check_env_config, env_class, make_env
 
-__all__ = ["ENV_REGISTRY", "KINDS", "ActionSpec", "EnvConfig", "EpisodeStats", "FieldSpec", "Obs", "StepResult",
+__all__ = ["ENV_REGISTRY", "ActionSpec", "EnvConfig", "EpisodeStats", "FieldSpec", "Obs", "StepResult",
            "VectorEnv", "check_env_config", "env_class", "make_env"]

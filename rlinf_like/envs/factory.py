@@ -18,9 +18,8 @@ ENV_REGISTRY.register("reach_colour", "rlinf_like.envs.reach_colour:ReachColourE
 ENV_REGISTRY.register("libero", "rlinf_like.envs.libero:LiberoEnv")  # env.id: a LIBERO suite; the [libero] extra
 ENV_REGISTRY.register("maniskill", "rlinf_like.envs.maniskill:ManiSkillEnv")  # ManiSkill3 (env.id: PickCube-v1, ...)
 
-KINDS = ENV_REGISTRY.registered()  # the built-ins; later registrations are in ENV_REGISTRY.names()
 
-__all__ = ["ENV_REGISTRY", "KINDS", "EnvConfig", "check_env_config", "env_class", "make_env"]
+__all__ = ["ENV_REGISTRY", "EnvConfig", "check_env_config", "env_class", "make_env"]
 
 
 def env_class(kind: str) -> type[VectorEnv]:
