@@ -79,7 +79,7 @@ BENCHES = (
 )
 
 # bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
-# From docs/benchmarks.md and issue 20.
+# The targets the project set itself; docs/benchmarks.md records each bench's measurements.
 TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "channel": {"throughput.1MiB.ratio": (">=", 0.8), "throughput.64MiB.ratio": (">=", 0.8),
                 "latency_ratio": ("<=", 2.0)},
@@ -88,14 +88,13 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "weight_sync_megatron": {"ratio_fair": ("<=", 1.1), "ratio_broadcast": None,
                              "copy_bandwidth_fraction": (">=", 0.5)},
     "rollout": {"ratio": (">=", 1.5)},
-    # issue 22's target, against vLLM at its defaults and matched (float32, same threads); issue 34
-    # issue 34: >= 1.2 in bf16 against vLLM at its best (bound to the cores); the rest reported
+    # >= 1.2 in bf16 against vLLM at its best (bound to the cores); the rest reported
     "rollout_vs_vllm": {"ratio_real_bf16_bound": (">=", 1.2), "ratio_real_bf16": None, "ratio_real_fp32": None,
                         "ratio_real_fp32_onednn": None, "ratio_tiny": None},
     "packing": {"speedup": (">=", 1.5)},
     "logprob_head": {"fp32_memory_chunked_over_full": ("<=", 1.0), "bf16_memory_chunked_over_full": ("<=", 1.0),
                      "fp32_time_chunked_over_full": ("<=", 1.1), "bf16_time_chunked_over_full": ("<=", 1.1),
-                     "time_bf16_over_fp32_chunked": None},  # issue 33
+                     "time_bf16_over_fp32_chunked": None},
     "agentic": {"throughput_ratio": (">=", 2.0)},
     "lora": {"step_time_ratio": ("<=", 0.6), "memory_ratio": ("<=", 0.6), "sync_bytes_ratio": ("<=", 0.1)},
     "dynamic_schedule": {"speedup": None, "speedup_vs_collocated": None},  # no target set yet

@@ -92,7 +92,7 @@ if [[ $parts == *bench* ]]; then
   rc=${PIPESTATUS[0]}; status=$((status | rc)); record "bench/rollout.py tiny" $((SECONDS - start)) "$rc"
 fi
 if [[ $parts == *rollout34* ]]; then
-  # issue 34: the native engine with CUDA graphs against transformers generate, bf16, random weights of two real
+  # the native engine with CUDA graphs against transformers generate, bf16, random weights of two real
   # shapes built from config.json alone, 64 prompts x 4 samples x 512 new tokens, EOS ignored, decode-step times
   for shape in smollm2-135m qwen2.5-0.5b; do
     start=$SECONDS

@@ -8,7 +8,8 @@ import pytest
 import ray
 
 from rlinf_like.scheduler import Worker, WorkerDiedError, WorkerGroup
-from rlinf_like.scheduler.worker_group import GIB, MemorySample, _convert
+from rlinf_like.scheduler.process_memory import GIB, MemorySample
+from rlinf_like.scheduler.worker_group import _convert
 
 ADVICE = "rollout.kv_cache_memory_gb, rollout.max_batch_size"
 # what Ray 2.x says when its memory monitor kills an actor's process (abridged only in the consumers' table)

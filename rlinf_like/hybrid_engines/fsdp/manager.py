@@ -119,15 +119,7 @@ class FSDPModelManager(ModelManager):
             lora.check_lora(self.lora)
             model = lora.wrap(model, self.lora)
         model.to(self.device)
-        precision = self.config.precision
-        if precision not in ("auto", "bf16", "fp16", "fp32"):
-            raise ValueError(f"FSDPConfig.precision={precision!r} is not one of ['auto', 'bf16', 'fp16', 'fp32']")
-        why = "set in the config"
-        if precision == "auto":
-            precision, why = hardware.auto_precision(self.device)
-        if self.rank == 0:
-            log.info(f"actor precision {precision} ({why})")
-        self.precision = precision
+        self.precision = precision = self._resolve_precision()
         on_gpu = self.device.type == "cuda"
         # CPU bf16: fp32 weights, the forward under autocast (see the module docstring)
         self.autocast = precision == "bf16" and not on_gpu
@@ -162,6 +154,18 @@ class FSDPModelManager(ModelManager):
         self.step = 0
         # under LoRA: the base model's tensors LoRA changes (what a sync after the first must send)
         self._changed = lora.adapter_sync_names(dict(model.named_parameters())) if self.lora is not None else None
+
+    def _resolve_precision(self) -> str:
+        """The config's precision, `auto` resolved for this device (logged once, by rank 0)."""
+        precision = self.config.precision
+        if precision not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"FSDPConfig.precision={precision!r} is not one of ['auto', 'bf16', 'fp16', 'fp32']")
+        why = "set in the config"
+        if precision == "auto":
+            precision, why = hardware.auto_precision(self.device)
+        if self.rank == 0:
+            log.info(f"actor precision {precision} ({why})")
+        return precision
 
     # --- training ---------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -74,16 +74,22 @@ class _OptimizerState:
         return out
 
 
+def _import_megatron() -> None:
+    """megatron-core imported in a worker whose process group is up. Without TransformerEngine its import-time
+    fallback warnings (~20 lines a run over the ranks) become one log line."""
+    quiet = not mmodel.te_available()
+    if quiet:
+        cpu_compat.quiet_fallback_warnings()  # before megatron.core's first import, which warns
+    require("megatron.core")
+    if not dist.is_initialized():
+        raise RuntimeError("MegatronModelManager needs an initialized process group (launch it inside a Worker)")
+    if quiet and dist.get_rank() == 0:
+        log.info("megatron-core runs without TransformerEngine: torch's norms, optimizer and grad clipping")
+
+
 class MegatronModelManager(ModelManager):
     def __init__(self, source: nn.Module | str | Path, config: MegatronConfig | None = None):
-        if not mmodel.te_available():
-            cpu_compat.quiet_fallback_warnings()  # before megatron.core's first import, which warns
-        require("megatron.core")
-        if not dist.is_initialized():
-            raise RuntimeError("MegatronModelManager needs an initialized process group (launch it inside a Worker)")
-        if not mmodel.te_available():
-            if dist.get_rank() == 0:
-                log.info("megatron-core runs without TransformerEngine: torch's norms, optimizer and grad clipping")
+        _import_megatron()
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer

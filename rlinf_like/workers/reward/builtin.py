@@ -64,7 +64,7 @@ def math_equal(predicted: str | None, reference: str) -> bool:
     if predicted is None:
         return False
     if parse_number(predicted) is not None and parse_number(reference) is not None:
-        return answers_match(predicted, reference)  # exact, as before
+        return answers_match(predicted, reference)  # two numbers: compared exactly, not symbolically
     if answers_match(predicted, reference):
         return True
     if _WORDS.fullmatch(predicted.strip()) or _WORDS.fullmatch(reference.strip()):

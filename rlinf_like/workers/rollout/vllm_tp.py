@@ -18,7 +18,7 @@ from rlinf_like.workers.rollout.leader_tp import scoped_env
 # (bench/rollout.py --vs vllm; docs/benchmarks.md, "Native vs vLLM").
 CPU_CHOICE = ("bench/rollout.py --vs vllm on SmolLM2-135M (2 CPU threads each, vLLM bound to them, 32 prompts x 4 "
               "samples x 64 tokens, AMD Zen 4): native / vLLM tokens/s = 0.93 in bf16, 0.57 in fp32 "
-              "(docs/benchmarks.md, issue 34)")
+              "(docs/benchmarks.md, \"Native vs vLLM\")")
 
 
 def tp_kwargs(tp_size: int) -> dict:

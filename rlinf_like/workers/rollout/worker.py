@@ -180,7 +180,7 @@ class RolloutWorker(Worker):
         return True
 
     def onload(self) -> None:
-        if self._moved_out or turn_moves(self.torch_device):  # on GPU every onload reaches the engine, as before
+        if self._moved_out or turn_moves(self.torch_device):  # on GPU every onload reaches the engine
             self.engine.onload()
             self._moved_out = False
 
