@@ -214,7 +214,7 @@ def _add_tensor(path, name, shape):
 
 def test_every_checkpoint_tensor_is_used_or_refused_by_name_before_any_worker_starts(tmp_path):
     from rlinf_like.runners.checks import check_model
-    from rlinf_like.runners.config import ModelConfig as ModelSection
+    from rlinf_like.runners.config import ModelSection
     from rlinf_like.runners.config import ReasoningConfig
 
     def run(path, engine="native"):

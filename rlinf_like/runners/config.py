@@ -8,13 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
 from rlinf_like.envs.text.config import AgentConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.training.loop import LoopConfig
 from rlinf_like.utils.tracking import LoggerConfig
+from rlinf_like.workers.actor.config import ActorConfig
+from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.critic import CriticConfig
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.rollout.base import RolloutConfig
 
@@ -22,7 +27,7 @@ COMPONENTS = ("actor", "rollout", "reward", "reference", "critic")
 
 
 @dataclass(kw_only=True)
-class ModelConfig:
+class ModelSection:
     path: str = ""  # an HF checkpoint directory; empty: build the tiny model below
     arch: str = "qwen2"  # the tiny model's HF architecture
     hidden_size: int = bounded(128, ge=1)  # tiny model: width
@@ -41,16 +46,16 @@ class AlgorithmConfig:
     scale_by_std: bool = True  # grpo only; false = Dr. GRPO
     samples_per_prompt: int = bounded(8, gt=0)  # responses sampled per prompt (a GRPO group)
     lr: float = bounded(5e-4, gt=0)  # the actor's learning rate (AdamW)
-    epochs: int = bounded(1, gt=0)  # passes over each step's batch
-    mini_batches: int = bounded(1, gt=0)  # optimizer steps per epoch
-    clip_low: float = bounded(0.2, ge=0)  # PPO ratio clip below 1 - clip_low
-    clip_high: float = bounded(0.2, ge=0)  # PPO ratio clip above 1 + clip_high (clip-higher when > clip_low)
-    dual_clip: float | None = bounded(None, gt=1)  # dual-clip bound c > 1 for negative advantages; null = off
-    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (algorithms/losses.py)
-    kl_beta: float = bounded(0.0, ge=0)  # > 0 launches the reference model
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (algorithms/losses.py)
+    epochs: int = bounded(LoopConfig.epochs, gt=0)  # passes over each step's batch
+    mini_batches: int = bounded(LoopConfig.mini_batches, gt=0)  # optimizer steps per epoch
+    clip_low: float = bounded(PolicyLossConfig.clip_low, ge=0)  # PPO ratio clip below 1 - clip_low
+    clip_high: float = bounded(PolicyLossConfig.clip_high, ge=0)  # PPO ratio clip above 1 + clip_high (clip-higher when > clip_low)
+    dual_clip: float | None = bounded(PolicyLossConfig.dual_clip, gt=1)  # dual-clip bound c > 1 for negative advantages; null = off
+    aggregation: str = PolicyLossConfig.aggregation  # token-mean | seq-mean-token-mean | seq-mean-token-sum (algorithms/losses.py)
+    kl_beta: float = bounded(LossConfig.kl_beta, ge=0)  # > 0 launches the reference model
+    kl_estimator: str = LossConfig.kl_estimator  # k1 | k2 | k3 (algorithms/losses.py)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
-    entropy_coef: float = 0.0  # entropy bonus weight in the loss
+    entropy_coef: float = LossConfig.entropy_coef  # entropy bonus weight in the loss
     # the trainer recomputes pi_old. The train/rollout mismatch (mismatch/kl_k3, abs_log_ratio_*) is logged without
     # it when a step makes one update (mini_batches = epochs = 1), and needs it otherwise
     recompute_logprobs: bool = False
@@ -59,11 +64,11 @@ class AlgorithmConfig:
     recompute_by_length: bool = False
     # policy loss (algorithms/offpolicy.py POLICY_LOSSES): ppo (clip current / old; old = proximal when recomputed) |
     # decoupled_ppo (AReaL: clip current / proximal, weigh tokens by proximal / behaviour; needs recompute_logprobs)
-    loss: str = "ppo"
+    loss: str = LossConfig.objective
     # proximal / behaviour (trainer / rollout) correction, needs recompute_logprobs (IS_CORRECTIONS): none | tis
     # (truncate at is_cap) | mis (drop tokens outside [is_low, is_high]) | icepop (zero them, still counted) |
     # seq_mask (drop responses whose geometric-mean ratio is outside [is_low, is_high])
-    is_correction: str = "none"
+    is_correction: str = LossConfig.is_correction
     is_cap: float = bounded(ISThresholds.cap, gt=0)  # is_correction=tis: the weight ceiling
     is_low: float = bounded(ISThresholds.low, gt=0)  # is_correction=mis | icepop | seq_mask: lowest accepted ratio
     is_high: float = bounded(ISThresholds.high, gt=0)  # is_correction=mis | icepop | seq_mask: highest accepted ratio
@@ -71,14 +76,14 @@ class AlgorithmConfig:
     # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
     lam: float = bounded(1.0, ge=0, le=1)
     critic_lr: float = bounded(1.0e-3, gt=0)  # gae: the value model's learning rate
-    value_clip: float | None = bounded(0.2, gt=0)  # gae: PPO value clipping; null = off
+    value_clip: float | None = bounded(CriticConfig.value_clip, gt=0)  # gae: PPO value clipping; null = off
     critic_warmup_steps: int = bounded(0, ge=0)  # gae: the first k steps train the value model only (actor unchanged)
 
 
 @dataclass(kw_only=True)
 class ActorSection:
     # a name in BACKEND_REGISTRY (workers/actor/backends.py): fsdp | megatron (the [megatron] extra)
-    backend: str = "fsdp"
+    backend: str = ActorConfig.backend
     # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
     tp_size: int = bounded(1, ge=1)
     pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
@@ -97,7 +102,7 @@ class RunnerConfig:
     max_steps: int = bounded(60, gt=0)  # GRPO steps after the SFT warm start
     prompts_per_step: int = bounded(16, gt=0)  # prompts per step; each gets algorithm.samples_per_prompt responses
     max_new_tokens: int = bounded(28, gt=0)  # "3+5=8, 8-2=6. Answer: 6" and EOS
-    temperature: float = bounded(1.0, gt=0)  # sampling temperature; trainer logprobs are taken under it too
+    temperature: float = bounded(LossConfig.temperature, gt=0)  # sampling temperature; trainer logprobs are taken under it too
     max_staleness: int = bounded(0, ge=0)  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined, async)
     # async: a group more than max_staleness versions behind is dropped (counted) | never produced (wait: the
     # rollout pauses admission while it is max_staleness steps ahead; see runners/async_stream.py)
@@ -119,20 +124,20 @@ class RunnerConfig:
     # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate
     migrate_at: float = bounded(0.0, ge=0, lt=1)
-    pack_sequences: bool = False  # actor/critic micro-batches run packed (no compute on padding)
-    max_batch_seqlen: int | None = bounded(None, gt=0)  # packed row length; null: each micro-batch's longest sequence
+    pack_sequences: bool = LoopConfig.pack_sequences  # actor/critic micro-batches run packed (no compute on padding)
+    max_batch_seqlen: int | None = bounded(LoopConfig.max_batch_seqlen, gt=0)  # packed row length; null: each micro-batch's longest sequence
     # token-budget micro-batches (per rank) instead of micro_batch_size
-    max_tokens_per_micro_batch: int | None = bounded(None, gt=0)
+    max_tokens_per_micro_batch: int | None = bounded(LoopConfig.max_tokens_per_micro_batch, gt=0)
     # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
     nonfinite: Literal["skip", "stop"] = "skip"
-    seed: int = 0  # seeds sampling and data order
+    seed: int = LoopConfig.seed  # seeds sampling and data order
 
 
 @dataclass(kw_only=True)
 class ReasoningConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # where Ray runs and where each component's ranks go
     data: DataConfig = field(default_factory=DataConfig)  # the problems (generated, files, reasoning_gym) and prompt format
-    model: ModelConfig = field(default_factory=ModelConfig)  # the policy model (and the reference / critic's start)
+    model: ModelSection = field(default_factory=ModelSection)  # the policy model (and the reference / critic's start)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, loss, KL, optimizer
     runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
     actor: ActorSection = field(default_factory=ActorSection)  # the trainer's backend and parallelism

@@ -22,10 +22,13 @@ from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.training.micro_batching import sequence_lengths, token_budget_plan, trim_padding
 
 
+AUTO_ROWS_CAP = 64  # a CPU GEMM is as fast per row well before this many rows of a real prompt and answer
+
+
 @dataclass(kw_only=True)
 class LoopConfig:
     mini_batches: int = 1  # optimizer steps per batch and epoch
-    micro_batch_size: int | None = 64  # rows per forward/backward (per rank); None: see micro_batch_tokens
+    micro_batch_size: int | None = AUTO_ROWS_CAP  # rows per forward/backward (per rank); None: see micro_batch_tokens
     # with micro_batch_size None: rows per micro-batch = this token budget // the batch's padded length, at most
     # AUTO_ROWS_CAP (the runner derives it from the model and the actor's memory: runners/memory.py); None as well:
     # a mini-batch in one pass
@@ -68,7 +71,6 @@ def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
     return [select_rows(batch, slice(i, i + size)) for i in range(0, n, size)]
 
 
-AUTO_ROWS_CAP = 64  # a CPU GEMM is as fast per row well before this many rows of a real prompt and answer
 
 
 def micro_rows(batch: Batch, loop: LoopConfig) -> int | None:

@@ -1,0 +1,47 @@
+"""Every default stated once: a key of the user schema (runners/config.py) that a worker config also has takes the
+worker config's default (`bounded(LoopConfig.epochs, gt=0)`), never a literal of its own that could drift."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from rlinf_like.algorithms.losses import PolicyLossConfig
+from rlinf_like.algorithms.offpolicy import ISThresholds
+from rlinf_like.hybrid_engines.fsdp import FSDPConfig
+from rlinf_like.hybrid_engines.megatron import MegatronConfig
+from rlinf_like.hybrid_engines.model_manager import OptimConfig
+from rlinf_like.training.loop import LoopConfig
+from rlinf_like.workers.actor.config import ActorConfig
+from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.critic import CriticConfig
+
+SCHEMA = Path(__file__).resolve().parents[1] / "rlinf_like/runners/config.py"
+WORKER_CONFIGS = (PolicyLossConfig, LossConfig, LoopConfig, ISThresholds, OptimConfig, FSDPConfig, CriticConfig,
+                  ActorConfig, MegatronConfig)
+# same name, another meaning: each default belongs to its own layer
+DIFFERENT_MEANING = {
+    ("ModelSection", "seed"): "the tiny model's initial weights, not the loop's data order",
+    ("AlgorithmConfig", "lr"): "the RL learning rate; OptimConfig's is a library default for any manager",
+    ("RunnerConfig", "micro_batch_size"): "null = sized by the actor's memory; LoopConfig's is a fixed row count",
+    ("ActorSection", "precision"): "auto here; a manager built directly stays fp32 unless asked",
+}
+
+
+def literal_default(value: ast.expr) -> bool:
+    """`0.2`, `"k3"`, or `bounded(0.2, ...)`: a value written here rather than taken from another config."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "bounded":
+        value = value.args[0]
+    return isinstance(value, ast.Constant)
+
+
+def test_no_user_key_restates_a_worker_config_default():
+    worker_fields = {f.name for cls in WORKER_CONFIGS for f in dataclasses.fields(cls)}
+    restated = []
+    for node in ast.parse(SCHEMA.read_text()).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if (isinstance(item, ast.AnnAssign) and item.value is not None and literal_default(item.value)
+                    and item.target.id in worker_fields and (node.name, item.target.id) not in DIFFERENT_MEANING):
+                restated.append(f"{node.name}.{item.target.id} = {ast.unparse(item.value)}")
+    assert restated == []
