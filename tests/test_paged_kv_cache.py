@@ -189,8 +189,8 @@ def test_tp2_splits_embedding_and_lm_head_by_vocabulary_and_syncs_only_each_shar
     assert tokens_of(single_a) != tokens_of(single_b)
 
     placement = cluster.place({"actor": "0", "rollout": "0-1"})
-    rollout = ShapedRollout.create_group(RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8, kv_block_size=4)).launch(
-        cluster, placement, "rollout")
+    config = RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8, kv_block_size=4, tp_size=2)
+    rollout = ShapedRollout.create_group(config).launch(cluster, placement, "rollout")
     actor = HFActor.create_group(path_b).launch(cluster, placement, "actor")
     try:
         heads = ["model.embed_tokens.weight"] + ([] if tied else ["lm_head.weight"])
@@ -240,8 +240,8 @@ def test_tp3_on_a_model_shaped_like_smollm2_serves_the_single_engine_tokens(clus
     reqs = ragged_requests(load_tokenizer(path), n=2)[:4]
     single = native(path, max_batch_size=8, kv_block_size=4).generate(reqs)
     placement = cluster.place({"rollout_tp3": "0*3"})
-    rollout = ShapedRollout.create_group(RolloutConfig(dtype="float32", model_path=path, max_batch_size=8, kv_block_size=4)).launch(
-        cluster, placement, "rollout_tp3")
+    config = RolloutConfig(dtype="float32", model_path=path, max_batch_size=8, kv_block_size=4, tp_size=3)
+    rollout = ShapedRollout.create_group(config).launch(cluster, placement, "rollout_tp3")
     try:
         shapes = rollout.shapes().wait()
         assert [s["model.layers.0.self_attn.k_proj.weight"][0] for s in shapes] == [8, 8, 8]  # one KV head each

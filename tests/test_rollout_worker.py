@@ -82,8 +82,8 @@ def test_tp2_rollout_matches_transformers_then_takes_the_actors_weights(cluster,
     tok = load_tokenizer(path_a)
     reqs = requests(tok)
     placement = cluster.place({"actor,rollout": "0-1"})
-    rollout = CheckedRollout.create_group(RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8)).launch(
-        cluster, placement, "rollout")
+    config = RolloutConfig(dtype="float32", model_path=path_a, max_batch_size=8, tp_size=2)
+    rollout = CheckedRollout.create_group(config).launch(cluster, placement, "rollout")
     actor = FSDPActor.create_group(path_b).launch(cluster, placement, "actor")
     try:
         rank0, rank1 = rollout.generate_all(reqs).wait()

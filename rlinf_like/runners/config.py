@@ -142,7 +142,7 @@ class ReasoningConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
     actor: ActorSection = field(default_factory=ActorSection)  # the trainer's backend and parallelism
     # the generation engine (the engine's own config; model_path empty: the run's model)
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(tp_size=1, max_batch_size=128))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
     agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: a text environment or agent program
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console

@@ -45,9 +45,9 @@ class RolloutConfig:
 
     engine: str = "native"  # a name in ENGINE_REGISTRY (workers/rollout/engine.py): native | hf | sglang | vllm
     model_path: str = ""  # the checkpoint served; empty in a runner's config: the run's model
-    max_batch_size: int = bounded(64, ge=1)  # continuous-batching slots per engine (sequences decoded together)
+    max_batch_size: int = bounded(128, ge=1)  # continuous-batching slots per engine (sequences decoded together)
     # ranks per engine; the rollout group holds world / tp_size data-parallel replicas (0: one engine over all)
-    tp_size: int = bounded(0, ge=0)
+    tp_size: int = bounded(1, ge=0)
     max_context: int = bounded(0, ge=0)  # prompt + response tokens; 0: the model's max_position_embeddings
     # native: the paged KV cache's memory budget per engine rank in GiB; 0: kv_cache_memory_fraction of free memory
     kv_cache_memory_gb: float = bounded(0.0, ge=0)
