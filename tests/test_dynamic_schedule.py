@@ -15,7 +15,7 @@ from rlinf_like.runners.schedules import dynamic
 from rlinf_like.runners.schedules.dynamic import check as check_dynamic
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.scheduler import ClusterConfig
-from rlinf_like.scheduler.dynamic import DeviceScheduler
+from rlinf_like.runners.schedules.device_handover import DeviceScheduler
 from rlinf_like.workers.actor.elastic import block_owners
 
 STEPS = 2

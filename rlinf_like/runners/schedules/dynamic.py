@@ -33,7 +33,7 @@ from rlinf_like.runners.run import ReasoningRun, RunResult
 from rlinf_like.runners.run_files import Generated
 from rlinf_like.runners.schedules.elastic_rollout import ElasticRollout
 from rlinf_like.scheduler import Channel, Placement, PlacementMode
-from rlinf_like.scheduler.dynamic import DeviceScheduler, check_handover
+from rlinf_like.runners.schedules.device_handover import DeviceScheduler, check_handover
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
 from rlinf_like.workers.actor.backends import backend_class, backends_with
 from rlinf_like.workers.rollout import RolloutResult

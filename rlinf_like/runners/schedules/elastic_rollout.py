@@ -1,6 +1,6 @@
 """The dynamic schedule's rollout side: replicas serving a step's requests onto a channel, handing their
 devices to the actor as they finish, and (with `runner.migrate_at`) moving unfinished requests onto
-fewer replicas. `DeviceScheduler` (scheduler/dynamic.py) decides; this carries the decisions out."""
+fewer replicas. `DeviceScheduler` (device_handover.py) decides; this carries the decisions out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 from rlinf_like.runners.launch import Workers
 from rlinf_like.scheduler import Channel, GroupResult
-from rlinf_like.scheduler.dynamic import DeviceScheduler
+from rlinf_like.runners.schedules.device_handover import DeviceScheduler
 from rlinf_like.scheduler.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, continuation
 
