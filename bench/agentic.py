@@ -9,7 +9,7 @@ pool, then turn t+1).
     python bench/agentic.py --no-prefix-cache        # rollout.prefix_cache=false: every turn prefilled whole
     python bench/agentic.py --quick                  # 8 episodes, one repetition a side: checks the script runs
 
-Both sides run the same episodes (`workers/rollout/episode.py`: the same prompts, per-turn seeds, limits and
+Both sides run the same episodes (`workers/rollout/agentic/episode.py`: the same prompts, per-turn seeds, limits and
 token bookkeeping) on one native engine, so they sample the same tokens: the throughput is model tokens per
 second of wall time. Model: the tiny char-level model (`--model`, default) made to end its turns
 (`end_turns_like`), with examples/agentic/chat_template.jinja; or a checkpoint folder with its own template. The
@@ -43,8 +43,8 @@ from rlinf_like.models import load_tokenizer  # noqa: E402
 from rlinf_like.models.tiny import TinyModelSpec, end_turns_like, write_tiny_model  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine  # noqa: E402
-from rlinf_like.workers.rollout.agent_loop import AgentLimits, AgentLoop, start  # noqa: E402
-from rlinf_like.workers.rollout.engine_client import EngineClient  # noqa: E402
+from rlinf_like.workers.rollout.agentic.agent_loop import AgentLimits, AgentLoop, start  # noqa: E402
+from rlinf_like.workers.rollout.engines.engine_client import EngineClient  # noqa: E402
 
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expr": {}}}}}
 
@@ -118,7 +118,7 @@ def critical_path(engine, loop_args, args) -> float:
 
 def lockstep(engine, loop_args, args) -> tuple[float, int, dict]:
     """Turn t of every live episode as one generate batch, then all their tools at once."""
-    from rlinf_like.workers.rollout.episode import group_result
+    from rlinf_like.workers.rollout.agentic.episode import group_result
 
     requests, rows = workload(args)
     began = time.perf_counter()

@@ -76,7 +76,7 @@ def sync_bytes(worker, model_path: str) -> tuple[int, int]:
     """(first round, each later round) of the actor's plan to a native rollout engine (tp=1, fp32)."""
     from rlinf_like.hybrid_engines.lora_sync import with_adapters
     from rlinf_like.hybrid_engines.reshard import SyncPlan
-    from rlinf_like.workers.rollout.native.model import model_config, weight_layouts
+    from rlinf_like.workers.rollout.engines.native.model import model_config, weight_layouts
 
     # the rollout's layouts, with the adapters it receives and merges under LoRA (as RolloutWorker.weight_layouts)
     targets = with_adapters(weight_layouts(model_config(model_path), 1, torch.float32), worker.adapter_spec())

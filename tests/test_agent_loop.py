@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (`workers/rollout/agent_loop.py`) on the native engine with a tiny char-level model whose
+"""Multi-turn rollouts (`workers/rollout/agentic/agent_loop.py`) on the native engine with a tiny char-level model whose
 turns end (`end_turns_like`), the compact chat template, and small real environments written here."""
 
 import threading
@@ -10,8 +10,8 @@ import pytest
 from rlinf_like.envs.text import TextEnv, TextStep
 from rlinf_like.models.tiny import TinyModelSpec, char_tokenizer, end_turns_like, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.agent_loop import AgentLimits, AgentLoop
-from rlinf_like.workers.rollout.engine_client import EngineClient
+from rlinf_like.workers.rollout.agentic.agent_loop import AgentLimits, AgentLoop
+from rlinf_like.workers.rollout.engines.engine_client import EngineClient
 
 TEMPLATE = "examples/agentic/chat_template.jinja"
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expr": {"type": "string"}}}}}

@@ -18,9 +18,9 @@ from rlinf_like.runners.agent_format import AgentFormat, episode_metrics
 from rlinf_like.runners.checks import check_config
 from rlinf_like.runners.config import ReasoningConfig
 from rlinf_like.workers.reward.worker import final_turn
-from rlinf_like.workers.rollout.agent_rollout import program_result
-from rlinf_like.workers.rollout.chat_tokens import ChatTokens
-from rlinf_like.workers.rollout.openai_sessions import SessionTrajectory
+from rlinf_like.workers.rollout.agentic.agent_rollout import program_result
+from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTokens
+from rlinf_like.workers.rollout.agentic.openai_sessions import SessionTrajectory
 from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult
 from small_runs import in_process, small_reasoning_config
 

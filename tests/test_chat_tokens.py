@@ -1,10 +1,10 @@
-"""Growing a conversation as tokens (`workers/rollout/chat_tokens.py`): the compact template for small models
+"""Growing a conversation as tokens (`workers/rollout/agentic/chat_tokens.py`): the compact template for small models
 and SmolLM2's own ChatML template, against what transformers renders for the whole conversation."""
 
 import pytest
 
 from rlinf_like.models.tiny import char_tokenizer
-from rlinf_like.workers.rollout.chat_tokens import ChatTemplateError, ChatTokens
+from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTemplateError, ChatTokens
 
 TEMPLATE = "examples/agentic/chat_template.jinja"
 CALC = {"type": "function", "function": {"name": "calc", "description": "evaluates",

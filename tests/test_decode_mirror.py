@@ -6,7 +6,7 @@ import torch
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.native.mirror import DecodeMirror
+from rlinf_like.workers.rollout.engines.native.mirror import DecodeMirror
 
 MAX_NEW = [30, 3, 21, 40, 9, 26]
 

@@ -11,9 +11,9 @@ from rlinf_like.models import read_hf_config
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig
 from rlinf_like.workers.rollout.engine import engine_class
-from rlinf_like.workers.rollout.engine_advice import (REAL_MODEL_PARAMS, cpu_advice, cpu_recommended_engines,
+from rlinf_like.workers.rollout.engines.engine_advice import (REAL_MODEL_PARAMS, cpu_advice, cpu_recommended_engines,
                                                       engine_listing, is_real_model, parameter_count)
-from rlinf_like.workers.rollout.staged_engine import checkpoint_shapes
+from rlinf_like.workers.rollout.engines.staged_engine import checkpoint_shapes
 
 
 

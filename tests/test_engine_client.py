@@ -1,4 +1,4 @@
-"""EngineClient (`workers/rollout/engine_client.py`): requests from many threads into one native engine's serve
+"""EngineClient (`workers/rollout/engines/engine_client.py`): requests from many threads into one native engine's serve
 loop, the owner's between-steps hook, closing, and failures that reach every waiter."""
 
 import threading
@@ -8,7 +8,7 @@ import pytest
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.engine_client import EngineClient
+from rlinf_like.workers.rollout.engines.engine_client import EngineClient
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 

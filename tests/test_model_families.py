@@ -20,7 +20,7 @@ from rlinf_like.models.families import MODEL_FAMILIES, FamilyRegistry, ModelConf
 from rlinf_like.models.families.llama import LLAMA
 from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.native import model as native
+from rlinf_like.workers.rollout.engines.native import model as native
 
 TINY = dict(hidden_size=48, intermediate_size=72, num_layers=2, num_heads=6, num_kv_heads=2)
 # Llama-3.x's scaling with a short original context, so that it moves most of a 16-wide head's frequencies

@@ -329,7 +329,7 @@ def test_the_cause_padding_changes_the_trainers_last_bits_and_by_length_removes_
 
     from rlinf_like.hybrid_engines.model_manager import logprobs_by_length, token_logprobs
     from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-    from rlinf_like.workers.rollout.native.model import (
+    from rlinf_like.workers.rollout.engines.native.model import (
         Decoder, fuse_projections, load_shards, model_config, weight_layouts)
 
     path = write_tiny_model(tmp_path / "m", TinyModelSpec(hidden_size=128, intermediate_size=352, init_std=0.02))

@@ -14,8 +14,8 @@ from examples.agentic.openai_agent import calculate, next_step
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.agent_program import resolve_program, run_programs
-from rlinf_like.workers.rollout.openai_server import OpenAIServer, SessionCall, session_trajectories
+from rlinf_like.workers.rollout.agentic.agent_program import resolve_program, run_programs
+from rlinf_like.workers.rollout.agentic.openai_server import OpenAIServer, SessionCall, session_trajectories
 
 MAX_CONTEXT = 1024
 MODEL = "tiny-chat"

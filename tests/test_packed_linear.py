@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlinf_like.workers.rollout.native.packed import MIN_ROWS, PackedWeights, available
+from rlinf_like.workers.rollout.engines.native.packed import MIN_ROWS, PackedWeights, available
 
 needs_mkl = pytest.mark.skipif(not available(torch.zeros(1)), reason="no MKL packed GEMM in this torch build")
 DTYPES = [pytest.param(torch.float32, marks=needs_mkl),

@@ -15,8 +15,8 @@ from rlinf_like.models.families import ModelConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.scheduler import Worker, connect_groups, wait_all
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.native.model import kv_bytes_per_token
-from rlinf_like.workers.rollout.native.paging import GIB
+from rlinf_like.workers.rollout.engines.native.model import kv_bytes_per_token
+from rlinf_like.workers.rollout.engines.native.paging import GIB
 from rlinf_like.workers.rollout.worker import RolloutWorker
 
 # prompts of very different lengths (1 to ~90 characters = tokens), answers of very different lengths
@@ -94,7 +94,7 @@ def test_a_budget_too_small_for_one_sequence_fails_at_start_naming_the_key(model
 
 
 def test_the_start_up_log_names_budget_blocks_and_tokens(model_path, caplog):
-    with caplog.at_level(logging.INFO, logger="rlinf_like.workers.rollout.native.engine"):
+    with caplog.at_level(logging.INFO, logger="rlinf_like.workers.rollout.engines.native.engine"):
         engine = native(model_path, kv_block_size=8, max_context=256, kv_cache_memory_gb=budget_for(model_path, 40, 8))
     assert engine.cache_plan.blocks == 41
     line = next(r.getMessage() for r in caplog.records if "KV cache" in r.getMessage())

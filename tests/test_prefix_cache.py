@@ -9,9 +9,9 @@ import torch
 from rlinf_like.models.families import ModelConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.native.model import kv_bytes_per_token
-from rlinf_like.workers.rollout.native.paging import GIB
-from rlinf_like.workers.rollout.native.prefix_cache import CachingBlockPool
+from rlinf_like.workers.rollout.engines.native.model import kv_bytes_per_token
+from rlinf_like.workers.rollout.engines.native.paging import GIB
+from rlinf_like.workers.rollout.engines.native.prefix_cache import CachingBlockPool
 
 PROMPT = [5 + (7 * i) % 60 for i in range(10)]
 ENV = [40, 41, 42]  # what an environment appends after a turn

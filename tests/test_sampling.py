@@ -2,7 +2,7 @@
 
 import torch
 
-from rlinf_like.workers.rollout.sampling import BLOCK, RowParams, inverse_cdf, sample, uniform
+from rlinf_like.workers.rollout.engines.sampling import BLOCK, RowParams, inverse_cdf, sample, uniform
 
 
 def rows(b, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=0):
@@ -91,7 +91,7 @@ def test_sampling_reads_the_vocabulary_in_float_only():
 def test_rows_sampled_a_block_at_a_time_draw_the_same_tokens_within_a_bounded_workspace(monkeypatch):
     """A 262k vocabulary at 128 rows would keep two 134 MB buffers: rows go through in blocks, each row's draw and
     logprob unchanged (they depend on the row alone)."""
-    from rlinf_like.workers.rollout import sampling
+    from rlinf_like.workers.rollout.engines import sampling
 
     logits = torch.randn(40, 4096, generator=torch.Generator().manual_seed(0)) * 3
     params = rows(40, temperature=0.8, top_k=50, seeds=torch.arange(40) * 7, step=3)

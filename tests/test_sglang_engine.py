@@ -16,7 +16,7 @@ from rlinf_like.hybrid_engines.reshard import apply_in_process, plan_reshard, sh
 from rlinf_like.models.tiny import TinyModelSpec
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
 from rlinf_like.workers.rollout.engine import check_rollout_config
-from rlinf_like.workers.rollout.sglang_tp import SGLangFollower, engine_kwargs, sglang_layouts
+from rlinf_like.workers.rollout.engines.sglang_tp import SGLangFollower, engine_kwargs, sglang_layouts
 
 PROMPTS = ["12+34=", "hello world, this is", "a", "The quick brown fox jumps over", "x*y", "Q: 7-2? A:"]
 GREEDY = SamplingParams(max_new_tokens=40, temperature=0.0)
@@ -62,8 +62,8 @@ def test_tp_replica_weights_go_whole_to_its_first_rank_and_nothing_to_the_others
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     pytest.importorskip("sglang")
-    from rlinf_like.workers.rollout.hf_engine import HFEngine
-    from rlinf_like.workers.rollout.sglang_engine import SGLangEngine
+    from rlinf_like.workers.rollout.engines.hf_engine import HFEngine
+    from rlinf_like.workers.rollout.engines.sglang_engine import SGLangEngine
 
     path = str(write_tiny_model(tmp_path_factory.mktemp("tiny")))
     config = RolloutConfig(engine="sglang", model_path=path, dtype="float32", sglang_mem_fraction=0.3)
@@ -135,7 +135,7 @@ def test_weight_sync_into_sglang_serves_the_new_weights_also_when_offloaded(engi
     pytest.importorskip("sglang")
     from safetensors.torch import load_file
 
-    from rlinf_like.workers.rollout.hf_engine import HFEngine
+    from rlinf_like.workers.rollout.engines.hf_engine import HFEngine
 
     sglang, hf, tok = engines
     other = write_tiny_model(tmp_path / "other", TinyModelSpec(seed=1))  # same shapes, other weights
@@ -190,7 +190,7 @@ def test_tp2_engine_matches_tp1(engines, tmp_path):
     pytest.importorskip("sglang")
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    from rlinf_like.workers.rollout.sglang_engine import SGLangEngine
+    from rlinf_like.workers.rollout.engines.sglang_engine import SGLangEngine
 
     sglang, _, tok = engines
     path = str(write_tiny_model(tmp_path / "tiny"))  # 4 heads, 2 kv heads: TP 2 divides both

@@ -9,8 +9,8 @@ import torch
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
-from rlinf_like.workers.rollout.native import graphs
-from rlinf_like.workers.rollout.native.graphs import StaticDecode, batch_bucket, span_bucket
+from rlinf_like.workers.rollout.engines.native import graphs
+from rlinf_like.workers.rollout.engines.native.graphs import StaticDecode, batch_bucket, span_bucket
 
 MAX_NEW = [30, 3, 21, 40, 9, 26]
 

@@ -40,8 +40,8 @@ def same_tokens(ours, reference) -> None:
 def engines(request, tmp_path_factory):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip(f"vllm not installed: {INSTALL}")
-    from rlinf_like.workers.rollout.hf_engine import HFEngine
-    from rlinf_like.workers.rollout.vllm_engine import VLLMEngine
+    from rlinf_like.workers.rollout.engines.hf_engine import HFEngine
+    from rlinf_like.workers.rollout.engines.vllm_engine import VLLMEngine
 
     root = tmp_path_factory.mktemp(request.param)
     first = str(write_tiny_model(root / "a", TinyModelSpec(arch=request.param, seed=0, **SHAPE)))

@@ -12,8 +12,8 @@ from rlinf_like.hybrid_engines.reshard import apply_in_process, plan_reshard, sh
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.engine import check_rollout_config
-from rlinf_like.workers.rollout.leader_tp import TPFollower, leader_layouts
-from rlinf_like.workers.rollout.vllm_tp import cpu_thread_binding, tp_kwargs
+from rlinf_like.workers.rollout.engines.leader_tp import TPFollower, leader_layouts
+from rlinf_like.workers.rollout.engines.vllm_tp import cpu_thread_binding, tp_kwargs
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 PROMPTS = [[5, 9, 14, 3, 22], [7, 7, 7], [30, 2, 41, 8, 19, 11, 4, 6], [12]]
@@ -63,8 +63,8 @@ def sync_from(vllm, hf) -> None:
 
 
 def tp2_equals_tp1_and_transformers(tmp_path, device: str = "cpu", **llm_kwargs) -> None:
-    from rlinf_like.workers.rollout.hf_engine import HFEngine
-    from rlinf_like.workers.rollout.vllm_engine import VLLMEngine
+    from rlinf_like.workers.rollout.engines.hf_engine import HFEngine
+    from rlinf_like.workers.rollout.engines.vllm_engine import VLLMEngine
 
     first = str(write_tiny_model(tmp_path / "a", TinyModelSpec(arch="llama", seed=0, **SHAPE)))
     second = str(write_tiny_model(tmp_path / "b", TinyModelSpec(arch="llama", seed=1, **SHAPE)))

@@ -32,7 +32,7 @@ def schema(name: str) -> type:
 
 def main(argv: list[str]) -> None:
     if argv == ["engines"]:  # the registry's choices for rollout.engine, as the engine classes declare them
-        from rlinf_like.workers.rollout.engine_advice import engine_listing
+        from rlinf_like.workers.rollout.engines.engine_advice import engine_listing
 
         print(engine_listing())
         return

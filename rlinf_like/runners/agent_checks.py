@@ -25,7 +25,7 @@ def check_agent(cfg) -> None:
         if a.env == "tools" and not a.tools:
             raise ValueError(f"agent.env=tools needs agent.tools, some of {TOOLS.names()}")
     else:
-        from rlinf_like.workers.rollout.agent_program import resolve_program
+        from rlinf_like.workers.rollout.agentic.agent_program import resolve_program
 
         resolve_program(a.program)  # a module or function that is not there: named now, not in a worker
     if cfg.data.chat_template == "none":

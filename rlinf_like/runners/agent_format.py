@@ -13,7 +13,7 @@ from pathlib import Path
 from rlinf_like.data.tasks import Problem
 from rlinf_like.envs.text import TEXT_ENVS, TextEnv
 from rlinf_like.data.prompts import user_message
-from rlinf_like.workers.rollout.chat_tokens import ChatTokens
+from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTokens
 from rlinf_like.workers.rollout.types import RolloutResult
 
 

@@ -45,7 +45,7 @@ from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
-from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
+from rlinf_like.workers.rollout.embodied.policy_worker import PolicyRolloutWorker
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"

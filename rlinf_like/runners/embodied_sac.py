@@ -40,7 +40,7 @@ from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner
 from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.replay import ReplayWorker, Samples
-from rlinf_like.workers.rollout.sac_rollout import SACRolloutWorker
+from rlinf_like.workers.rollout.embodied.sac_rollout import SACRolloutWorker
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("actor", "rollout", "env", "replay")

@@ -32,7 +32,7 @@ from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.worker import RewardWorker
-from rlinf_like.workers.rollout.agent_rollout import AgentSetup
+from rlinf_like.workers.rollout.agentic.agent_rollout import AgentSetup
 from rlinf_like.workers.rollout.base import rollout_dtype
 from rlinf_like.workers.rollout.worker import RolloutWorker
 

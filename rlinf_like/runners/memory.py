@@ -76,7 +76,7 @@ def _hf_text_config(cfg) -> dict:
 
 def model_shape(cfg) -> ModelShape:
     """The policy's shape: from model.path's config.json, else the tiny model's keys."""
-    from rlinf_like.workers.rollout.engine_advice import parameter_count
+    from rlinf_like.workers.rollout.engines.engine_advice import parameter_count
 
     if cfg.model.path:
         hf = _hf_text_config(cfg)

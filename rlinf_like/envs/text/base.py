@@ -3,7 +3,7 @@ with new messages (tool results, a user's reply) or ends the episode.
 
 An environment sees text only: the rollout keeps the trajectory as token ids, renders what `step` returns
 through the model's chat template and appends those tokens, so the model's own tokens are never re-tokenized
-(`workers/rollout/agent_loop.py`).
+(`workers/rollout/agentic/agent_loop.py`).
 """
 
 from __future__ import annotations

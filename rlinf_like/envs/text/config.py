@@ -19,7 +19,7 @@ class AgentConfig:
     # the response side's context budget: the model's tokens plus tool and user tokens; more ends the episode
     max_total_tokens: int = bounded(256, gt=0)
     # an agent program `module:function(base_url, row) -> reward` (or {"reward", "formatted"}), driven through the
-    # OpenAI-compatible endpoint the rollout serves (`workers/rollout/openai_server.py`); "" for none
+    # OpenAI-compatible endpoint the rollout serves (`workers/rollout/agentic/openai_server.py`); "" for none
     program: str = ""
     program_timeout_s: float = bounded(120.0, gt=0)  # a program running longer scores 0 (logged, named)
     demo_key: str = "demo"  # the data column holding a worked episode (the assistant's messages) for the SFT warm-start

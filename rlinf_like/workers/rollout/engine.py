@@ -23,10 +23,10 @@ from rlinf_like.workers.rollout.base import (LOGPROB_SOURCES, ResultCallback, Ro
 log = logging.getLogger(__name__)
 
 ENGINE_REGISTRY: Registry[type[RolloutEngine]] = Registry("rollout engine", key="rollout.engine")
-ENGINE_REGISTRY.register("native", "rlinf_like.workers.rollout.native.engine:NativeEngine")
-ENGINE_REGISTRY.register("hf", "rlinf_like.workers.rollout.hf_engine:HFEngine")
-ENGINE_REGISTRY.register("sglang", "rlinf_like.workers.rollout.sglang_engine:SGLangEngine")
-ENGINE_REGISTRY.register("vllm", "rlinf_like.workers.rollout.vllm_engine:VLLMEngine")
+ENGINE_REGISTRY.register("native", "rlinf_like.workers.rollout.engines.native.engine:NativeEngine")
+ENGINE_REGISTRY.register("hf", "rlinf_like.workers.rollout.engines.hf_engine:HFEngine")
+ENGINE_REGISTRY.register("sglang", "rlinf_like.workers.rollout.engines.sglang_engine:SGLangEngine")
+ENGINE_REGISTRY.register("vllm", "rlinf_like.workers.rollout.engines.vllm_engine:VLLMEngine")
 
 __all__ = ["ENGINE_REGISTRY", "LOGPROB_SOURCES", "ResultCallback", "RolloutConfig", "RolloutEngine",
            "check_rollout_config", "engine_class", "engine_names", "engines_with", "make_engine"]

@@ -54,7 +54,7 @@ class RolloutRequest:
 
 @dataclass(kw_only=True)
 class EpisodeInfo:
-    """How one multi-turn sample went (`workers/rollout/agent_loop.py`)."""
+    """How one multi-turn sample went (`workers/rollout/agentic/agent_loop.py`)."""
 
     turns: int = 0  # model turns generated
     # answer (the env ended it, or the env's own TextStep.end_reason), max_turns, max_total_tokens, length (a turn

@@ -20,11 +20,11 @@ from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
 from rlinf_like.hybrid_engines.residency import turn_moves
 from rlinf_like.scheduler import Channel, Worker, control
 from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
-from rlinf_like.workers.rollout.engine_advice import log_cpu_advice
+from rlinf_like.workers.rollout.engines.engine_advice import log_cpu_advice
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 if TYPE_CHECKING:
-    from rlinf_like.workers.rollout.agent_rollout import AgentSetup
+    from rlinf_like.workers.rollout.agentic.agent_rollout import AgentSetup
 
 
 def gather_results(per_rank: Sequence[list[RolloutResult] | None], requests: Sequence[RolloutRequest]):
@@ -54,7 +54,7 @@ class RolloutWorker(Worker):
         self.agent = None
         if agent is not None:
             from rlinf_like.models import load_tokenizer
-            from rlinf_like.workers.rollout.agent_rollout import AgentRollout
+            from rlinf_like.workers.rollout.agentic.agent_rollout import AgentRollout
 
             self.agent = AgentRollout(self.engine, agent, load_tokenizer(config.model_path))
         # serving continuously (runner.schedule=async): what `submit` handed over, under the result key it names

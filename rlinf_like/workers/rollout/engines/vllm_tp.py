@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager
 
-from rlinf_like.workers.rollout.leader_tp import scoped_env
+from rlinf_like.workers.rollout.engines.leader_tp import scoped_env
 
 # Why vLLM is the recommended CPU engine for real checkpoints: the measured native / vLLM throughput
 # (bench/rollout.py --vs vllm; docs/benchmarks.md, "Native vs vLLM").

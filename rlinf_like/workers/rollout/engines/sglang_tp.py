@@ -13,7 +13,7 @@ Kept free of sglang imports: `engine_kwargs` and `sglang_layouts` are plain func
 from __future__ import annotations
 
 from rlinf_like.workers.rollout.base import RolloutConfig
-from rlinf_like.workers.rollout.leader_tp import TPFollower, leader_layouts, replica_devices, visible_devices
+from rlinf_like.workers.rollout.engines.leader_tp import TPFollower, leader_layouts, replica_devices, visible_devices
 
 # SGLang's names for the shared leader / follower pieces (leader_tp.py)
 SGLangFollower = TPFollower

@@ -34,10 +34,10 @@ import torch
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig
-from rlinf_like.workers.rollout.native.paging import cache_budget
-from rlinf_like.workers.rollout.leader_tp import TPFollower, leader_layouts, replica_devices
-from rlinf_like.workers.rollout.staged_engine import StagedWeightsEngine, checkpoint_shapes
-from rlinf_like.workers.rollout.vllm_tp import CPU_CHOICE, tp_env, tp_kwargs
+from rlinf_like.workers.rollout.engines.native.paging import cache_budget
+from rlinf_like.workers.rollout.engines.leader_tp import TPFollower, leader_layouts, replica_devices
+from rlinf_like.workers.rollout.engines.staged_engine import StagedWeightsEngine, checkpoint_shapes
+from rlinf_like.workers.rollout.engines.vllm_tp import CPU_CHOICE, tp_env, tp_kwargs
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, collected, rejected, request_error
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_like.workers.rollout.sampling import RowParams
+from rlinf_like.workers.rollout.engines.sampling import RowParams
 from rlinf_like.workers.rollout.types import RolloutRequest
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from rlinf_like.config.validate import bounded
 from rlinf_like.envs.text import Message, TextEnv, TextStep
-from rlinf_like.workers.rollout.chat_tokens import ChatTokens
+from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTokens
 from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult, SamplingParams
 
 # EpisodeInfo.end_reason values set here (an env that ends the episode may name its own, e.g. tool_timeout)

@@ -20,7 +20,7 @@ from rlinf_like.envs import FieldSpec
 from rlinf_like.scheduler import Channel
 from rlinf_like.workers.env.link import action_layout, step_layout
 from rlinf_like.workers.env.types import CollectResult
-from rlinf_like.workers.rollout.policy_worker import PolicyRolloutWorker
+from rlinf_like.workers.rollout.embodied.policy_worker import PolicyRolloutWorker
 
 
 class SACRolloutWorker(PolicyRolloutWorker):

@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from rlinf_like.workers.rollout.openai_protocol import (
+from rlinf_like.workers.rollout.agentic.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     InvalidRequest,
@@ -42,7 +42,7 @@ from rlinf_like.workers.rollout.openai_protocol import (
     sampling_params,
     usage,
 )
-from rlinf_like.workers.rollout.openai_sessions import SessionCall, SessionTrajectory, session_trajectories
+from rlinf_like.workers.rollout.agentic.openai_sessions import SessionCall, SessionTrajectory, session_trajectories
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 Submit = Callable[[RolloutRequest], "Future[RolloutResult]"]

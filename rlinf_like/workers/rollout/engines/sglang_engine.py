@@ -30,8 +30,8 @@ import torch
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.rollout.base import ResultCallback, RolloutConfig
-from rlinf_like.workers.rollout.staged_engine import StagedWeightsEngine, checkpoint_shapes
-from rlinf_like.workers.rollout.sglang_tp import (SGLangFollower, engine_kwargs, replica_devices, sglang_layouts,
+from rlinf_like.workers.rollout.engines.staged_engine import StagedWeightsEngine, checkpoint_shapes
+from rlinf_like.workers.rollout.engines.sglang_tp import (SGLangFollower, engine_kwargs, replica_devices, sglang_layouts,
                                                   visible_devices)
 from rlinf_like.workers.rollout.types import (RolloutRequest, RolloutResult, SampleProgress, collected, rejected,
                                               request_error)

@@ -52,7 +52,7 @@ from torch import nn
 from rlinf_like.hybrid_engines.reshard import TensorLayout
 from rlinf_like.hybrid_engines.residency import ResidencyManager
 from rlinf_like.workers.rollout.base import RequestSource, ResultCallback, RolloutConfig, RolloutEngine
-from rlinf_like.workers.rollout.native.model import (
+from rlinf_like.workers.rollout.engines.native.model import (
     Decoder,
     fuse_projections,
     kv_bytes_per_token,
@@ -60,11 +60,11 @@ from rlinf_like.workers.rollout.native.model import (
     model_config,
     weight_layouts,
 )
-from rlinf_like.workers.rollout.native.graphs import StaticDecode
-from rlinf_like.workers.rollout.native.paging import cache_budget, plan_cache
-from rlinf_like.workers.rollout.native.prefix_cache import CachingBlockPool
-from rlinf_like.workers.rollout.native.scheduler import BatchLoop, LiveSample
-from rlinf_like.workers.rollout.sampling import Workspace
+from rlinf_like.workers.rollout.engines.native.graphs import StaticDecode
+from rlinf_like.workers.rollout.engines.native.paging import cache_budget, plan_cache
+from rlinf_like.workers.rollout.engines.native.prefix_cache import CachingBlockPool
+from rlinf_like.workers.rollout.engines.native.scheduler import BatchLoop, LiveSample
+from rlinf_like.workers.rollout.engines.sampling import Workspace
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, rejected, request_error
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
 from rlinf_like.models.families.config import check_checkpoint
-from rlinf_like.workers.rollout.native.layers import (
+from rlinf_like.workers.rollout.engines.native.layers import (
     decode_attention,
     gelu_tanh,
     rms_norm,
@@ -34,8 +34,8 @@ from rlinf_like.workers.rollout.native.layers import (
     rotate_half,
     window_mask,
 )
-from rlinf_like.workers.rollout.native.mirror import DecodeMirror, padded_span
-from rlinf_like.workers.rollout.native.packed import PackedWeights
+from rlinf_like.workers.rollout.engines.native.mirror import DecodeMirror, padded_span
+from rlinf_like.workers.rollout.engines.native.packed import PackedWeights
 
 
 def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[TensorLayout]:

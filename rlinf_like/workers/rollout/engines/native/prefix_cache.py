@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from rlinf_like.workers.rollout.native.paging import BlockPool
+from rlinf_like.workers.rollout.engines.native.paging import BlockPool
 
 _ROOT = -1  # the parent of a chain's first block
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_like.workers.rollout.openai_server import OpenAIServer
-from rlinf_like.workers.rollout.openai_sessions import SessionCall, SessionTrajectory, session_trajectories
+from rlinf_like.workers.rollout.agentic.openai_server import OpenAIServer
+from rlinf_like.workers.rollout.agentic.openai_sessions import SessionCall, SessionTrajectory, session_trajectories
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from rlinf_like.envs.text import TEXT_ENVS
 from rlinf_like.envs.text.config import AgentConfig
-from rlinf_like.workers.rollout.agent_loop import AgentLimits, AgentLoop
+from rlinf_like.workers.rollout.agentic.agent_loop import AgentLimits, AgentLoop
 from rlinf_like.workers.rollout.base import RolloutEngine
-from rlinf_like.workers.rollout.engine_client import EngineClient
-from rlinf_like.workers.rollout.openai_sessions import SessionTrajectory
+from rlinf_like.workers.rollout.engines.engine_client import EngineClient
+from rlinf_like.workers.rollout.agentic.openai_sessions import SessionTrajectory
 from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutRequest, RolloutResult
 
 SERVING_THREADS = 256  # requests whose episodes run at once while serving (each waits on its episodes' threads)
@@ -39,7 +39,7 @@ class AgentRollout:
         self.make_env = (lambda: env.from_config(setup.agent, setup.system_prompt)) if env else None
         self.program = None
         if setup.agent.program:
-            from rlinf_like.workers.rollout.agent_program import resolve_program
+            from rlinf_like.workers.rollout.agentic.agent_program import resolve_program
 
             self.program = resolve_program(setup.agent.program)
 
@@ -94,8 +94,8 @@ class AgentRollout:
         return AgentLoop(client, self.tokenizer, self.setup.chat_template, self.make_env, limits)
 
     def _programs(self, client: EngineClient, requests: list[RolloutRequest]) -> list[RolloutResult]:
-        from rlinf_like.workers.rollout.agent_program import run_programs
-        from rlinf_like.workers.rollout.openai_server import OpenAIServer
+        from rlinf_like.workers.rollout.agentic.agent_program import run_programs
+        from rlinf_like.workers.rollout.agentic.openai_server import OpenAIServer
 
         server = OpenAIServer(client.submit, self.tokenizer, self.setup.chat_template,
                               model_name=os.path.basename(str(self.tokenizer.name_or_path)) or "policy",

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from rlinf_like.workers.rollout.base import RequestSource, ResultCallback
-from rlinf_like.workers.rollout.native.model import Chunk
-from rlinf_like.workers.rollout.native.slots import SlotState
-from rlinf_like.workers.rollout.sampling import sample
+from rlinf_like.workers.rollout.engines.native.model import Chunk
+from rlinf_like.workers.rollout.engines.native.slots import SlotState
+from rlinf_like.workers.rollout.engines.sampling import sample
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 

@@ -18,9 +18,9 @@ from dataclasses import asdict
 
 from rlinf_like.config.validate import structure
 from rlinf_like.envs.text import TextEnv
-from rlinf_like.workers.rollout.chat_tokens import ChatTokens
-from rlinf_like.workers.rollout.engine_client import EngineClient
-from rlinf_like.workers.rollout.episode import END_REASONS, AgentLimits, Episode, common_prompt, group_result
+from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTokens
+from rlinf_like.workers.rollout.engines.engine_client import EngineClient
+from rlinf_like.workers.rollout.agentic.episode import END_REASONS, AgentLimits, Episode, common_prompt, group_result
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
 
 __all__ = ["END_REASONS", "AgentLimits", "AgentLoop"]
