@@ -342,7 +342,7 @@ REAL_LORA = LoraConfig(rank=8, alpha=16.0)  # every linear layer of the blocks, 
 
 def real_lora_config(out, model_path, resume=False):
     """The smallest GRPO run on SmolLM2-135M-Instruct with LoRA: one actor rank and one rollout replica on one
-    CPU slot (a load of the model each), 2 prompts x 2 samples of 16 new tokens, 2 held-out problems, no SFT,
+    CPU slot (a load of the model each), 2 prompts x 2 samples of 8 new tokens, 2 held-out problems, no SFT,
     a checkpoint every step."""
     from small_runs import small_reasoning_config
 
@@ -352,7 +352,7 @@ def real_lora_config(out, model_path, resume=False):
     cfg.model.path = model_path
     cfg.actor.lora = REAL_LORA
     cfg.data.test_problems = 2
-    cfg.runner.prompts_per_step, cfg.runner.max_new_tokens, cfg.runner.resume = 2, 16, resume
+    cfg.runner.prompts_per_step, cfg.runner.max_new_tokens, cfg.runner.resume = 2, 8, resume
     cfg.rollout.max_batch_size, cfg.rollout.max_context, cfg.rollout.kv_cache_memory_gb = 4, 192, 0.05
     cfg.rollout.dtype = "float32"  # the served merge is compared with peft's to fp32 rounding
     cfg.algorithm.entropy_coef = 0.01  # the adapters move even if every sample of a group scores the same
