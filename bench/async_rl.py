@@ -33,7 +33,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 
 from rlinf_like.config import hydra_schema, structure  # noqa: E402
-from rlinf_like.runners.config import ReasoningConfig  # noqa: E402
+from rlinf_like.runners.reasoning.config import ReasoningConfig  # noqa: E402
 from rlinf_like.runners.reasoning import train  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 

@@ -5,12 +5,12 @@
     python bench/dynamic_schedule.py --migrate-at 0.5      # dynamic with request migration
     python bench/dynamic_schedule.py --gpu --placement "0-1" --hidden 512 --layers 8 --prompts 64 --max-new-tokens 256
 
-Three sides, same config and seed. "static" and "dynamic" run `runners/schedules/dynamic.py` (so they train
+Three sides, same config and seed. "static" and "dynamic" run `runners/reasoning/schedules/dynamic.py` (so they train
 the same weights; see tests/test_dynamic_schedule.py); only the hand-over differs: static gives the actor
 the devices once the whole rollout has offloaded, dynamic gives it each replica's devices as soon as
 that replica has finished (with `--migrate-at`, also moves the unfinished requests onto fewer replicas
 once that share of groups is done, freeing the others). "collocated" is the default runner
-(`runner.schedule=collocated`, `runners/schedules/collocated.py`) on the same config: what a user gets
+(`runner.schedule=collocated`, `runners/reasoning/schedules/collocated.py`) on the same config: what a user gets
 without the dynamic schedule. The order of the sides rotates every repetition; the first step of each
 run is dropped (warm-up). Step time = rollout + hand-over + training + weight sync (the run's clock).
 Last line: {"bench": "dynamic_schedule", "speedup": static / dynamic, "speedup_vs_collocated":
@@ -30,8 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import Machine, median_ratio, result_line  # noqa: E402
-from rlinf_like.runners.config import ReasoningConfig  # noqa: E402
-from rlinf_like.runners.schedules import collocated, dynamic  # noqa: E402
+from rlinf_like.runners.reasoning.config import ReasoningConfig  # noqa: E402
+from rlinf_like.runners.reasoning.schedules import collocated, dynamic  # noqa: E402
 from rlinf_like.scheduler import ClusterConfig  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 

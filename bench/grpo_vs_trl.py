@@ -66,7 +66,7 @@ def compose_cfg(overrides: list[str]):
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config import hydra_schema, structure
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     with initialize_config_dir(str(ROOT / "examples" / "reasoning" / "config"), version_base="1.3"):
@@ -78,7 +78,7 @@ def warm_start(root: Path, sft_steps: int, warm: Path) -> None:
     steps (--quick) the runner's initial weights, as it writes them before any worker starts."""
     import shutil
 
-    from rlinf_like.runners.run import ReasoningRun, model_path
+    from rlinf_like.runners.reasoning.run import ReasoningRun, model_path
 
     cfg = compose_cfg([f"runner.sft_steps={sft_steps}", f"runner.output_dir={root / 'sft'}"])
     if sft_steps == 0:  # a smoke run: no workers to start (~25 s) for the weights the runner would start from
@@ -97,7 +97,7 @@ def run_ours(warm: Path, out: Path, schedule: str, seed: int, steps: int,
     """GRPO seconds so far after each step and the median seconds of each phase; the weights at each evaluation
     step under `out/step_<n>`."""
     from rlinf_like.runners.reasoning import train
-    from rlinf_like.runners.run import ReasoningRun
+    from rlinf_like.runners.reasoning.run import ReasoningRun
 
     def snapshot(run: ReasoningRun) -> dict[str, float]:  # in place of the runner's eval, outside its clock
         run.workers.actor.export_hf(str(out / f"step_{run.step}")).wait()

@@ -1,5 +1,5 @@
 """SAC in one process: the same env adapter (`VectorEnv`), replay buffer and learner as the worker runner
-(`runners/embodied_sac.py`), stepped in turn (act, step, store, `utd` updates). For the learning tests and the
+(`runners/embodied/sac.py`), stepped in turn (act, step, store, `utd` updates). For the learning tests and the
 SB3 comparison (`bench/sac_vs_sb3.py`), where SB3 also runs in one process.
 `policy` set: discrete SAC with that registered policy (`DiscreteSACLearner`); else the continuous SAC.
 """

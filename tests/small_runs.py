@@ -4,7 +4,7 @@ Each test sets what it is about on top."""
 
 from pathlib import Path
 
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.scheduler import ClusterConfig
 
 

@@ -9,9 +9,9 @@ from rlinf_like.algorithms import KL_ESTIMATORS
 from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.models.tiny import build_tiny_model
-from rlinf_like.runners.config import ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig, RunnerConfig
 from rlinf_like.algorithms import build_estimator
-from rlinf_like.runners.phases import advantages
+from rlinf_like.runners.reasoning.phases import advantages
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 

@@ -14,8 +14,8 @@ import torch
 from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.actor_setup import actor_config, actor_replicas
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.actor_setup import actor_config, actor_replicas
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker, check_actor_config

@@ -9,7 +9,7 @@ import torch
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, Advantages
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning import check_config, train
 from small_runs import in_process, small_reasoning_config
 

@@ -14,9 +14,9 @@ from rlinf_like.data.config import DataConfig
 from rlinf_like.data.tasks import Problem
 from rlinf_like.envs.text.config import AgentConfig
 from rlinf_like.models.tiny import char_tokenizer
-from rlinf_like.runners.agent_format import AgentFormat, episode_metrics
-from rlinf_like.runners.checks import check_config
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics
+from rlinf_like.runners.reasoning.checks import check_config
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.workers.reward.worker import final_turn
 from rlinf_like.workers.rollout.agentic.agent_rollout import program_result
 from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTokens

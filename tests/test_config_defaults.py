@@ -1,4 +1,4 @@
-"""Every default stated once: a key of the user schema (runners/config.py) that a worker config also has takes the
+"""Every default stated once: a key of the user schema (runners/reasoning/config.py) that a worker config also has takes the
 worker config's default (`bounded(LoopConfig.epochs, gt=0)`), never a literal of its own that could drift."""
 
 import ast
@@ -15,7 +15,7 @@ from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.critic import CriticConfig
 
-SCHEMA = Path(__file__).resolve().parents[1] / "rlinf_like/runners/config.py"
+SCHEMA = Path(__file__).resolve().parents[1] / "rlinf_like/runners/reasoning/config.py"
 WORKER_CONFIGS = (PolicyLossConfig, LossConfig, LoopConfig, ISThresholds, OptimConfig, FSDPConfig, CriticConfig,
                   ActorConfig, MegatronConfig)
 # same name, another meaning: each default belongs to its own layer

@@ -9,9 +9,9 @@ from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
-from rlinf_like.runners.launch import Workers
-from rlinf_like.runners.phases import update
+from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning.launch import Workers
+from rlinf_like.runners.reasoning.phases import update
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker

@@ -21,9 +21,9 @@ from rlinf_like.data.sources import Tasks, check_data_config, load_tasks
 from rlinf_like.data.sources.base import epoch_order
 from rlinf_like.data.sources.files import final_answer, read_problems, split_off
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.checks import check_config, reward_config
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.phases import make_requests
+from rlinf_like.runners.reasoning.checks import check_config, reward_config
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.phases import make_requests
 from rlinf_like.workers.reward.builtin import math_reward, reasoning_gym_reward
 from small_runs import in_process, small_reasoning_config
 
@@ -392,7 +392,7 @@ def test_held_out_rows_that_are_also_trained_on_are_a_warning(tmp_path, caplog):
 
 def test_data_errors_stop_the_run_before_any_worker_starts(tmp_path, monkeypatch):
     """`train` reads the data before it starts the cluster: a bad row fails there, naming the file and row."""
-    from rlinf_like.runners import run
+    from rlinf_like.runners.reasoning import run
     from rlinf_like.runners.reasoning import train
 
     def no_cluster(*args, **kwargs):

@@ -20,7 +20,7 @@ from rlinf_like.algorithms.sac import (
 from rlinf_like.envs import EnvConfig
 from rlinf_like.envs.base import ActionSpec
 from rlinf_like.models.policy_base import PolicyConfig
-from rlinf_like.runners.embodied_config import EmbodiedAlgorithm, EmbodiedConfig, EmbodiedRunnerConfig
+from rlinf_like.runners.embodied.config import EmbodiedAlgorithm, EmbodiedConfig, EmbodiedRunnerConfig
 
 PI = torch.tensor([[[0.25, 0.75]]])  # one state, one token, two choices
 Q1, Q2 = torch.tensor([[[1.0, 4.0]]]), torch.tensor([[[2.0, 3.0]]])
@@ -104,7 +104,7 @@ def vla_config(out, **runner) -> EmbodiedConfig:
 
 
 def test_vla_chunks_are_refused_before_launch(tmp_path):
-    from rlinf_like.runners.embodied_sac import EmbodiedDiscreteSACRunner
+    from rlinf_like.runners.embodied.sac import EmbodiedDiscreteSACRunner
 
     cfg = vla_config(tmp_path)
     cfg.policy.chunk = 2
@@ -138,7 +138,7 @@ def vla_body(tmp_path):
 
     from test_embodied_sac import history
 
-    from rlinf_like.runners.embodied_sac import EmbodiedDiscreteSACRunner
+    from rlinf_like.runners.embodied.sac import EmbodiedDiscreteSACRunner
 
     from test_embodied_sac import in_process
 

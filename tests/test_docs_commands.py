@@ -153,7 +153,7 @@ def test_readme_placement_overrides_compose_to_the_placement_they_describe():
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config import check_overrides, hydra_schema, structure
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
     from rlinf_like.scheduler.placement import Device, PlacementMode, plan_placement
 
     readme = (ROOT / "README.md").read_text()
@@ -219,8 +219,8 @@ def check_in_process(command: str) -> str:
     from hydra import compose, initialize_config_dir
 
     from rlinf_like.config import structure
-    from rlinf_like.runners.config import ReasoningConfig
-    from rlinf_like.runners.embodied_config import EmbodiedConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
+    from rlinf_like.runners.embodied.config import EmbodiedConfig
     from rlinf_like.runners.preflight import preflight
 
     words = shlex.split(command)[1:]

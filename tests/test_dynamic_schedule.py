@@ -1,4 +1,4 @@
-"""The dynamic collocated schedule (`runners/schedules/dynamic.py`): same weights and metrics as the
+"""The dynamic collocated schedule (`runners/reasoning/schedules/dynamic.py`): same weights and metrics as the
 static schedule for the same seed, bit for bit, while unfinished requests migrate to one replica and
 the devices go to the actor replica by replica."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.schedules import dynamic
-from rlinf_like.runners.schedules.dynamic import check as check_dynamic
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.schedules import dynamic
+from rlinf_like.runners.reasoning.schedules.dynamic import check as check_dynamic
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.scheduler import ClusterConfig
-from rlinf_like.runners.schedules.device_handover import DeviceScheduler
+from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler
 from rlinf_like.workers.actor.elastic import block_owners
 
 STEPS = 2

@@ -291,8 +291,8 @@ def test_bad_config_fails_before_launch(tmp_path):
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config import check_overrides, hydra_schema, structure
-    from rlinf_like.runners.embodied import EmbodiedRunner
-    from rlinf_like.runners.embodied_config import EmbodiedConfig
+    from rlinf_like.runners.embodied.runner import EmbodiedRunner
+    from rlinf_like.runners.embodied.config import EmbodiedConfig
 
     with pytest.raises(Exception, match=r"did you mean 'runner.pipeline'"):
         check_overrides(EmbodiedConfig, ["runner.pipline=true"])

@@ -14,7 +14,7 @@ from rlinf_like.algorithms import build_estimator
 from rlinf_like.data.episode_groups import episode_group_advantages, group_seeds
 from rlinf_like.data.replay import Transitions
 from rlinf_like.envs import EnvConfig, make_env
-from rlinf_like.runners.embodied_config import EmbodiedAlgorithm, EmbodiedConfig, EmbodiedRunnerConfig
+from rlinf_like.runners.embodied.config import EmbodiedAlgorithm, EmbodiedConfig, EmbodiedRunnerConfig
 from rlinf_like.scheduler import Channel
 
 
@@ -29,7 +29,7 @@ def sac_config(out, **runner) -> EmbodiedConfig:
 
 def test_bad_algorithm_values_are_refused_before_launch(tmp_path):
     from rlinf_like.algorithms.embodied import runner_class
-    from rlinf_like.runners.embodied import EmbodiedRunner
+    from rlinf_like.runners.embodied.runner import EmbodiedRunner
 
     cfg = sac_config(tmp_path)
     cfg.algorithm.name = "sacc"
@@ -114,7 +114,7 @@ def test_grpo_runner_trains_on_grouped_episodes(tmp_path):
 
 
 def sac_runner_body(tmp_path):
-    from rlinf_like.runners.embodied_sac import EmbodiedSACRunner
+    from rlinf_like.runners.embodied.sac import EmbodiedSACRunner
 
     whole = EmbodiedSACRunner(in_process(sac_config(tmp_path / "whole")))
     whole.run()
@@ -157,7 +157,7 @@ def test_grouped_advantages_are_relative_to_the_group_and_mask_after_the_first_e
 
 
 def grpo_runner_body(tmp_path):
-    from rlinf_like.runners.embodied import EmbodiedRunner
+    from rlinf_like.runners.embodied.runner import EmbodiedRunner
 
     cfg = EmbodiedConfig(env=EnvConfig(id="CartPole-v1", num_envs=4, max_episode_steps=40),
                          algorithm=EmbodiedAlgorithm(advantage="grpo", group_size=2, epochs=1, mini_batches=2),

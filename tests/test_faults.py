@@ -152,7 +152,7 @@ def compose_grpo(*overrides: str):
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config import hydra_schema, structure
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     with initialize_config_dir(str(GRPO.parent / "config"), version_base="1.3"):
@@ -182,7 +182,7 @@ def test_a_wrongly_typed_value_is_named():
 def test_impossible_placements_and_batch_splits_fail_before_any_worker_starts(cluster, tmp_path, placement,
                                                                                overrides, error):
     from rlinf_like.algorithms import build_estimator
-    from rlinf_like.runners.launch import launch_workers
+    from rlinf_like.runners.reasoning.launch import launch_workers
     from rlinf_like.runners.reasoning import check_config
 
     cfg = compose_grpo(f"runner.output_dir={tmp_path}", *SMALL, *overrides)

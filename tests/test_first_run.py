@@ -11,7 +11,7 @@ import pytest
 from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import cli, hydra_schema
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = "examples/reasoning/main_grpo.py"
@@ -80,8 +80,8 @@ def test_a_preset_takes_your_files_dropping_what_only_its_own_source_reads(caplo
 
 
 def test_placement_and_batch_mistakes_fail_before_ray_starts(tmp_path, monkeypatch):
-    from rlinf_like.runners import run as run_module
-    from rlinf_like.runners.run import ReasoningRun
+    from rlinf_like.runners.reasoning import run as run_module
+    from rlinf_like.runners.reasoning.run import ReasoningRun
     from small_runs import small_reasoning_config
 
     def no_cluster(*args, **kwargs):

@@ -227,7 +227,7 @@ def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path, ray_sides):
 def _sac(out: Path, backend: str) -> list[dict]:
     from test_embodied_sac import history, sac_config
 
-    from rlinf_like.runners.embodied_sac import EmbodiedSACRunner
+    from rlinf_like.runners.embodied.sac import EmbodiedSACRunner
 
     cfg = sac_config(out)
     cfg.cluster.backend = backend

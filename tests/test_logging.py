@@ -40,7 +40,7 @@ def test_log_lines_go_to_stdout_above_an_open_bar(package_logger, capsys):
 
 
 def test_the_progress_bar_shows_the_latest_evaluation_between_evaluations():
-    from rlinf_like.runners.run_files import progress_postfix
+    from rlinf_like.runners.reasoning.run_files import progress_postfix
 
     assert progress_postfix({"reward": 0.5}, {}) == {"reward": "0.50"}  # before any evaluation: nothing, not nan
     last = {"eval_accuracy": 0.25, "eval_format_rate": 0.75}

@@ -297,7 +297,7 @@ def test_bad_lora_config_is_named_before_launch(tmp_path, change, message):
 
 def test_lora_overrides_and_unknown_target_modules(model_dir):
     from rlinf_like.config import ConfigError, check_overrides
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     check_overrides(ReasoningConfig, ["actor.lora.rank=8", "actor.lora.alpha=32", "actor.lora.target_modules=[q_proj]"])
     with pytest.raises(ConfigError, match=r"actor.lora.rank must be >= 0"):
@@ -369,9 +369,9 @@ def real_lora_run(out, model_path, resume=False, snapshot_at=None):
     in the workers (where the weights are)."""
     import shutil
 
-    from rlinf_like.runners import launch
-    from rlinf_like.runners.run import ReasoningRun
-    from rlinf_like.runners.schedules.collocated import run_step
+    from rlinf_like.runners.reasoning import launch
+    from rlinf_like.runners.reasoning.run import ReasoningRun
+    from rlinf_like.runners.reasoning.schedules.collocated import run_step
 
     launch.RolloutWorker = Rollout  # in this process only: the rollout group answers `merge_report`
     with ReasoningRun(real_lora_config(out, model_path, resume), actor_worker=LoraActor) as run:

@@ -213,9 +213,9 @@ def _add_tensor(path, name, shape):
 
 
 def test_every_checkpoint_tensor_is_used_or_refused_by_name_before_any_worker_starts(tmp_path):
-    from rlinf_like.runners.checks import check_model
-    from rlinf_like.runners.config import ModelSection
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.checks import check_model
+    from rlinf_like.runners.reasoning.config import ModelSection
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     def run(path, engine="native"):
         return replace(ReasoningConfig(model=ModelSection(path=str(path))), rollout=replace(

@@ -19,8 +19,8 @@ from rlinf_like.algorithms.offpolicy import (
     policy_terms,
 )
 from rlinf_like.config import ConfigError, check_overrides
-from rlinf_like.runners.checks import check_off_policy
-from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
+from rlinf_like.runners.reasoning.checks import check_off_policy
+from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig
 
 LN2 = math.log(2.0)
 # two responses of 4 tokens; row 1's last token is padding. ratio = proximal / behaviour:
@@ -166,7 +166,7 @@ def test_the_multinode_runs_tis_overrides_parse():
 
 
 def test_the_closing_table_shows_the_mismatch_when_there_is_one():
-    from rlinf_like.runners.run import closing_table
+    from rlinf_like.runners.reasoning.run import closing_table
 
     assert closing_table([{"step": 5, "eval_accuracy": 0.5}]) == "  step  eval_accuracy\n     5          0.500"
     table = closing_table([{"step": 5, "eval_accuracy": 0.5},
@@ -184,7 +184,7 @@ def test_the_closing_table_shows_the_mismatch_when_there_is_one():
 
 
 def test_registry_choices_are_checked_by_name():
-    from rlinf_like.runners.checks import check_choices
+    from rlinf_like.runners.reasoning.checks import check_choices
 
     cfg = ReasoningConfig()
     cfg.algorithm.loss = "grpo_loss"

@@ -109,7 +109,7 @@ def test_loop_config_errors_name_the_key():
         check_loop(LoopConfig(max_batch_seqlen=64), "actor.loop")
     with pytest.raises(ValueError, match="runner.max_tokens_per_micro_batch must be >= 1"):
         check_loop(LoopConfig(max_tokens_per_micro_batch=0), "runner")
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
     from rlinf_like.runners.reasoning import check_config
 
     cfg = ReasoningConfig()

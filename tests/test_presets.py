@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import hydra_schema, structure
-from rlinf_like.runners import embodied
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.runners.embodied import runner as embodied
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.embodied.config import EmbodiedConfig
 from rlinf_like.runners.reasoning import check_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

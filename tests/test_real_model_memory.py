@@ -1,4 +1,4 @@
-"""A real model at the default preset's batch shape stays inside the actor's memory estimate (runners/memory.py).
+"""A real model at the default preset's batch shape stays inside the actor's memory estimate (runners/reasoning/memory.py).
 
 One actor rank's training step on SmolLM2-135M-Instruct, at the main preset with only model.path changed (its
 rows of a 32 x 8 batch, a chat prompt plus 28 new tokens, precision auto), in a process of its own whose peak RSS is
@@ -28,11 +28,11 @@ STEP = textwrap.dedent("""
     from rlinf_like.config import hydra_schema, structure
     from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
     from rlinf_like.hybrid_engines.model_manager import OptimConfig
-    from rlinf_like.runners import memory
-    from rlinf_like.runners.actor_setup import actor_precision
-    from rlinf_like.runners.checks import runner_loop
-    from rlinf_like.runners.config import ReasoningConfig
-    from rlinf_like.runners.launch import loss_config
+    from rlinf_like.runners.reasoning import memory
+    from rlinf_like.runners.reasoning.actor_setup import actor_precision
+    from rlinf_like.runners.reasoning.checks import runner_loop
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.launch import loss_config
     from rlinf_like.training.loop import micro_rows, train_epochs
     from rlinf_like.workers.actor.loss import rl_loss
 
@@ -107,7 +107,7 @@ def test_a_model_the_default_share_cannot_hold_gets_the_floor_and_a_lean_actor(t
     sets is theirs (refused when too small, as above)."""
     from small_runs import small_reasoning_config
 
-    from rlinf_like.runners import memory
+    from rlinf_like.runners.reasoning import memory
 
     cfg = small_reasoning_config(tmp_path)
     roomy = memory.actor_memory(cfg, 2)
@@ -135,8 +135,8 @@ def test_memory_sized_micro_batches_hold_the_budget_s_tokens_at_the_batch_s_leng
 
 @pytest.mark.real_model
 def test_the_native_kv_cache_is_sized_for_the_run_s_samples_not_the_model_s_context():
-    from rlinf_like.runners import memory
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning import memory
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     cfg = ReasoningConfig()
     cfg.model.path, cfg.runner.prompts_per_step = str(REAL_MODEL), 32  # the default preset's 32 x 8 samples

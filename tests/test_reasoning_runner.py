@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlinf_like.runners.config import ReasoningConfig, RunnerConfig
-from rlinf_like.runners.phases import make_requests
+from rlinf_like.runners.reasoning.config import ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning.phases import make_requests
 from rlinf_like.runners.reasoning import check_config, load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def model_folder(path, **hf) -> str:
 
 
 def test_tp_sizes_that_do_not_divide_the_heads_are_refused_before_launch_naming_what_works(tmp_path):
-    from rlinf_like.runners.checks import check_model
+    from rlinf_like.runners.reasoning.checks import check_model
 
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
     cfg.model.path = model_folder(tmp_path / "smollm2_like")  # 9 heads, 3 key/value heads
@@ -185,7 +185,7 @@ def test_a_model_path_that_is_neither_a_folder_nor_a_hub_id_and_unknown_families
 
 @pytest.mark.real_model
 def test_smollm2_refuses_rollout_tp_2_and_accepts_3(real_model_path, tmp_path):
-    from rlinf_like.runners.checks import check_model
+    from rlinf_like.runners.reasoning.checks import check_model
 
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
     cfg.model.path, cfg.rollout.tp_size = real_model_path, 2

@@ -232,7 +232,7 @@ def test_reward_fn_is_imported_in_the_reward_worker(cluster, tmp_path):
 
 
 def test_extras_become_step_metrics_averaged_over_the_samples_that_carry_them():
-    from rlinf_like.runners.phases import extra_metrics
+    from rlinf_like.runners.reasoning.phases import extra_metrics
     from rlinf_like.workers.reward.types import SampleScore
 
     samples = [SampleScore(reward=1.0, correct=True, formatted=True, extras={"length": 4.0, "steps": 1.0}),
@@ -250,7 +250,7 @@ def test_reward_fn_overrides_through_hydra_and_is_checked_before_launch(tmp_path
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config import hydra_schema, structure
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
     from rlinf_like.runners.reasoning import check_config
 
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
@@ -297,7 +297,7 @@ RG_FORMAT = [  # reasoning_gym: the <answer> tag, else what math would extract
 def test_format_rate_is_the_share_of_responses_with_a_parsed_answer(fn, cases, info):
     """eval_metrics reads `SampleScore.formatted`, which each built-in sets where its extractor found an answer:
     one definition of "parsed" for the held-out evaluation and the training steps' train_format_rate."""
-    from rlinf_like.runners.phases import eval_metrics
+    from rlinf_like.runners.reasoning.phases import eval_metrics
 
     if fn == "reasoning_gym":
         pytest.importorskip("reasoning_gym")

@@ -140,7 +140,7 @@ def test_reward_keys_override_through_hydra_and_are_checked_before_launch(tmp_pa
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config import hydra_schema, structure
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
     from rlinf_like.runners.reasoning import check_config
 
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))

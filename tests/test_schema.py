@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from rlinf_like.config import ConfigError, bounded, check_overrides, describe, field_comments, hydra_schema, structure
 from rlinf_like.config.show import SCHEMAS, schema
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.embodied.config import EmbodiedConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

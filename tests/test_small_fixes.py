@@ -14,8 +14,8 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs
 from rlinf_like.models.policies import PolicyConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.embodied import check_actor_split, trajectory_channel
-from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.runners.embodied.runner import check_actor_split, trajectory_channel
+from rlinf_like.runners.embodied.config import EmbodiedConfig
 from rlinf_like.scheduler import Channel
 from rlinf_like.scheduler.placement import Device
 from rlinf_like.scheduler.worker import WorkerContext

@@ -10,7 +10,7 @@ from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.config import ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig, RunnerConfig
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine

@@ -157,7 +157,7 @@ def test_device_accounting_goes_through_ray(cluster, groups):
 
 
 def test_memory_metrics_read_host_memory_and_ask_busy_ranks_for_device_memory(groups):
-    from rlinf_like.runners.run_files import memory_metrics
+    from rlinf_like.runners.reasoning.run_files import memory_metrics
 
     actor, _ = groups
     busy = actor.sleep(3)  # device_memory is a control method: a rank in a long call still answers

@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import hydra_schema, prepare_command_line, structure
 from rlinf_like.algorithms.embodied import runner_class
-from rlinf_like.runners.embodied_config import EmbodiedConfig
+from rlinf_like.runners.embodied.config import EmbodiedConfig
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 

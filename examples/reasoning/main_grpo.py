@@ -30,7 +30,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import hydra_schema, prepare_command_line, structure
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning import train
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads

@@ -25,17 +25,17 @@ class EmbodiedAlgorithmSpec:
 
 EMBODIED_ALGORITHMS: Registry[EmbodiedAlgorithmSpec] = Registry("embodied algorithm", key="algorithm.name")
 EMBODIED_ALGORITHMS.register("ppo", EmbodiedAlgorithmSpec(
-    runner="rlinf_like.runners.embodied:EmbodiedRunner", on_policy=True, action_kinds=("continuous", "discrete"),
+    runner="rlinf_like.runners.embodied.runner:EmbodiedRunner", on_policy=True, action_kinds=("continuous", "discrete"),
     policy_kinds=None, reads_advantage=True, description="PPO actor-critic (GAE, or GRPO over episode groups)"))
 EMBODIED_ALGORITHMS.register("sac", EmbodiedAlgorithmSpec(
-    runner="rlinf_like.runners.embodied_sac:EmbodiedSACRunner", on_policy=False, action_kinds=("continuous",),
+    runner="rlinf_like.runners.embodied.sac:EmbodiedSACRunner", on_policy=False, action_kinds=("continuous",),
     policy_kinds=("mlp",), reads_advantage=False,
     why_not=("SAC here is the continuous, tanh-squashed Gaussian variant with twin Q(s, a) critics over state "
              "observations; the VLA acts in discrete action tokens: train it with algorithm.name=discrete_sac "
              "(or ppo)"),
     description="soft actor-critic with a replay worker, twin Q, Polyak targets, automatic entropy tuning"))
 EMBODIED_ALGORITHMS.register("discrete_sac", EmbodiedAlgorithmSpec(
-    runner="rlinf_like.runners.embodied_sac:EmbodiedDiscreteSACRunner", on_policy=False, action_kinds=("discrete",),
+    runner="rlinf_like.runners.embodied.sac:EmbodiedDiscreteSACRunner", on_policy=False, action_kinds=("discrete",),
     policy_kinds=("mlp", "vla"), reads_advantage=False,
     why_not="discrete SAC reads a policy's action-token logits (`action_logits`), which only mlp and vla give",
     description=("SAC for discrete actions and action tokens (Christodoulou 2019): twin Q per token and choice, "

@@ -17,8 +17,8 @@ from pathlib import Path
 from rlinf_like.config.cli import USAGE
 from rlinf_like.config.schema import help_text
 
-SCHEMAS = {"reasoning": "rlinf_like.runners.config:ReasoningConfig",
-           "embodied": "rlinf_like.runners.embodied_config:EmbodiedConfig"}
+SCHEMAS = {"reasoning": "rlinf_like.runners.reasoning.config:ReasoningConfig",
+           "embodied": "rlinf_like.runners.embodied.config:EmbodiedConfig"}
 # the example folders whose presets build on each schema, and the name they give it in their `defaults:` list
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PRESET_DIRS = {"reasoning": ("reasoning_schema", ["reasoning/config", "agentic/config"]),

@@ -14,7 +14,7 @@ from rlinf_like.scheduler import Placement, devices_of
 
 def preflight(cfg) -> Placement:
     """The checks of a run of `cfg` (a ReasoningConfig or an EmbodiedConfig) up to its first worker; the placement."""
-    from rlinf_like.runners.config import ReasoningConfig
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     if isinstance(cfg, ReasoningConfig):
         return _reasoning(cfg)
@@ -22,10 +22,10 @@ def preflight(cfg) -> Placement:
 
 
 def _reasoning(cfg) -> Placement:
-    from rlinf_like.runners.launch import plan
+    from rlinf_like.runners.reasoning.launch import plan
     from rlinf_like.runners.reasoning import schedule_of
-    from rlinf_like.runners.run import ReasoningRun
-    from rlinf_like.runners.schedules import SCHEDULES
+    from rlinf_like.runners.reasoning.run import ReasoningRun
+    from rlinf_like.runners.reasoning.schedules import SCHEDULES
 
     run = ReasoningRun(cfg)  # config, data, model folder, tokenizer, prompt format, estimator
     check = SCHEDULES.get(schedule_of(cfg)).placement_check()

@@ -10,7 +10,7 @@ their loss scales (the same plan as `training/loop.py`, so every rank runs the s
 
 A streaming trainer can iterate it directly; the reasoning runner's pipelined schedule takes whole groups off
 its channel and plans each actor rank's steps with `plan_steps`, the plan this class makes
-(runners/schedules/pipelined.py).
+(runners/reasoning/schedules/pipelined.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class LoopConfig:
     mini_batches: int = 1  # optimizer steps per batch and epoch
     micro_batch_size: int | None = AUTO_ROWS_CAP  # rows per forward/backward (per rank); None: see micro_batch_tokens
     # with micro_batch_size None: rows per micro-batch = this token budget // the batch's padded length, at most
-    # AUTO_ROWS_CAP (the runner derives it from the model and the actor's memory: runners/memory.py); None as well:
+    # AUTO_ROWS_CAP (the runner derives it from the model and the actor's memory: runners/reasoning/memory.py); None as well:
     # a mini-batch in one pass
     micro_batch_tokens: int | None = None
     epochs: int = 1  # passes over each batch

@@ -1,6 +1,6 @@
 """ElasticActorWorker: an actor whose data-parallel size may change at optimizer-step boundaries.
 
-Used by the dynamic collocated schedule (`runners/schedules/dynamic.py`): while the rollout's last
+Used by the dynamic collocated schedule (`runners/reasoning/schedules/dynamic.py`): while the rollout's last
 replicas are still generating, the actor trains on the devices already given back, and grows as
 more are freed. Two rules make the result independent of how many ranks train a step:
 

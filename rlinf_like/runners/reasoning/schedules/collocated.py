@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from rlinf_like.runners.phases import batch_metrics, make_requests, prepare, score, update
-from rlinf_like.runners.run import ReasoningRun, RunResult
-from rlinf_like.runners.run_files import Generated
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.phases import batch_metrics, make_requests, prepare, score, update
+from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
+from rlinf_like.runners.reasoning.run_files import Generated
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.scheduler import wait_all
 from rlinf_like.workers.rollout.worker import gather_results
 

@@ -1,7 +1,7 @@
 """Asynchronous: the rollout replicas serve without a step boundary while the actor trains.
 
 The rollout (its own devices, tp_size 1 per replica) runs one long `serve` call. The driver keeps it fed with
-prompt groups as `runner.stale_policy` and `runner.max_staleness` allow (`runners/async_stream.py`), takes a
+prompt groups as `runner.stale_policy` and `runner.max_staleness` allow (`runners/reasoning/async_stream.py`), takes a
 step's groups as they finish, trains, and announces the new weights: each replica receives them before its
 next decode step, without draining, so samples in flight finish under the new weights (a partial rollout;
 every token's version is kept). A step reports the serve loops' throughput and queueing (`serve_metrics`), not
@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rlinf_like.runners.async_stream import GroupStream, Taken, serve_metrics, served_generate, staleness_metrics
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
-from rlinf_like.runners.run import ReasoningRun, RunResult
-from rlinf_like.runners.run_files import Generated
+from rlinf_like.runners.reasoning.async_stream import GroupStream, Taken, serve_metrics, served_generate, staleness_metrics
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
+from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
+from rlinf_like.runners.reasoning.run_files import Generated
 from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup, wait_all
 from rlinf_like.workers.rollout import RolloutResult
 from rlinf_like.workers.rollout.engine import check_serves_continuously

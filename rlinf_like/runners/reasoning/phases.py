@@ -4,7 +4,7 @@
 
 Each phase takes the workers and data it needs and returns its batch and its metrics; nothing is
 carried between phases on an object, and no phase runs inside another. The schedules in
-`runners/schedules/` call them in their own order (collocated, pipelined, dynamic).
+`runners/reasoning/schedules/` call them in their own order (collocated, pipelined, dynamic).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
 from rlinf_like.data.batch import Batch, build_rl_batch
 from rlinf_like.data.sources import Tasks
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.agent_format import episode_metrics, task_row
-from rlinf_like.runners.checks import is_thresholds
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.launch import Workers
+from rlinf_like.runners.reasoning.agent_format import episode_metrics, task_row
+from rlinf_like.runners.reasoning.checks import is_thresholds
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.launch import Workers
 from rlinf_like.scheduler import GroupResult
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, SamplingParams

@@ -93,7 +93,7 @@ class ActorSection:
     # optimizer state. algorithm.recompute_by_length needs fp32 (auto picks it then)
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     # host memory (GB) one actor rank may use; sizes the token-budget micro-batches and the pre-launch estimate.
-    # null: a share of this machine's memory (runners/memory.py)
+    # null: a share of this machine's memory (runners/reasoning/memory.py)
     memory_gb: float | None = bounded(None, gt=0)
 
 
@@ -105,7 +105,7 @@ class RunnerConfig:
     temperature: float = bounded(LossConfig.temperature, gt=0)  # sampling temperature; trainer logprobs are taken under it too
     max_staleness: int = bounded(0, ge=0)  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined, async)
     # async: a group more than max_staleness versions behind is dropped (counted) | never produced (wait: the
-    # rollout pauses admission while it is max_staleness steps ahead; see runners/async_stream.py)
+    # rollout pauses admission while it is max_staleness steps ahead; see runners/reasoning/async_stream.py)
     stale_policy: str = "wait"
     sft_steps: int = bounded(300, ge=0)  # SFT warm-start steps before RL; 0: none
     sft_batch_size: int = bounded(64, gt=0)  # SFT rows per step
@@ -115,9 +115,9 @@ class RunnerConfig:
     resume: bool = False  # continue from the checkpoint in output_dir
     output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
     # rows per forward (per rank); null: as many as the actor's memory holds (actor.memory_gb and the model's
-    # shape: runners/memory.py), at most 64
+    # shape: runners/reasoning/memory.py), at most 64
     micro_batch_size: int | None = bounded(None, gt=0)
-    # a loop in runners/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
+    # a loop in runners/reasoning/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
     # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step) | async (own devices;
     # the rollout serves without a step boundary and takes new weights between decode steps)
     schedule: str = "static"

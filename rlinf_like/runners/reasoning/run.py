@@ -24,18 +24,18 @@ from rlinf_like.data.sources import Tasks, load_tasks
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.export import complete_export
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.checks import check_config, check_finite
+from rlinf_like.runners.reasoning.checks import check_config, check_finite
 from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.launch import launch_reference, launch_workers, plan_before_start
-from rlinf_like.runners.agent_format import AgentFormat, episode_metrics, task_row
-from rlinf_like.runners.phases import eval_metrics, score_groups
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start
+from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
+from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
 from rlinf_like.scheduler import Cluster, GroupResult, Placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import gather_results
-from rlinf_like.runners.run_files import (Generated, RunLog, SampleLog, earlier_attempts, memory_metrics,
+from rlinf_like.runners.reasoning.run_files import (Generated, RunLog, SampleLog, earlier_attempts, memory_metrics,
                                           progress_postfix)
 
 log = logging.getLogger(__name__)

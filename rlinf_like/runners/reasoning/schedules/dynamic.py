@@ -26,14 +26,14 @@ import time
 import torch
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.checks import estimators_where
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.phases import advantages, extra_metrics, make_requests, rl_batch, sample_metrics, score_groups
-from rlinf_like.runners.run import ReasoningRun, RunResult
-from rlinf_like.runners.run_files import Generated
-from rlinf_like.runners.schedules.elastic_rollout import ElasticRollout
+from rlinf_like.runners.reasoning.checks import estimators_where
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.phases import advantages, extra_metrics, make_requests, rl_batch, sample_metrics, score_groups
+from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
+from rlinf_like.runners.reasoning.run_files import Generated
+from rlinf_like.runners.reasoning.schedules.elastic_rollout import ElasticRollout
 from rlinf_like.scheduler import Channel, Placement, PlacementMode
-from rlinf_like.runners.schedules.device_handover import DeviceScheduler, check_handover
+from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler, check_handover
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
 from rlinf_like.workers.actor.backends import backend_class, backends_with
 from rlinf_like.workers.rollout import RolloutResult

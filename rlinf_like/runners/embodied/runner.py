@@ -39,7 +39,7 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.policies import check_policy_fits, policy_class
 from rlinf_like.runners.common import (Checkpoints, connect_env_wire, connect_weight_sync, crash_point, plot_series,
                                        write_worker_pids)
-from rlinf_like.runners.embodied_config import COMPONENTS, EmbodiedConfig
+from rlinf_like.runners.embodied.config import COMPONENTS, EmbodiedConfig
 from rlinf_like.scheduler import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
@@ -242,7 +242,7 @@ class EmbodiedRunner:
                     self._checkpoint()
             trackers.close()
             if r.gif:
-                from rlinf_like.runners.embodied_media import write_gif
+                from rlinf_like.runners.embodied.media import write_gif
 
                 write_gif(self.cfg, self.rollout.on_ranks(0).state_dict().wait()[0], self.specs, self.out / "rollout.gif")
             self._close()

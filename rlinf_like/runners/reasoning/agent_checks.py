@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlinf_like.envs.text import TEXT_ENVS
 from rlinf_like.envs.tools import TOOLS
-from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedules_with
+from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC, schedules_with
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 
 

@@ -1,4 +1,4 @@
-"""Reasoning RL schedules: one file each, one loop each, built from `runners/phases.py`.
+"""Reasoning RL schedules: one file each, one loop each, built from `runners/reasoning/phases.py`.
 
 `SCHEDULES` maps a `runner.schedule` name to its loop (by module path, imported when it runs) and
 declares what the loop needs of the placement. `static` is not a loop of its own: it picks collocated
@@ -49,15 +49,15 @@ class Schedule:
 
 
 SCHEDULES: Registry[Schedule] = Registry("schedule", key="runner.schedule")
-SCHEDULES.register("collocated", Schedule(loop="rlinf_like.runners.schedules.collocated:train", shares_devices=True))
-SCHEDULES.register("pipelined", Schedule(loop="rlinf_like.runners.schedules.pipelined:train", shares_devices=False))
-SCHEDULES.register("dynamic", Schedule(loop="rlinf_like.runners.schedules.dynamic:train", shares_devices=True,
-                                       runs_episodes=False, check="rlinf_like.runners.schedules.dynamic:check",
-                                       check_placement="rlinf_like.runners.schedules.dynamic:rank_by_rank",
+SCHEDULES.register("collocated", Schedule(loop="rlinf_like.runners.reasoning.schedules.collocated:train", shares_devices=True))
+SCHEDULES.register("pipelined", Schedule(loop="rlinf_like.runners.reasoning.schedules.pipelined:train", shares_devices=False))
+SCHEDULES.register("dynamic", Schedule(loop="rlinf_like.runners.reasoning.schedules.dynamic:train", shares_devices=True,
+                                       runs_episodes=False, check="rlinf_like.runners.reasoning.schedules.dynamic:check",
+                                       check_placement="rlinf_like.runners.reasoning.schedules.dynamic:rank_by_rank",
                                        options=("migrate_at",)))
-SCHEDULES.register("async", Schedule(loop="rlinf_like.runners.schedules.asynchronous:train", shares_devices=False,
+SCHEDULES.register("async", Schedule(loop="rlinf_like.runners.reasoning.schedules.asynchronous:train", shares_devices=False,
                                      serves_continuously=True,
-                                     check="rlinf_like.runners.schedules.asynchronous:check"))
+                                     check="rlinf_like.runners.reasoning.schedules.asynchronous:check"))
 
 
 def schedule_choices() -> list[str]:

@@ -13,11 +13,11 @@ the last one with the same data order.
 
 from __future__ import annotations
 
-from rlinf_like.runners.checks import check_batch_split, check_config, check_finite
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.checks import check_batch_split, check_config, check_finite
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.data.sources import load_tasks
-from rlinf_like.runners.run import RunResult
-from rlinf_like.runners.schedules import SCHEDULES, STATIC
+from rlinf_like.runners.reasoning.run import RunResult
+from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
 from rlinf_like.scheduler.placement import share_devices
 
 __all__ = ["check_batch_split", "check_config", "check_finite", "load_tasks", "schedule_of", "train"]

@@ -8,7 +8,7 @@ import importlib.util
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.megatron import MegatronConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
-from rlinf_like.runners.config import ReasoningConfig
+from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.backends import backend_class, backends_with

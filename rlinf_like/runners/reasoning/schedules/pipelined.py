@@ -15,12 +15,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.checks import runner_loop
-from rlinf_like.runners.config import ReasoningConfig
-from rlinf_like.runners.launch import Workers, loss_config
-from rlinf_like.runners.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
-from rlinf_like.runners.run import ReasoningRun, RunResult
-from rlinf_like.runners.run_files import Generated
+from rlinf_like.runners.reasoning.checks import runner_loop
+from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.launch import Workers, loss_config
+from rlinf_like.runners.reasoning.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
+from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
+from rlinf_like.runners.reasoning.run_files import Generated
 from rlinf_like.scheduler import Channel, GroupResult
 from rlinf_like.training.loop import plan_steps
 from rlinf_like.workers.actor.worker import loss_weigh

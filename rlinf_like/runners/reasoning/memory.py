@@ -28,7 +28,7 @@ DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, w
 FLOOR_TOKENS = 256
 RAISED_TOKENS = 512
 DEFAULT_CEILING = 0.5
-# the rollout's KV caches together, when rollout.kv_cache_memory_gb is unset (runners/launch.py rollout_kv_budget):
+# the rollout's KV caches together, when rollout.kv_cache_memory_gb is unset (runners/reasoning/launch.py rollout_kv_budget):
 # with the actor's share this keeps a collocated CPU run of a real model under 14 GB of a 24 GB machine
 ROLLOUT_KV_SHARE = 0.08
 RUNTIME_BYTES = 0.6 * GB  # python, torch and the worker's own state

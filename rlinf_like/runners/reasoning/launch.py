@@ -16,13 +16,13 @@ from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
-from rlinf_like.runners import memory
-from rlinf_like.runners.actor_setup import actor_config, actor_precision, actor_replicas, reference_in_actor
-from rlinf_like.runners.agent_format import chat_template_text
-from rlinf_like.runners.checks import check_batch_split, is_thresholds, reward_config, runner_loop
+from rlinf_like.runners.reasoning import memory
+from rlinf_like.runners.reasoning.actor_setup import actor_config, actor_precision, actor_replicas, reference_in_actor
+from rlinf_like.runners.reasoning.agent_format import chat_template_text
+from rlinf_like.runners.reasoning.checks import check_batch_split, is_thresholds, reward_config, runner_loop
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
-from rlinf_like.runners.config import COMPONENTS, ReasoningConfig
-from rlinf_like.runners.schedules import SCHEDULES, STATIC
+from rlinf_like.runners.reasoning.config import COMPONENTS, ReasoningConfig
+from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
 from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
 from rlinf_like.utils import hardware

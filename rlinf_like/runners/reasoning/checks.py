@@ -9,16 +9,16 @@ from pathlib import Path
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES, ISThresholds
-from rlinf_like.runners.actor_setup import check_actor_section
-from rlinf_like.runners.agent_checks import check_agent
-from rlinf_like.runners.async_stream import STALE_POLICIES
-from rlinf_like.runners.config import AlgorithmConfig, ReasoningConfig
+from rlinf_like.runners.reasoning.actor_setup import check_actor_section
+from rlinf_like.runners.reasoning.agent_checks import check_agent
+from rlinf_like.runners.reasoning.async_stream import STALE_POLICIES
+from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config, default_reward
 from rlinf_like.models import read_hf_config
 from rlinf_like.models.families import MODEL_FAMILIES, ModelConfig
 from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
-from rlinf_like.runners.schedules import SCHEDULES, STATIC, schedule_choices
+from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.scheduler.placement import share_devices
 from rlinf_like.training.loop import LoopConfig, check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY
@@ -191,7 +191,7 @@ def check_schedule_placement(cfg: ReasoningConfig) -> None:
 
 def runner_loop(cfg: ReasoningConfig, micro_batch_tokens: int | None = None) -> LoopConfig:
     """The actor's and critic's training loop from the runner and algorithm sections; `micro_batch_tokens`: the
-    memory budget's tokens, which size micro-batches when runner.micro_batch_size is null (runners/memory.py)."""
+    memory budget's tokens, which size micro-batches when runner.micro_batch_size is null (runners/reasoning/memory.py)."""
     r, a = cfg.runner, cfg.algorithm
     return LoopConfig(mini_batches=a.mini_batches, micro_batch_size=r.micro_batch_size, epochs=a.epochs,
                       micro_batch_tokens=micro_batch_tokens,
