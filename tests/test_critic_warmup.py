@@ -10,7 +10,7 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
-from rlinf_like.runners.reasoning.launch import Workers
+from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import update
 from rlinf_like.runners.reasoning import check_config
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker

@@ -21,7 +21,8 @@ from rlinf_like.data.sources import Tasks, check_data_config, load_tasks
 from rlinf_like.data.sources.base import epoch_order
 from rlinf_like.data.sources.files import final_answer, read_problems, split_off
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.reasoning.checks import check_config, reward_config
+from rlinf_like.runners.reasoning.checks import check_config
+from rlinf_like.runners.reasoning.worker_configs import reward_config
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.phases import make_requests
 from rlinf_like.workers.reward.builtin import math_reward, reasoning_gym_reward

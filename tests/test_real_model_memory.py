@@ -30,9 +30,9 @@ STEP = textwrap.dedent("""
     from rlinf_like.hybrid_engines.model_manager import OptimConfig
     from rlinf_like.runners.reasoning import memory
     from rlinf_like.runners.reasoning.actor_setup import actor_precision
-    from rlinf_like.runners.reasoning.checks import runner_loop
+    from rlinf_like.runners.reasoning.worker_configs import runner_loop
     from rlinf_like.runners.reasoning.config import ReasoningConfig
-    from rlinf_like.runners.reasoning.launch import loss_config
+    from rlinf_like.runners.reasoning.worker_configs import loss_config
     from rlinf_like.training.loop import micro_rows, train_epochs
     from rlinf_like.workers.actor.loss import rl_loss
 

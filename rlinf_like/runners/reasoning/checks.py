@@ -3,28 +3,26 @@ key. Choices are read from the registries and capabilities from what each compon
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
-from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES, ISThresholds
+from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES
 from rlinf_like.runners.reasoning.actor_setup import check_actor_section
 from rlinf_like.runners.reasoning.agent_checks import check_agent
 from rlinf_like.runners.reasoning.async_stream import STALE_POLICIES
 from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig
 from rlinf_like.config import check_instance
-from rlinf_like.data.sources import check_data_config, default_reward
+from rlinf_like.data.sources import check_data_config
 from rlinf_like.models import read_hf_config
 from rlinf_like.models.families import MODEL_FAMILIES, ModelConfig
 from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
+from rlinf_like.runners.reasoning.worker_configs import reward_config, runner_loop
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.scheduler.placement import share_devices
-from rlinf_like.training.loop import LoopConfig, check_loop
+from rlinf_like.training.loop import check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY
 from rlinf_like.workers.reward.combine import check_reward_config
-from rlinf_like.workers.reward.fn import AUTO
-from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class
 
 def estimators_where(**declared: bool) -> list[str]:
@@ -32,10 +30,6 @@ def estimators_where(**declared: bool) -> list[str]:
     return [name for name in ADVANTAGE_ESTIMATORS.names()
             if all(getattr(ADVANTAGE_ESTIMATORS.get(name), k) == v for k, v in declared.items())]
 
-
-def reward_config(cfg: ReasoningConfig) -> RewardConfig:
-    """The `reward` section with reward.fn=auto replaced by the data source's reward function."""
-    return replace(cfg.reward, fn=default_reward(cfg.data)) if cfg.reward.fn == AUTO else cfg.reward
 
 
 def check_choices(cfg: ReasoningConfig) -> None:
@@ -97,10 +91,6 @@ def check_off_policy(a: AlgorithmConfig) -> None:
     if a.is_low >= a.is_high:
         raise ValueError(f"algorithm.is_low={a.is_low} must be below algorithm.is_high={a.is_high}")
 
-
-def is_thresholds(a: AlgorithmConfig) -> ISThresholds:
-    """The `algorithm.is_*` keys as the corrections read them."""
-    return ISThresholds(cap=a.is_cap, low=a.is_low, high=a.is_high)
 
 
 def check_config(cfg: ReasoningConfig) -> None:
@@ -188,15 +178,6 @@ def check_schedule_placement(cfg: ReasoningConfig) -> None:
                          f"{'the same' if wanted else 'different'} devices (cluster.component_placement.actor / "
                          f".rollout); runner.schedule=static picks the loop from the placement")
 
-
-def runner_loop(cfg: ReasoningConfig, micro_batch_tokens: int | None = None) -> LoopConfig:
-    """The actor's and critic's training loop from the runner and algorithm sections; `micro_batch_tokens`: the
-    memory budget's tokens, which size micro-batches when runner.micro_batch_size is null (runners/reasoning/memory.py)."""
-    r, a = cfg.runner, cfg.algorithm
-    return LoopConfig(mini_batches=a.mini_batches, micro_batch_size=r.micro_batch_size, epochs=a.epochs,
-                      micro_batch_tokens=micro_batch_tokens,
-                      seed=r.seed, pack_sequences=r.pack_sequences, max_batch_seqlen=r.max_batch_seqlen,
-                      max_tokens_per_micro_batch=r.max_tokens_per_micro_batch)
 
 
 def check_finite(metrics: dict[str, float], step: int, policy: str) -> str | None:

@@ -6,28 +6,28 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator
-from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.runners.reasoning import memory
 from rlinf_like.runners.reasoning.actor_setup import actor_config, actor_precision, actor_replicas, reference_in_actor
 from rlinf_like.runners.reasoning.agent_format import chat_template_text
-from rlinf_like.runners.reasoning.checks import check_batch_split, is_thresholds, reward_config, runner_loop
+from rlinf_like.runners.reasoning.checks import check_batch_split
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.reasoning.config import COMPONENTS, ReasoningConfig
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
-from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, WorkerGroup, devices_of, plan_placement
+from rlinf_like.runners.reasoning.worker_configs import loss_config, reward_config, runner_loop
+from rlinf_like.runners.reasoning.worker_set import Workers
+from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
 from rlinf_like.utils import hardware
 from rlinf_like.workers.actor.backends import backend_class
-from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
@@ -45,28 +45,6 @@ MEMORY_ADVICE = {
                "rollout.max_context",
     "reference": "runner.micro_batch_size",
 }
-
-
-@dataclass(kw_only=True)
-class Workers:
-    placement: Placement
-    actor: WorkerGroup
-    actor_dp: list  # per actor rank: its data-parallel replica (rank, size)
-    rollout: WorkerGroup
-    reward: WorkerGroup
-    critic: WorkerGroup | None = None  # with an estimator that needs_critic
-    reference: WorkerGroup | None = None  # with algorithm.kl_beta > 0, launched by `launch_reference`
-    reference_in_actor: bool = False  # LoRA with algorithm.kl_beta > 0: the actor's base is the reference
-    collocated: bool  # actor and rollout share devices: they take turns
-
-    @property
-    def trainers(self) -> list[WorkerGroup]:
-        """The trained groups that give their devices to the rollout in collocated mode."""
-        return [self.actor] + ([self.critic] if self.critic is not None else [])
-
-    def all_groups(self) -> dict[str, WorkerGroup | None]:
-        return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout, "reward": self.reward,
-                "reference": self.reference}
 
 
 def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: AdvantageEstimator,
@@ -169,19 +147,6 @@ def place(cfg: ReasoningConfig, cluster: Cluster, estimator: AdvantageEstimator,
     placement, needed = plan(cfg, cluster.devices, estimator, check_placement)
     cluster.check_in_process(placement, needed)
     return placement
-
-
-def loss_config(cfg: ReasoningConfig) -> LossConfig:
-    a = cfg.algorithm
-    loss_kl = 0.0 if a.kl_in_reward else a.kl_beta  # the KL goes into the reward or the loss, not both
-    policy = PolicyLossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                              aggregation=a.aggregation)
-    # without a recomputation, the loss's own logprobs before the step's only update are the trainer's: the
-    # train/rollout mismatch costs nothing to report then
-    single_update = a.mini_batches == 1 and a.epochs == 1
-    return LossConfig(policy=policy, kl_beta=loss_kl, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                      objective=a.loss, is_correction=a.is_correction, is_thresholds=is_thresholds(a),
-                      temperature=cfg.runner.temperature, report_mismatch=single_update and not a.recompute_logprobs)
 
 
 def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, estimator: AdvantageEstimator,

@@ -23,9 +23,9 @@ from rlinf_like.data.batch import Batch, build_rl_batch
 from rlinf_like.data.sources import Tasks
 from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.reasoning.agent_format import episode_metrics, task_row
-from rlinf_like.runners.reasoning.checks import is_thresholds
+from rlinf_like.runners.reasoning.worker_configs import is_thresholds
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.runners.reasoning.launch import Workers
+from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.scheduler import GroupResult
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, SamplingParams

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 
-from rlinf_like.runners.reasoning.launch import Workers
+from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.scheduler import Channel, GroupResult
 from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler
 from rlinf_like.scheduler.errors import ChannelTimeout

@@ -15,9 +15,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.reasoning.checks import runner_loop
+from rlinf_like.runners.reasoning.worker_configs import loss_config, runner_loop
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.runners.reasoning.launch import Workers, loss_config
+from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
