@@ -111,7 +111,7 @@ cmd_start_slurm() {
       *) die "unknown option '$1' for start slurm" ;;
     esac
   done
-  local slurm_env; slurm_env="$("$PYTHON" -m rlinf_like.scheduler.slurm env)" || exit 1
+  local slurm_env; slurm_env="$("$PYTHON" -m rlinf_like.runtime.slurm env)" || exit 1
   eval "$slurm_env"  # HEAD_HOST NODE_ID NUM_NODES NODE_CPUS NODE_GPUS
   local head_ip extra=()
   head_ip="$("$PYTHON" -c 'import socket, sys; print(socket.gethostbyname(sys.argv[1]))' "$HEAD_HOST")" \

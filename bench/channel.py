@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import ray
 import torch
 
-from rlinf_like.scheduler import Channel, Cluster, ClusterConfig, Worker
+from rlinf_like.runtime import Channel, Cluster, ClusterConfig, Worker
 
 
 @dataclass

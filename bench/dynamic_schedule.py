@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import Machine, median_ratio, result_line  # noqa: E402
 from rlinf_like.runners.reasoning.config import ReasoningConfig  # noqa: E402
 from rlinf_like.runners.reasoning.schedules import collocated, dynamic  # noqa: E402
-from rlinf_like.scheduler import ClusterConfig  # noqa: E402
+from rlinf_like.runtime import ClusterConfig  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 
 

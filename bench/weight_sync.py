@@ -39,7 +39,7 @@ from rlinf_like.hybrid_engines.reshard import (
     TRANSPORTS, SyncPlan, WeightReceiver, WeightSender, dtensor_layout, replicated, sharded,
 )
 from rlinf_like.hybrid_engines.reshard.layout import dtype_from_name
-from rlinf_like.scheduler import Cluster, ClusterConfig, Worker, connect_groups, wait_all
+from rlinf_like.runtime import Cluster, ClusterConfig, Worker, connect_groups, wait_all
 
 COLUMN = ("q", "k", "v", "gate", "up")  # split output features (dim 0) under TP
 ROW = ("o", "down")  # split input features (dim 1)

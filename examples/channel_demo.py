@@ -24,7 +24,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from rlinf_like.config import check_overrides, hydra_schema, structure
-from rlinf_like.scheduler import Channel, Cluster, ClusterConfig, Worker, connect_groups, wait_all
+from rlinf_like.runtime import Channel, Cluster, ClusterConfig, Worker, connect_groups, wait_all
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 

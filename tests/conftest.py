@@ -70,7 +70,7 @@ def gemma3_path() -> str:
 def cluster():
     """One real local Ray instance (2 CPU slots) for the whole session: starting Ray costs ~5 s. No GPUs, even on a
     GPU host: the CPU tests' unprefixed placements ("0-1") would otherwise ask for GPUs there."""
-    from rlinf_like.scheduler import Cluster, ClusterConfig
+    from rlinf_like.runtime import Cluster, ClusterConfig
 
     c = Cluster(ClusterConfig(num_cpus=2, num_gpus=0, collective_timeout_s=60, reserve_timeout_s=20))
     yield c

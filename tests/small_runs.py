@@ -5,7 +5,7 @@ Each test sets what it is about on top."""
 from pathlib import Path
 
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.runtime import ClusterConfig
 
 
 def small_reasoning_config(out: Path, *, max_steps: int = 2, save_every: int = 100,

@@ -82,7 +82,7 @@ def load(path) -> dict[str, torch.Tensor]:
 def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(cluster, tmp_path):
     from rlinf_like.hybrid_engines.megatron import MegatronConfig
     from rlinf_like.hybrid_engines.reshard import SyncPlan
-    from rlinf_like.scheduler import connect_groups, wait_all
+    from rlinf_like.runtime import connect_groups, wait_all
     from rlinf_like.workers.rollout.engine import RolloutConfig
 
     path = str(write_tiny_model(tmp_path / "qwen2", SPEC))

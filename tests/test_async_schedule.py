@@ -8,7 +8,7 @@ import pytest
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.async_stream import GroupStream, may_start, serve_metrics, staleness_metrics
-from rlinf_like.scheduler.errors import ChannelTimeout
+from rlinf_like.runtime.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
 from small_runs import small_reasoning_config
 

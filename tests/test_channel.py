@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rlinf_like.scheduler import Channel, ChannelClosed, ChannelTimeout, Worker, WorkerError
-from rlinf_like.scheduler.channel import INLINE_MAX_TENSOR_BYTES, payload_nbytes
+from rlinf_like.runtime import Channel, ChannelClosed, ChannelTimeout, Worker, WorkerError
+from rlinf_like.runtime.channel import INLINE_MAX_TENSOR_BYTES, payload_nbytes
 
 
 @dataclass

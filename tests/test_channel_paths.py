@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rlinf_like.scheduler import Channel, ChannelClosed
-from rlinf_like.scheduler import channel_wire as wire
+from rlinf_like.runtime import Channel, ChannelClosed
+from rlinf_like.runtime import channel_wire as wire
 
 
 @dataclass

@@ -8,11 +8,11 @@ import sys
 import pytest
 import ray
 
-from rlinf_like.scheduler import Cluster
+from rlinf_like.runtime import Cluster
 
 JOIN_SCRIPT = """
 import json
-from rlinf_like.scheduler import Cluster, ClusterConfig
+from rlinf_like.runtime import Cluster, ClusterConfig
 address = {address!r}
 with Cluster(ClusterConfig(address=address) if address else ClusterConfig()) as c:
     print(json.dumps({{"nodes": [n.node_id for n in c.nodes], "cpus": c.num_cpus, "gpus": c.num_gpus,

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlinf_like.config import ConfigError, structure
-from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.runtime import ClusterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from rlinf_like.hybrid_engines import residency
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.scheduler import Cluster, ClusterConfig
+from rlinf_like.runtime import Cluster, ClusterConfig
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import RolloutWorker
 from rlinf_like.workers.trained import TrainedWorker

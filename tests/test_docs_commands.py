@@ -154,7 +154,7 @@ def test_readme_placement_overrides_compose_to_the_placement_they_describe():
 
     from rlinf_like.config import check_overrides, hydra_schema, structure
     from rlinf_like.runners.reasoning.config import ReasoningConfig
-    from rlinf_like.scheduler.placement import Device, PlacementMode, plan_placement
+    from rlinf_like.runtime.placement import Device, PlacementMode, plan_placement
 
     readme = (ROOT / "README.md").read_text()
     forms = [" ".join(s.split()).strip("'") for s in re.findall(r"`'?(cluster\.component_placement[^`]+)`", readme)]

@@ -14,7 +14,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.schedules import dynamic
 from rlinf_like.runners.reasoning.schedules.dynamic import check as check_dynamic
 from rlinf_like.runners.reasoning import check_config
-from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.runtime import ClusterConfig
 from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler
 from rlinf_like.workers.actor.elastic import block_owners
 

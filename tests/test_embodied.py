@@ -19,7 +19,7 @@ import torch
 from rlinf_like.data.trajectory import StreamedGAE, Trajectory, episode_gae, ppo_batch, rows_batch
 from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.envs.render import ensure_gl
-from rlinf_like.scheduler import WorkerError
+from rlinf_like.runtime import WorkerError
 from rlinf_like.workers.env import EnvWorker
 from rlinf_like.workers.env.link import read_step, step_fields, step_layout
 from rlinf_like.workers.env.local import LocalEnvLink

@@ -15,7 +15,7 @@ from rlinf_like.data.episode_groups import episode_group_advantages, group_seeds
 from rlinf_like.data.replay import Transitions
 from rlinf_like.envs import EnvConfig, make_env
 from rlinf_like.runners.embodied.config import EmbodiedAlgorithm, EmbodiedConfig, EmbodiedRunnerConfig
-from rlinf_like.scheduler import Channel
+from rlinf_like.runtime import Channel
 
 
 def sac_config(out, **runner) -> EmbodiedConfig:

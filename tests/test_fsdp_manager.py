@@ -8,7 +8,7 @@ import torch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs, token_nll_loss
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 
 VOCAB, SEQ, GLOBAL_BATCH = 64, 12, 8
 
@@ -232,7 +232,7 @@ class PolicyRollout(Worker):
 
 def test_plain_module_with_custom_loss_trains_and_syncs_to_a_rollout(cluster):
     from rlinf_like.hybrid_engines.reshard import SyncPlan, replicated
-    from rlinf_like.scheduler import connect_groups, wait_all
+    from rlinf_like.runtime import connect_groups, wait_all
 
     placement = cluster.place({"policy": "0-1", "policy_rollout": "0"})
     actor = PolicyTrainer.create_group().launch(cluster, placement, "policy")

@@ -8,7 +8,7 @@ import torch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.grad_scaling import backward, make_grad_scaler, optimizer_step
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_nll_loss
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 
 
 def test_scaler_skips_inf_steps_and_lowers_the_scale_then_steps_on_finite_grads():

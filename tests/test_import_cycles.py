@@ -1,5 +1,5 @@
 """No import cycles among rlinf_like's modules: shared types live in leaf modules (rollout/base.py,
-models/policy_base.py, scheduler/worker_host.py, ...) so that modules import them, not each other."""
+models/policy_base.py, runtime/worker_host.py, ...) so that modules import them, not each other."""
 
 from pathlib import Path
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlinf_like.scheduler import (Channel, Cluster, ClusterConfig, GroupTimeoutError, PlacementError, Worker,
+from rlinf_like.runtime import (Channel, Cluster, ClusterConfig, GroupTimeoutError, PlacementError, Worker,
                                   WorkerError, connect_groups, control, wait_all)
 from small_runs import small_reasoning_config
 
@@ -142,7 +142,7 @@ def test_a_group_of_several_ranks_is_refused_naming_the_key_before_it_starts():
 
 
 DEBUGGED = """
-from rlinf_like.scheduler import Cluster, ClusterConfig, Worker
+from rlinf_like.runtime import Cluster, ClusterConfig, Worker
 
 
 class Doubler(Worker):

@@ -9,7 +9,7 @@ import sys
 import pytest
 from tqdm import tqdm
 
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 from rlinf_like.utils.logging import TqdmHandler, setup_logging
 
 

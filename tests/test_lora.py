@@ -19,7 +19,7 @@ from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs
 from rlinf_like.hybrid_engines.tensors import local_tensor
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.common import connect_weight_sync
-from rlinf_like.scheduler import wait_all
+from rlinf_like.runtime import wait_all
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker
 from rlinf_like.workers.rollout.base import RolloutConfig
 from rlinf_like.workers.rollout.worker import RolloutWorker

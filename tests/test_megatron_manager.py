@@ -12,7 +12,7 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs, token_nll_loss
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.scheduler import Worker, connect_groups, wait_all
+from rlinf_like.runtime import Worker, connect_groups, wait_all
 
 # a spec lookup, not an import: the rollout workers unpickle this module and need no megatron
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")

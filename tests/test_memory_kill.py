@@ -7,9 +7,9 @@ import time
 import pytest
 import ray
 
-from rlinf_like.scheduler import Worker, WorkerDiedError, WorkerGroup
-from rlinf_like.scheduler.process_memory import GIB, MemorySample
-from rlinf_like.scheduler.worker_group import _convert
+from rlinf_like.runtime import Worker, WorkerDiedError, WorkerGroup
+from rlinf_like.runtime.process_memory import GIB, MemorySample
+from rlinf_like.runtime.worker_group import _convert
 
 ADVICE = "rollout.kv_cache_memory_gb, rollout.max_batch_size"
 # what Ray 2.x says when its memory monitor kills an actor's process (abridged only in the consumers' table)
@@ -84,7 +84,7 @@ def test_worker_errors_survive_pickling_with_their_fields():
     called __init__ with the message alone and broke the pool instead of showing the error."""
     import pickle
 
-    from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
+    from rlinf_like.runtime.errors import GroupTimeoutError, WorkerDiedError, WorkerError
 
     for err in (WorkerError("actor", 1, "train_step", "Traceback ...\nValueError: x", ValueError("x")),
                 WorkerDiedError("rollout", 0, "generate", "killed for memory", memory_kill=True),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_like.scheduler.slurm import expand_hostlist, read_slurm_env
+from rlinf_like.runtime.slurm import expand_hostlist, read_slurm_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # 30 SFT steps of 16 rows: the warm start moves the policy far from the initial model (the KL bound below), at a

@@ -11,7 +11,7 @@ from rlinf_like.algorithms import PolicyLossConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs, token_nll_loss
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.training.batch_resizer import concat_batches
 from rlinf_like.training.micro_batching import balanced_partition, token_budget_plan, trim_padding
@@ -262,7 +262,7 @@ def test_token_budget_micro_batches_accumulate_the_whole_batch_gradient_and_the_
 
 
 def test_batch_resizer_gathers_global_batches_from_a_channel_then_splits_by_tokens(cluster):
-    from rlinf_like.scheduler import Channel
+    from rlinf_like.runtime import Channel
     from rlinf_like.training.batch_resizer import BatchResizer
 
     full = rl_batch()

@@ -13,7 +13,7 @@ from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.families import ModelConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.scheduler import Worker, connect_groups, wait_all
+from rlinf_like.runtime import Worker, connect_groups, wait_all
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
 from rlinf_like.workers.rollout.engines.native.model import kv_bytes_per_token
 from rlinf_like.workers.rollout.engines.native.paging import GIB

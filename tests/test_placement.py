@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlinf_like.scheduler.errors import PlacementError
-from rlinf_like.scheduler.placement import Device, PlacementMode, parse_device_range, plan_placement
+from rlinf_like.runtime.errors import PlacementError
+from rlinf_like.runtime.placement import Device, PlacementMode, parse_device_range, plan_placement
 
 
 def devices(gpus_per_node=(2, 2), cpus_per_node=(4, 4)):

@@ -43,7 +43,7 @@ def test_start_status_join_stop(tmp_path):
         # reserve_timeout_s (checked here, on a joined cluster, rather than on a Ray of its own)
         join = subprocess.run(
             [sys.executable, "-c",
-             "import json; from rlinf_like.scheduler import Cluster, ClusterConfig\n"
+             "import json; from rlinf_like.runtime import Cluster, ClusterConfig\n"
              f"with Cluster(ClusterConfig(address='127.0.0.1:{port}')) as c:\n"
              "    joined = [c.num_cpus, c.is_local, len(c.nodes)]\n"
              "try:\n"

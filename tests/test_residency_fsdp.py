@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from rlinf_like.hybrid_engines import PARTS, ResidencyManager
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 
 
 class FSDPTrainer(Worker):

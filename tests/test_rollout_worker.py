@@ -6,7 +6,7 @@ import pytest
 from rlinf_like.hybrid_engines.reshard import SyncPlan
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.scheduler import Channel, Worker, connect_groups, wait_all
+from rlinf_like.runtime import Channel, Worker, connect_groups, wait_all
 from rlinf_like.workers.rollout import (
     RolloutConfig,
     RolloutRequest,

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from rlinf_like.scheduler.serialization import UsesRaySerializer, pack, unpack
+from rlinf_like.runtime.serialization import UsesRaySerializer, pack, unpack
 
 
 def round_trip(obj):

@@ -16,9 +16,9 @@ from rlinf_like.models.policies import PolicyConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.embodied.runner import check_actor_split, trajectory_channel
 from rlinf_like.runners.embodied.config import EmbodiedConfig
-from rlinf_like.scheduler import Channel
-from rlinf_like.scheduler.placement import Device
-from rlinf_like.scheduler.worker import WorkerContext
+from rlinf_like.runtime import Channel
+from rlinf_like.runtime.placement import Device
+from rlinf_like.runtime.worker import WorkerContext
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.reward.combine import check_reward_config

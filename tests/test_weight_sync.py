@@ -13,7 +13,7 @@ from rlinf_like.hybrid_engines.reshard import (
     replicated,
     sharded,
 )
-from rlinf_like.scheduler import Worker, WorkerError, connect_groups, wait_all
+from rlinf_like.runtime import Worker, WorkerError, connect_groups, wait_all
 
 # Odd sizes on purpose: FSDP chunks of 7 over 2 ranks are 4 + 3; TP=3 over 10 is 4 + 3 + 3.
 SHAPES = {"0.weight": (10, 7), "0.bias": (10,), "1.weight": (7, 10), "1.bias": (7,)}

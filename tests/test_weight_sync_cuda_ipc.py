@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlinf_like.hybrid_engines.reshard import SyncPlan, WeightReceiver, WeightSender, replicated, sharded
-from rlinf_like.scheduler.comm import PeerGroup
+from rlinf_like.runtime.comm import PeerGroup
 
 SHAPE = (256, 96)
 

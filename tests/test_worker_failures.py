@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlinf_like.scheduler import Worker, WorkerDiedError, WorkerError, wait_all
+from rlinf_like.runtime import Worker, WorkerDiedError, WorkerError, wait_all
 from test_worker_group import Probe
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlinf_like.scheduler import (
+from rlinf_like.runtime import (
     GroupTimeoutError,
     Worker,
     WorkerError,
@@ -172,7 +172,7 @@ def test_memory_metrics_read_host_memory_and_ask_busy_ranks_for_device_memory(gr
 
 @pytest.mark.gpu
 def test_device_memory_reports_what_torch_holds_on_a_gpu():
-    from rlinf_like.scheduler import Cluster, ClusterConfig
+    from rlinf_like.runtime import Cluster, ClusterConfig
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

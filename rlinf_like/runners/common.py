@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 from rlinf_like.hybrid_engines.reshard import SyncPlan
-from rlinf_like.scheduler import WorkerGroup, connect_groups, wait_all
+from rlinf_like.runtime import WorkerGroup, connect_groups, wait_all
 
 CRASH_ENV = "RLINF_LIKE_CRASH_AT"
 

@@ -9,7 +9,7 @@ how a config is checked in about a second, e.g. for every command line the docs 
 
 from __future__ import annotations
 
-from rlinf_like.scheduler import Placement, devices_of
+from rlinf_like.runtime import Placement, devices_of
 
 
 def preflight(cfg) -> Placement:

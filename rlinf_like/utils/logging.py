@@ -1,7 +1,7 @@
 """Console logging for the package: `[rlinf_like] message` lines on stdout.
 
 Modules log with `log = logging.getLogger(__name__)`; the entry points (the examples) call
-`setup_logging()`, and so does every Ray worker process (`scheduler/worker.py`), whose stdout Ray
+`setup_logging()`, and so does every Ray worker process (`runtime/worker.py`), whose stdout Ray
 forwards to the driver's console. Lines go through `tqdm.write`, so an open progress bar is
 redrawn below them instead of being broken.
 """

@@ -8,7 +8,7 @@ from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.model_manager import ModelManager
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender
 from rlinf_like.hybrid_engines.residency import turn_moves
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 
 
 class TrainedWorker(Worker):

@@ -33,7 +33,7 @@ from rlinf_like.hybrid_engines.reshard.layout import Box, TensorLayout, box_slic
 from rlinf_like.hybrid_engines.reshard.planner import NameMap, ReshardError, Transfer, bucketize, plan_reshard
 from rlinf_like.hybrid_engines.reshard.transports import TRANSPORTS, WeightSyncError, message_tag
 from rlinf_like.hybrid_engines.tensors import local_tensor
-from rlinf_like.scheduler.comm import PeerGroup
+from rlinf_like.runtime.comm import PeerGroup
 
 
 def dtensor_layout(name: str, tensor) -> TensorLayout:

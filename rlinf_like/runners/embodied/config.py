@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from rlinf_like.config.validate import bounded
 from rlinf_like.envs import EnvConfig
 from rlinf_like.models.policies import PolicyConfig
-from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.runtime import ClusterConfig
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.ppo import PPOConfig
 from rlinf_like.workers.actor.sac_learner import SACConfig

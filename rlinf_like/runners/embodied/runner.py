@@ -40,7 +40,7 @@ from rlinf_like.models.policies import check_policy_fits, policy_class
 from rlinf_like.runners.common import (Checkpoints, connect_env_wire, connect_weight_sync, crash_point, plot_series,
                                        write_worker_pids)
 from rlinf_like.runners.embodied.config import COMPONENTS, EmbodiedConfig
-from rlinf_like.scheduler import Channel, Cluster, Device, Placement, plan_placement, wait_all
+from rlinf_like.runtime import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
 from rlinf_like.workers.env import EnvWorker, episode_metrics

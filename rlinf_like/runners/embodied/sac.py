@@ -33,7 +33,7 @@ from rlinf_like.models.policies import policy_class
 from rlinf_like.models.sac import SACRolloutPolicy
 from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, write_worker_pids
 from rlinf_like.runners.embodied.runner import CHECKPOINT, WORKER_STATE, EmbodiedRunner, env_specs
-from rlinf_like.scheduler import Channel, Cluster, Device, Placement, plan_placement, wait_all
+from rlinf_like.runtime import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.workers.actor.sac import SACActorWorker
 from rlinf_like.workers.actor.discrete_sac_learner import DiscreteSACLearner
 from rlinf_like.workers.actor.sac_learner import SACConfig, SACLearner

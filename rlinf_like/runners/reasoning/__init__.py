@@ -18,7 +18,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.data.sources import load_tasks
 from rlinf_like.runners.reasoning.run import RunResult
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
-from rlinf_like.scheduler.placement import share_devices
+from rlinf_like.runtime.placement import share_devices
 
 __all__ = ["check_batch_split", "check_config", "check_finite", "load_tasks", "schedule_of", "train"]
 

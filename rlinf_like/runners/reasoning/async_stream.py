@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup
-from rlinf_like.scheduler.errors import ChannelTimeout
+from rlinf_like.runtime import Channel, GroupResult, WorkerGroup
+from rlinf_like.runtime.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
 
 STALE_POLICIES = ("drop", "wait")

@@ -19,7 +19,7 @@ from rlinf_like.models.families import MODEL_FAMILIES, ModelConfig
 from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
 from rlinf_like.runners.reasoning.worker_configs import reward_config, runner_loop
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC, schedule_choices
-from rlinf_like.scheduler.placement import share_devices
+from rlinf_like.runtime.placement import share_devices
 from rlinf_like.training.loop import check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY
 from rlinf_like.workers.reward.combine import check_reward_config

@@ -14,7 +14,7 @@ from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
 from rlinf_like.envs.text.config import AgentConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
-from rlinf_like.scheduler import ClusterConfig
+from rlinf_like.runtime import ClusterConfig
 from rlinf_like.training.loop import LoopConfig
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.config import ActorConfig

@@ -24,7 +24,7 @@ from rlinf_like.runners.reasoning.config import COMPONENTS, ReasoningConfig
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
 from rlinf_like.runners.reasoning.worker_configs import loss_config, reward_config, runner_loop
 from rlinf_like.runners.reasoning.worker_set import Workers
-from rlinf_like.scheduler import Cluster, Device, Placement, PlacementMode, devices_of, plan_placement
+from rlinf_like.runtime import Cluster, Device, Placement, PlacementMode, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
 from rlinf_like.utils import hardware
 from rlinf_like.workers.actor.backends import backend_class

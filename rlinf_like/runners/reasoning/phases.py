@@ -26,7 +26,7 @@ from rlinf_like.runners.reasoning.agent_format import episode_metrics, task_row
 from rlinf_like.runners.reasoning.worker_configs import is_thresholds
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.worker_set import Workers
-from rlinf_like.scheduler import GroupResult
+from rlinf_like.runtime import GroupResult
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, SamplingParams
 

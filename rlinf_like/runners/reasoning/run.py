@@ -30,7 +30,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start
 from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
-from rlinf_like.scheduler import Cluster, GroupResult, Placement, wait_all
+from rlinf_like.runtime import Cluster, GroupResult, Placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.scheduler.process_memory import read_memory
+from rlinf_like.runtime.process_memory import read_memory
 from rlinf_like.utils.logging import PACKAGE
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout import RolloutResult

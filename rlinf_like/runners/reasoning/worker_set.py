@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlinf_like.scheduler import Placement, WorkerGroup
+from rlinf_like.runtime import Placement, WorkerGroup
 
 
 @dataclass(kw_only=True)

@@ -25,7 +25,7 @@ from rlinf_like.data.trajectory import StreamedGAE, Trajectory, rows_batch, traj
 from rlinf_like.envs import ActionSpec, FieldSpec
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.models.policies import PolicyConfig, build_policy
-from rlinf_like.scheduler import Channel
+from rlinf_like.runtime import Channel
 from rlinf_like.workers.trained import TrainedWorker
 from rlinf_like.training.loop import LoopConfig, train_epochs
 

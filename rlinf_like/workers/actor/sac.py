@@ -12,7 +12,7 @@ import torch
 
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightSender, replicated
 from rlinf_like.models.policy_base import use_generator
-from rlinf_like.scheduler import Channel, Worker
+from rlinf_like.runtime import Channel, Worker
 from rlinf_like.workers.actor.sac_learner import SoftLearner
 
 

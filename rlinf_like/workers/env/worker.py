@@ -15,7 +15,7 @@ import numpy as np
 
 from rlinf_like.data.episode_groups import group_seeds
 from rlinf_like.envs import EnvConfig, EpisodeStats, Obs, StepResult, make_env
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 from rlinf_like.workers.env.link import Link, action_layout, step_layout
 from rlinf_like.workers.env.types import EnvSpecs, EnvStats, StepMessage
 

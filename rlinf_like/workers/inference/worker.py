@@ -15,7 +15,7 @@ from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager, turn_moves
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 from rlinf_like.training.loop import micro_batches
 from rlinf_like.utils import hardware
 

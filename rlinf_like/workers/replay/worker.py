@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlinf_like.data.replay import ReplayBuffer, Transitions
-from rlinf_like.scheduler import Channel, ChannelClosed, Worker
+from rlinf_like.runtime import Channel, ChannelClosed, Worker
 
 log = logging.getLogger(__name__)
 

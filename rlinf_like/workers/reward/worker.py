@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from rlinf_like.models import load_tokenizer
-from rlinf_like.scheduler import Worker
+from rlinf_like.runtime import Worker
 from rlinf_like.workers.reward.combine import REWARD_KINDS, check_reward_config, combine_rewards
 from rlinf_like.workers.reward.fn import load_reward_fn, score_sample
 from rlinf_like.workers.reward.rules import RewardConfig

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec, with_adapters
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout
 from rlinf_like.hybrid_engines.residency import turn_moves
-from rlinf_like.scheduler import Channel, Worker, control
+from rlinf_like.runtime import Channel, Worker, control
 from rlinf_like.workers.rollout.engine import RolloutConfig, make_engine
 from rlinf_like.workers.rollout.engines.engine_advice import log_cpu_advice
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult

@@ -23,7 +23,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
-from rlinf_like.scheduler import Channel, GroupResult, WorkerGroup, wait_all
+from rlinf_like.runtime import Channel, GroupResult, WorkerGroup, wait_all
 from rlinf_like.workers.rollout import RolloutResult
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 

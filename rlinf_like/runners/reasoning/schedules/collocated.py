@@ -13,7 +13,7 @@ from rlinf_like.runners.reasoning.phases import batch_metrics, make_requests, pr
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.scheduler import wait_all
+from rlinf_like.runtime import wait_all
 from rlinf_like.workers.rollout.worker import gather_results
 
 

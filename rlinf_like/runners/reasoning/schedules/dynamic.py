@@ -32,7 +32,7 @@ from rlinf_like.runners.reasoning.phases import advantages, extra_metrics, make_
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
 from rlinf_like.runners.reasoning.schedules.elastic_rollout import ElasticRollout
-from rlinf_like.scheduler import Channel, Placement, PlacementMode
+from rlinf_like.runtime import Channel, Placement, PlacementMode
 from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler, check_handover
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
 from rlinf_like.workers.actor.backends import backend_class, backends_with

@@ -8,9 +8,9 @@ import time
 
 
 from rlinf_like.runners.reasoning.worker_set import Workers
-from rlinf_like.scheduler import Channel, GroupResult
+from rlinf_like.runtime import Channel, GroupResult
 from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler
-from rlinf_like.scheduler.errors import ChannelTimeout
+from rlinf_like.runtime.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult, continuation
 
 POLL_S = 0.02  # how long the driver waits on the result channel before checking replicas again

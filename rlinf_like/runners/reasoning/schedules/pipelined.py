@@ -21,7 +21,7 @@ from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
-from rlinf_like.scheduler import Channel, GroupResult
+from rlinf_like.runtime import Channel, GroupResult
 from rlinf_like.training.loop import plan_steps
 from rlinf_like.workers.actor.worker import loss_weigh
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult

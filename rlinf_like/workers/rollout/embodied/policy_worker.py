@@ -24,7 +24,7 @@ from rlinf_like.envs import ActionSpec, EnvConfig, FieldSpec
 from rlinf_like.hybrid_engines.reshard import SyncPlan, TensorLayout, WeightReceiver, replicated
 from rlinf_like.models.policies import PolicyConfig, build_policy
 from rlinf_like.models.policy_base import use_generator
-from rlinf_like.scheduler import Channel, Worker
+from rlinf_like.runtime import Channel, Worker
 from rlinf_like.workers.env.link import Link, action_layout, step_layout
 from rlinf_like.workers.env.local import LocalEnvLink
 from rlinf_like.workers.env.types import CollectResult, EnvSpecs, StepMessage

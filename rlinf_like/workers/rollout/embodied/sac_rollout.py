@@ -17,7 +17,7 @@ from torch import nn
 
 from rlinf_like.data.replay import Transitions, tree_map
 from rlinf_like.envs import FieldSpec
-from rlinf_like.scheduler import Channel
+from rlinf_like.runtime import Channel
 from rlinf_like.workers.env.link import action_layout, step_layout
 from rlinf_like.workers.env.types import CollectResult
 from rlinf_like.workers.rollout.embodied.policy_worker import PolicyRolloutWorker

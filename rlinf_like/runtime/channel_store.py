@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from rlinf_like.scheduler.channel_wire import SHM_PREFIX, unlink
+from rlinf_like.runtime.channel_wire import SHM_PREFIX, unlink
 
 OK, TIMEOUT, CLOSED, CLAIM = "ok", "timeout", "closed", "claim"
 REF_KINDS = ("packed", "ref")

@@ -5,7 +5,7 @@ Devices are reserved lazily, one single-bundle placement group per device pinned
 so workers always go through Ray's resource accounting.
 
 `backend="local"` starts no Ray: every worker group runs its one rank on threads of this process
-(scheduler/local.py), behind the same WorkerGroup calls, futures, errors and channels, for a debugger
+(runtime/local.py), behind the same WorkerGroup calls, futures, errors and channels, for a debugger
 that steps through a whole run and for tests that need no worker processes.
 """
 
@@ -24,9 +24,9 @@ from typing import Literal
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from rlinf_like.scheduler import comm, local
-from rlinf_like.scheduler.errors import PlacementError
-from rlinf_like.scheduler.placement import Device, Placement, plan_placement
+from rlinf_like.runtime import comm, local
+from rlinf_like.runtime.errors import PlacementError
+from rlinf_like.runtime.placement import Device, Placement, plan_placement
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class ClusterConfig:
     reserve_timeout_s: float = 60.0  # waiting for Ray to grant a device
     env_vars: dict[str, str] = field(default_factory=dict)  # forwarded to every worker
     # component -> device range, one key per component (collocation follows from overlapping ranges);
-    # grammar in scheduler/placement.py. Override one: cluster.component_placement.actor=0-1
+    # grammar in runtime/placement.py. Override one: cluster.component_placement.actor=0-1
     component_placement: dict[str, str] = field(default_factory=dict)
 
 
@@ -225,7 +225,7 @@ class Cluster:
     def place(
         self, component_placement: Mapping[str, str] | None = None, known_components: Iterable[str] | None = None
     ) -> Placement:
-        """Plan a placement on this cluster's devices (grammar in scheduler/placement.py);
+        """Plan a placement on this cluster's devices (grammar in runtime/placement.py);
         by default the config's `component_placement`."""
         spec = self.config.component_placement if component_placement is None else component_placement
         return plan_placement(spec, self.devices, known_components)

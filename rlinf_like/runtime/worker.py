@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlinf_like.scheduler import comm
-from rlinf_like.scheduler.placement import Device
-from rlinf_like.scheduler.worker_group import WorkerGroup
-from rlinf_like.scheduler.worker_host import WorkerContext, control, is_control
+from rlinf_like.runtime import comm
+from rlinf_like.runtime.placement import Device
+from rlinf_like.runtime.worker_group import WorkerGroup
+from rlinf_like.runtime.worker_host import WorkerContext, control, is_control
 
 __all__ = ["Worker", "WorkerContext", "control", "is_control"]
 

@@ -3,10 +3,10 @@
 Knows nothing of RL; everything above builds on it.
 """
 
-from rlinf_like.scheduler.channel import Channel
-from rlinf_like.scheduler.cluster import Cluster, ClusterConfig, NodeInfo, devices_of
-from rlinf_like.scheduler.comm import PeerGroup
-from rlinf_like.scheduler.errors import (
+from rlinf_like.runtime.channel import Channel
+from rlinf_like.runtime.cluster import Cluster, ClusterConfig, NodeInfo, devices_of
+from rlinf_like.runtime.comm import PeerGroup
+from rlinf_like.runtime.errors import (
     ChannelClosed,
     ChannelTimeout,
     GroupTimeoutError,
@@ -14,9 +14,9 @@ from rlinf_like.scheduler.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from rlinf_like.scheduler.placement import Device, Placement, PlacementMode, plan_placement
-from rlinf_like.scheduler.worker import Worker, control
-from rlinf_like.scheduler.worker_group import GroupResult, WorkerGroup, connect_groups, wait_all
+from rlinf_like.runtime.placement import Device, Placement, PlacementMode, plan_placement
+from rlinf_like.runtime.worker import Worker, control
+from rlinf_like.runtime.worker_group import GroupResult, WorkerGroup, connect_groups, wait_all
 
 __all__ = [
     "Channel", "ChannelClosed", "ChannelTimeout", "Cluster", "ClusterConfig", "Device", "devices_of", "GroupResult",

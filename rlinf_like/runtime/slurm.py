@@ -1,6 +1,6 @@
 """What a SLURM allocation says about this node, for `ray_launch.sh start slurm`.
 
-    python -m rlinf_like.scheduler.slurm env     # prints shell assignments: HEAD_HOST, NODE_ID, ...
+    python -m rlinf_like.runtime.slurm env     # prints shell assignments: HEAD_HOST, NODE_ID, ...
 
 The node list is expanded with `scontrol show hostnames` when SLURM's tools are on PATH, else by
 `expand_hostlist` (the bracket syntax: "gpu[01-03,07],login1"), so the logic is testable off-cluster.
@@ -98,7 +98,7 @@ def read_slurm_env(env: Mapping[str, str] = os.environ) -> SlurmNode:
 
 def main(argv: list[str]) -> int:
     if argv != ["env"]:
-        print("usage: python -m rlinf_like.scheduler.slurm env", file=sys.stderr)
+        print("usage: python -m rlinf_like.runtime.slurm env", file=sys.stderr)
         return 2
     try:
         node = read_slurm_env()

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rlinf_like.scheduler.errors import PlacementError
+from rlinf_like.runtime.errors import PlacementError
 
 DEVICE_KINDS = ("gpu", "cpu")
 

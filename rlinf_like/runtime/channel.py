@@ -35,11 +35,11 @@ from typing import Any, Generic, TypeVar
 import ray
 import ray.cloudpickle as cloudpickle
 
-from rlinf_like.scheduler import channel_wire as wire
-from rlinf_like.scheduler import local
-from rlinf_like.scheduler.channel_store import CLAIM, CLOSED, OK, REF_KINDS, TIMEOUT, ChannelStore, RemoteStore
-from rlinf_like.scheduler.errors import ChannelClosed, ChannelTimeout
-from rlinf_like.scheduler.serialization import UsesRaySerializer, pack, unpack
+from rlinf_like.runtime import channel_wire as wire
+from rlinf_like.runtime import local
+from rlinf_like.runtime.channel_store import CLAIM, CLOSED, OK, REF_KINDS, TIMEOUT, ChannelStore, RemoteStore
+from rlinf_like.runtime.errors import ChannelClosed, ChannelTimeout
+from rlinf_like.runtime.serialization import UsesRaySerializer, pack, unpack
 
 T = TypeVar("T")
 DEFAULT_KEY = "default"

@@ -11,7 +11,7 @@ becomes WorkerDiedError, and a `timeout` becomes GroupTimeoutError naming the pe
 A worker killed for memory (Ray's memory monitor, or a SIGKILL: most often the kernel's OOM killer) becomes a
 WorkerDiedError that says so in a few lines: the group, the rank's last measured memory (the driver reads the
 ranks on its node from /proc while it waits on them) and the config keys that reduce it (`launch(memory_advice=)`).
-On the in-process backend (`cluster.backend=local`, scheduler/local.py) the ranks run on threads of
+On the in-process backend (`cluster.backend=local`, runtime/local.py) the ranks run on threads of
 this process and the pending results are futures; every call above behaves the same.
 """
 
@@ -28,13 +28,13 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlinf_like.scheduler import comm
-from rlinf_like.scheduler.cluster import Cluster
-from rlinf_like.scheduler.errors import GroupTimeoutError, WorkerDiedError, WorkerError
-from rlinf_like.scheduler.local import LocalCallError, LocalHost
-from rlinf_like.scheduler.placement import Placement
-from rlinf_like.scheduler.process_memory import MemorySample, memory_kill_cause, read_memory
-from rlinf_like.scheduler.worker_host import WorkerContext, _WorkerHost, is_control
+from rlinf_like.runtime import comm
+from rlinf_like.runtime.cluster import Cluster
+from rlinf_like.runtime.errors import GroupTimeoutError, WorkerDiedError, WorkerError
+from rlinf_like.runtime.local import LocalCallError, LocalHost
+from rlinf_like.runtime.placement import Placement
+from rlinf_like.runtime.process_memory import MemorySample, memory_kill_cause, read_memory
+from rlinf_like.runtime.worker_host import WorkerContext, _WorkerHost, is_control
 
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import threading
 import uuid
 from multiprocessing.connection import Client, Connection
 
-from rlinf_like.scheduler.serialization import OwnedBuffer, Packed
+from rlinf_like.runtime.serialization import OwnedBuffer, Packed
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "rlinf-channel-"

@@ -9,8 +9,8 @@ from typing import Any
 
 import ray
 
-from rlinf_like.scheduler import comm
-from rlinf_like.scheduler.placement import Device
+from rlinf_like.runtime import comm
+from rlinf_like.runtime.placement import Device
 from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
