@@ -53,7 +53,7 @@ class Bench:
 
 # modules in bench/ that are not benchmarks: the shared helper, this runner, and one side of a two-process bench
 SUPPORT = frozenset({"common.py", "run_all.py", "summary_table.py", "weight_sync_baselines.py", "grpo_trl_side.py",
-                     "rollout_side.py", "rollout_versus.py"})
+                     "rollout_side.py", "rollout_versus.py", "sac_local.py"})
 
 BENCHES = (
     Bench(name="channel", script="channel.py"),
