@@ -51,7 +51,8 @@ class Bench:
     timeout_s: int = 3600
 
 
-# modules in bench/ that are not benchmarks: the shared helper, this runner, and one side of a two-process bench
+# modules in bench/ that are not benchmarks: the shared helpers, this runner, one side of a two-process bench, and
+# the one-process SAC loop the SAC bench and tests import
 SUPPORT = frozenset({"common.py", "run_all.py", "summary_table.py", "weight_sync_baselines.py", "grpo_trl_side.py",
                      "rollout_side.py", "rollout_versus.py", "sac_local.py"})
 
