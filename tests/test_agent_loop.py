@@ -3,6 +3,7 @@ turns end (`end_turns_like`), the compact chat template, and small real environm
 
 import threading
 import time
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -170,12 +171,13 @@ def test_each_limit_ends_the_episode_with_its_reason(case, engine, model_path):
 
 
 def test_an_env_that_raises_ends_its_own_episode_and_the_others_finish(engine):
-    results, envs, _ = rollout(engine, lambda: ToolEnv(fail_on="What is 1+2?"))
+    results, envs, _ = rollout(engine, lambda: ToolEnv(fail_on="What is 1+2?"))  # a bare loop: no retries
     by_request = {r.request_id: [e.end_reason for e in r.episodes] for r in results}
     assert by_request == {"q0": ["answer"] * 2, "q1": ["error"] * 2, "q2": ["answer"] * 2, "q3": ["answer"] * 2}
     failed = results[1].episodes[0]
     assert failed.turns == 1 and failed.error == "env.step: RuntimeError('tool crashed on turn 1')"
     assert results[1].response_masks[0] == [1] * len(results[1].response_ids[0])  # no env tokens were added
+    assert [bool(r.excluded) for r in results] == [False, True, False, False]  # the group is out of the step
 
 
 def test_episodes_overlap_so_the_engine_decodes_while_tools_wait(engine):
@@ -232,3 +234,31 @@ def test_samples_of_a_request_must_share_their_prompt_and_limits_are_checked_by_
             loop.run([RolloutRequest("q", [], SamplingParams(seed=1), n=2)], [{"q": "1+1?"}])
         with pytest.raises(ValueError, match="agent.max_turns must be >= 1, got 0"):
             AgentLoop(client, char_tokenizer(), TEMPLATE, ToolEnv, AgentLimits(max_turns=0))
+
+
+def test_a_failing_environment_is_rerun_fresh_then_its_whole_group_is_excluded(engine):
+    # the first environment made (q0's first sample) crashes; its rerun gets a fresh one that works
+    made = []
+
+    def first_one_fails():
+        made.append(ToolEnv(fail_on="What is 0+0?" if not made else None))
+        return made[-1]
+
+    results, _, _ = rollout(engine, first_one_fails, limits=replace(LIMITS, env_retries=1))
+    rerun = results[0].episodes[0]
+    assert (rerun.retries, rerun.end_reason, rerun.error) == (1, "answer", "")
+    assert not any(r.excluded for r in results) and len(made) == 9  # 8 episodes and one fresh environment
+    # an environment that always fails: after the retry the group is out of the step, naming the error
+    results, _, _ = rollout(engine, lambda: ToolEnv(fail_on="What is 1+2?"), limits=replace(LIMITS, env_retries=1))
+    assert [bool(r.excluded) for r in results] == [False, True, False, False]
+    assert results[1].excluded == "env.step: RuntimeError('tool crashed on turn 1') (sample 0, after 1 retries)"
+    assert [e.retries for e in results[1].episodes] == [1, 1]
+
+
+def test_an_environment_past_its_timeout_fails_its_episode_and_the_run_goes_on(engine):
+    slow = replace(LIMITS, env_timeout_s=0.3)
+    began = time.perf_counter()
+    results, _, _ = rollout(engine, lambda: ToolEnv(latency_s=3.0), limits=slow, requests=1, n=1)
+    assert time.perf_counter() - began < 2.5  # the hung step was left behind, not waited for
+    assert results[0].excluded.startswith("env.step: TimeoutError('env.step took longer than "
+                                          "agent.env_timeout_s=0.3')")

@@ -113,10 +113,12 @@ def test_the_loss_covers_the_models_tokens_and_the_reward_reads_its_last_turn():
 
 def test_episode_metrics():
     metrics = episode_metrics([multi_turn_result(), RolloutResult("s", [1], [[5]], [[0.0]], ["length"], episodes=[
-        EpisodeInfo(turns=3, end_reason="max_turns", tool_calls=2, malformed_calls=2)])])
+        EpisodeInfo(turns=3, end_reason="max_turns", tool_calls=2, malformed_calls=2, env_wait_s=1.5, retries=1)],
+        excluded="env.step: TimeoutError()")])
     assert metrics == {"agent/turns": 2.0, "agent/tool_calls": 1.0, "agent/tool_call_rate": 2 / 3,
-                       "agent/malformed_rate": 2 / 5, "agent/env_wait_s": 0.0, "agent/end/answer": 2 / 3,
-                       "agent/end/max_turns": 1 / 3}
+                       "agent/malformed_rate": 2 / 5, "agent/env_wait_s": 0.5, "agent/end/answer": 2 / 3,
+                       "agent/end/max_turns": 1 / 3, "agent/env_s": 1.5, "agent/env_retries": 1,
+                       "agent/excluded_groups": 1}
     assert episode_metrics([RolloutResult("t", [1], [[2]], [[0.0]], ["stop"])]) == {}  # single turn: none
 
 
@@ -199,3 +201,29 @@ def test_a_calculator_run_trains_on_episodes_and_resumes(tmp_path):
     assert "eval_agent/turns" in first[2] and "eval_accuracy" in resumed[3]
     assert [h["step"] for h in served] == [0, 1, 2]
     assert all(h["staleness_max"] <= 1 and h["agent/turns"] >= 1 for h in served[1:])
+
+
+def test_an_excluded_group_trains_on_nothing_and_too_many_stop_the_run():
+    from rlinf_like.runners.reasoning.phases import check_excluded, scored
+    from rlinf_like.workers.reward.types import SampleScore
+    from rlinf_like.workers.rollout import RolloutResult
+
+    def result(name, excluded=""):
+        return RolloutResult(name, [1, 2], [[3, 4], [5]], [[-0.1, -0.2], [-0.3]], ["stop", "stop"],
+                             excluded=excluded)
+
+    results = [result("ok"), result("bad", "env.step: RuntimeError('down') (sample 1, after 1 retries)")]
+    score = lambda reward: SampleScore(reward=reward, correct=reward > 0, formatted=True)  # noqa: E731
+    groups = [[score(1.0), score(0.0)], [score(1.0), score(1.0)]]
+    out = scored(results, groups, pad_id=0, seconds=0.0)
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]  # the excluded group's scores do not count
+    assert out.batch["response_mask"].sum(-1).tolist() == [2, 1, 0, 0]
+    cfg = agent_config()
+    cfg.agent.max_excluded_share = 0.5
+    check_excluded(cfg, results)  # one of two: at the bound, the run goes on
+    cfg.agent.max_excluded_share = 0.25
+    with pytest.raises(RuntimeError, match=re.escape(
+            "agent.env='tools': 1 of 2 groups of this step were excluded, above agent.max_excluded_share=0.25, each "
+            "after agent.env_retries=1 fresh environments; the last error: env.step: RuntimeError('down') (sample 1, "
+            "after 1 retries)")):
+        check_excluded(cfg, results)

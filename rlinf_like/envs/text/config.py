@@ -22,6 +22,12 @@ class AgentConfig:
     # OpenAI-compatible endpoint the rollout serves (`workers/rollout/agentic/openai_server.py`); "" for none
     program: str = ""
     program_timeout_s: float = bounded(120.0, gt=0)  # a program running longer scores 0 (logged, named)
+    # an episode whose environment raised or timed out reruns with a fresh environment up to this many times; then
+    # its whole group is excluded from the step (counted), not kept with a skewed group or silently dropped
+    env_retries: int = bounded(1, ge=0)
+    env_timeout_s: float = bounded(120.0, gt=0)  # one env.reset / env.step longer than this is a failure
+    # a step whose share of excluded groups exceeds this stops the run, naming the environment and its last error
+    max_excluded_share: float = bounded(0.25, ge=0, le=1)
     demo_key: str = "demo"  # the data column holding a worked episode (the assistant's messages) for the SFT warm-start
 
     @property

@@ -134,6 +134,9 @@ def episode_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
     out = {"agent/turns": sum(e.turns for e in episodes) / n, "agent/tool_calls": calls / n,
            "agent/tool_call_rate": sum(e.tool_calls > 0 for e in episodes) / n,
            "agent/malformed_rate": malformed / max(calls + malformed, 1),
-           "agent/env_wait_s": sum(e.env_wait_s for e in episodes) / n}
+           "agent/env_wait_s": sum(e.env_wait_s for e in episodes) / n,
+           # per step: environment seconds in all, episodes rerun after an environment failure, groups excluded
+           "agent/env_s": sum(e.env_wait_s for e in episodes), "agent/env_retries": sum(e.retries for e in episodes),
+           "agent/excluded_groups": sum(bool(r.excluded) for r in results)}
     out.update({f"agent/end/{reason}": count / n for reason, count in Counter(e.end_reason for e in episodes).items()})
     return out

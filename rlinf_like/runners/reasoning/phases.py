@@ -109,8 +109,12 @@ def scored(results: Sequence[RolloutResult], groups: Sequence[Sequence[SampleSco
            seconds: float) -> Scored:
     """`results` and their scores (per request, per sample) as one training batch; `seconds` spent scoring."""
     samples = [s for group in groups for s in group]
-    return Scored(batch=rl_batch(results, pad_id),
-                  rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+    batch = rl_batch(results, pad_id)
+    excluded = torch.tensor([bool(res.excluded) for res in results for _ in res.response_ids])
+    batch["response_mask"][excluded] = 0  # an excluded group's samples carry no loss (their advantages are 0 too)
+    return Scored(batch=batch,
+                  rewards=torch.tensor([0.0 if out else s.reward for s, out in zip(samples, excluded.tolist())],
+                                       dtype=torch.float32),
                   correct=torch.tensor([float(s.correct) for s in samples]),
                   formatted=torch.tensor([float(s.formatted) for s in samples]),
                   versions=torch.tensor([float(res.version) for res in results for _ in res.response_ids]),
@@ -158,6 +162,7 @@ def sample_metrics(results: Sequence[RolloutResult], rewards: torch.Tensor,
 def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, scored: Scored) -> tuple[Batch, dict]:
     """Everything the update needs that takes the whole batch (advantages use every sample of a group):
     reference logprobs, critic values, advantages, the trainer's own logprobs. The trainers must be resident."""
+    check_excluded(cfg, scored.results)
     batch, metrics = scored.batch, {}
     start = time.perf_counter()
     if w.reference is not None:
@@ -176,6 +181,17 @@ def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, sco
         metrics["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
         metrics.update(mismatch(cfg, batch))
     return batch, metrics
+
+
+def check_excluded(cfg: ReasoningConfig, results: Sequence[RolloutResult]) -> None:
+    """Groups excluded because their environment kept failing (`RolloutResult.excluded`) train on nothing; past
+    agent.max_excluded_share of a step the run stops, naming the environment and the last error."""
+    excluded = [res.excluded for res in results if res.excluded]
+    if len(excluded) > cfg.agent.max_excluded_share * len(results):
+        raise RuntimeError(f"agent.env={cfg.agent.env!r}: {len(excluded)} of {len(results)} groups of this step were "
+                           f"excluded, above agent.max_excluded_share={cfg.agent.max_excluded_share}, each after "
+                           f"agent.env_retries={cfg.agent.env_retries} fresh environments; the last error: "
+                           f"{excluded[-1]}")
 
 
 def mismatch(cfg: ReasoningConfig, batch: Batch) -> dict[str, float]:

@@ -66,6 +66,7 @@ class EpisodeInfo:
     malformed_calls: int = 0
     env_wait_s: float = 0.0  # seconds spent in env.step
     error: str = ""  # what went wrong, when end_reason is error
+    retries: int = 0  # times the episode was rerun with a fresh environment after its environment failed
     program_reward: float | None = None  # agent.program: the reward the program returned, which is the sample's
     program_formatted: bool = False  # agent.program: its reward function parsed an answer (`ProgramResult.formatted`)
 
@@ -89,6 +90,9 @@ class RolloutResult:
     # environment's messages added (their logprobs are 0.0); and how each sample's episode went
     response_masks: list[list[int]] = field(default_factory=list)
     episodes: list[EpisodeInfo] = field(default_factory=list)
+    # non-empty: an episode's environment still failed after agent.env_retries fresh tries, so the whole group is
+    # out of the step (keeping the others would skew the group's advantages); the last error
+    excluded: str = ""
 
     def oldest_version(self) -> int:
         """The oldest weights any of its tokens came from."""

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict
 
 from rlinf_like.config.validate import structure
@@ -45,40 +46,74 @@ class AgentLoop:
                 self._chats[key] = ChatTokens(self.tokenizer, self.chat_template, tools)
             return self._chats[key]
 
-    def episodes(self, requests: list[RolloutRequest]) -> list[list[Episode]]:
-        """One episode per sample, each with its own environment (not yet reset)."""
-        groups = []
-        for request in requests:
-            group = []
-            for sample in range(request.n):
-                env = self.make_env()
-                group.append(Episode(request_id=request.request_id, sample=sample, sampling=request.sampling,
-                                     limits=self.limits, max_context=self.client.max_context, env=env,
-                                     chat=self.chat(env.tools)))
-            groups.append(group)
-        return groups
+    def episode(self, request: RolloutRequest, sample: int) -> Episode:
+        """One sample's episode with a fresh environment (not yet reset)."""
+        env = self.make_env()
+        return Episode(request_id=request.request_id, sample=sample, sampling=request.sampling, limits=self.limits,
+                       max_context=self.client.max_context, env=env, chat=self.chat(env.tools))
 
     def run(self, requests: list[RolloutRequest], rows: list[dict]) -> list[RolloutResult]:
         """Request i is row i's task: its `n` episodes (samples), sampled with its `sampling`; every episode of
-        every request runs concurrently. One result per request, in order."""
+        every request runs concurrently. An episode whose environment failed reruns with a fresh environment up to
+        `limits.env_retries` times, the reruns together; a group with one still failing is marked `excluded`. One
+        result per request, in order."""
         if len(requests) != len(rows):
             raise ValueError(f"AgentLoop.run: {len(requests)} requests but {len(rows)} rows; request i is row i's")
-        groups = self.episodes(requests)
-        jobs = [(episode, row) for group, row in zip(groups, rows) for episode in group]
+        groups = [[self.episode(request, sample) for sample in range(request.n)] for request in requests]
+        # env calls run here, so that one past limits.env_timeout_s can be left behind (a thread cannot be killed):
+        # room for one call per episode and attempt, so calls left hanging do not hold up the reruns
+        episodes = sum(r.n for r in requests) * (self.limits.env_retries + 1)
+        self._env_calls = ThreadPoolExecutor(max_workers=max(episodes, 1), thread_name_prefix="env")
+        try:
+            self._play([(e, request, row) for group, request, row in zip(groups, requests, rows) for e in group])
+            for _ in range(self.limits.env_retries):
+                failed = [(i, j) for i, group in enumerate(groups) for j, e in enumerate(group) if e.env_failed]
+                if not failed:
+                    break
+                for i, j in failed:
+                    retries = groups[i][j].info.retries + 1
+                    groups[i][j] = self.episode(requests[i], j)
+                    groups[i][j].info.retries = retries
+                self._play([(groups[i][j], requests[i], rows[i]) for i, j in failed])
+        finally:
+            self._env_calls.shutdown(wait=False, cancel_futures=True)
+        return [group_result(request, group, self.client.engine.version) for request, group in zip(requests, groups)]
+
+    def _play(self, jobs: list[tuple[Episode, RolloutRequest, dict]]) -> None:
+        """Reset, then run to their ends, these episodes; their first turns go to the engine together, one batch."""
         with ThreadPoolExecutor(max_workers=max(len(jobs), 1), thread_name_prefix="episode") as pool:
             try:
-                list(pool.map(lambda job: start(*job), jobs))
-                for request, group in zip(requests, groups):
-                    common_prompt(request, group)
-                episodes = [episode for episode, _ in jobs]
-                first = [episode.next_request() for episode in episodes]  # first turns go in together, one batch
+                list(pool.map(lambda job: self._start(job[0], job[2]), jobs))
+                by_request: dict[str, tuple[RolloutRequest, list[Episode]]] = {}
+                for episode, request, _ in jobs:
+                    by_request.setdefault(request.request_id, (request, []))[1].append(episode)
+                for request, episodes in by_request.values():
+                    common_prompt(request, episodes)
+                episodes = [episode for episode, _, _ in jobs]
+                first = [episode.next_request() for episode in episodes]
                 futures = iter(self.client.submit_many([request for request in first if request is not None]))
                 firsts = [None if request is None else next(futures) for request in first]
                 list(pool.map(self._drive, episodes, firsts))
             finally:
-                for episode, _ in jobs:
+                for episode, _, _ in jobs:
                     episode.close_env()
-        return [group_result(request, group, self.client.engine.version) for request, group in zip(requests, groups)]
+
+    def _env(self, what: str, call, *args):
+        """`call(*args)` within limits.env_timeout_s, raising TimeoutError naming `what` past it."""
+        future = self._env_calls.submit(call, *args)
+        try:
+            return future.result(timeout=self.limits.env_timeout_s)
+        except FutureTimeout:
+            raise TimeoutError(f"{what} took longer than agent.env_timeout_s={self.limits.env_timeout_s}") from None
+
+    def _start(self, episode: Episode, row: dict) -> None:
+        """Reset the episode's environment for `row`; an environment that fails there ends its episode."""
+        try:
+            messages = self._env("env.reset", episode.env.reset, row)
+        except Exception as error:  # noqa: BLE001
+            episode.end("error", f"env.reset: {error!r}")
+            return
+        episode.start(messages)
 
     def _drive(self, episode: Episode, first: Future[RolloutResult] | None) -> None:
         """Turns until the episode ends: the engine's turn (the first one already submitted), then the
@@ -95,7 +130,7 @@ class AgentLoop:
                 return
             began = time.perf_counter()
             try:
-                step = episode.env.step(text)
+                step = self._env("env.step", episode.env.step, text)
             except Exception as error:  # noqa: BLE001 - a failing environment ends its own episode only
                 episode.info.env_wait_s += time.perf_counter() - began
                 episode.end("error", f"env.step: {error!r}")
@@ -107,13 +142,3 @@ class AgentLoop:
             except RuntimeError as error:  # closed under it
                 episode.end("error", f"engine: {error!r}")
                 return
-
-
-def start(episode: Episode, row: dict) -> None:
-    """Reset the episode's environment for `row`; an environment that fails there ends its episode."""
-    try:
-        messages = episode.env.reset(row)
-    except Exception as error:  # noqa: BLE001
-        episode.end("error", f"env.reset: {error!r}")
-        return
-    episode.start(messages)

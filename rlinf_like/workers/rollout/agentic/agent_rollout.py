@@ -90,7 +90,8 @@ class AgentRollout:
     def _loop(self, client: EngineClient, request: RolloutRequest) -> AgentLoop:
         a = self.setup.agent
         limits = AgentLimits(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
-                             max_new_tokens_per_turn=request.sampling.max_new_tokens)
+                             max_new_tokens_per_turn=request.sampling.max_new_tokens, env_retries=a.env_retries,
+                             env_timeout_s=a.env_timeout_s)
         return AgentLoop(client, self.tokenizer, self.setup.chat_template, self.make_env, limits)
 
     def _programs(self, client: EngineClient, requests: list[RolloutRequest]) -> list[RolloutResult]:

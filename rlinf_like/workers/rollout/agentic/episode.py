@@ -26,6 +26,10 @@ class AgentLimits:
     # the response side's context budget: the model's tokens plus the environment's (tool results, prompts)
     max_total_tokens: int = bounded(1024, ge=1)
     max_new_tokens_per_turn: int = bounded(256, ge=1)  # a turn that reaches it without ending ends the episode
+    # an episode whose environment raised or timed out is rerun with a fresh environment this many times; then its
+    # group is excluded (`RolloutResult.excluded`). A bare loop retries nothing; runs take agent.env_retries
+    env_retries: int = bounded(0, ge=0)
+    env_timeout_s: float | None = bounded(None, gt=0)  # env.reset / env.step longer than this is a failure; None: none
 
 
 def turn_seed(seed: int | None, sample: int, turn: int) -> int | None:
@@ -54,6 +58,11 @@ class Episode:
     @property
     def done(self) -> bool:
         return bool(self.info.end_reason)
+
+    @property
+    def env_failed(self) -> bool:
+        """Its environment raised or timed out (an engine failure is not the environment's)."""
+        return self.info.end_reason == "error" and self.info.error.startswith("env.")
 
     def end(self, reason: str, error: str = "") -> None:
         if not self.done:
@@ -161,4 +170,6 @@ def group_result(request: RolloutRequest, episodes: list[Episode], version: int)
         response_ids=[e.response_ids for e in episodes], logprobs=[e.logprobs for e in episodes],
         finish_reasons=[e.last_finish for e in episodes], version=min(started, default=version),
         token_versions=[e.versions for e in episodes], response_masks=[e.masks for e in episodes],
-        episodes=[e.info for e in episodes])
+        episodes=[e.info for e in episodes],
+        excluded=next((f"{e.info.error} (sample {e.sample}, after {e.info.retries} retries)" for e in episodes
+                       if e.env_failed), ""))
