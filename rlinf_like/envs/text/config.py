@@ -10,11 +10,22 @@ from rlinf_like.envs.tools.base import ToolOptions
 
 
 @dataclass(kw_only=True)
+class OpenEnvOptions:
+    base_url: str = ""  # a running OpenEnv server, e.g. http://host:8000; empty: serve `app` in each rollout process
+    app: str = ""  # module:app, a FastAPI app made with openenv-core's create_fastapi_app, served locally by uvicorn
+    action_field: str = "message"  # the action's text field: each model turn is sent as {action_field: text}
+    observation_field: str = "message"  # the observation field shown to the model; missing: the observation as JSON
+    reset_keys: list[str] = field(default_factory=list)  # data row columns passed to reset(...) as keyword arguments
+    startup_timeout_s: float = bounded(60.0, gt=0)  # a local server must answer /health within this
+
+
+@dataclass(kw_only=True)
 class AgentConfig:
     # a text environment in envs/text (TEXT_ENVS): tools (tool calls in the model's chat format); "": single turn
     env: str = ""
     tools: list[str] = field(default_factory=list)  # agent.env=tools: the tools offered, from calculator | python | search
-    tool_options: ToolOptions = field(default_factory=ToolOptions)  # time, memory and output limits of the tools
+    tool_options: ToolOptions = field(default_factory=ToolOptions)
+    openenv: OpenEnvOptions = field(default_factory=OpenEnvOptions)  # agent.env=openenv: the server and its fields  # time, memory and output limits of the tools
     max_turns: int = bounded(4, gt=0)  # assistant turns per episode; more ends it (end reason max_turns)
     # the response side's context budget: the model's tokens plus tool and user tokens; more ends the episode
     max_total_tokens: int = bounded(256, gt=0)

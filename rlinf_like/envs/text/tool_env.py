@@ -13,7 +13,7 @@ from typing import Any
 
 from rlinf_like.envs.text.base import Message, TextEnv, TextStep
 from rlinf_like.envs.text.tool_calls import MalformedCall, ToolCall, parse_tool_calls
-from rlinf_like.envs.tools import Tool, ToolOptions, build_tools
+from rlinf_like.envs.tools import TOOLS, Tool, ToolOptions, build_tools
 
 COUNTERS = ("tool_calls", "malformed_calls", "tool_errors", "tool_timeouts")
 
@@ -31,6 +31,13 @@ class ToolEnv(TextEnv):
         self._tools: dict[str, Tool] = build_tools(tools, options)
         self.tools = tuple(tool.schema() for tool in self._tools.values())
         self.totals = dict.fromkeys(COUNTERS, 0.0)  # over the episode; each step's info holds that step's counts
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        for name in cfg.tools:
+            TOOLS.get(name)  # unknown: names agent.tools and the choices
+        if not cfg.tools:
+            raise ValueError(f"agent.env=tools needs agent.tools, some of {TOOLS.names()}")
 
     @classmethod
     def from_config(cls, cfg, system_prompt: str = "") -> ToolEnv:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rlinf_like.envs.text import TEXT_ENVS
-from rlinf_like.envs.tools import TOOLS
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC, schedules_with
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 
@@ -19,11 +18,7 @@ def check_agent(cfg) -> None:
         raise ValueError(f"agent.env={a.env!r} and agent.program={a.program!r}: set one (an environment the "
                          f"rollout runs, or an agent program driven through the endpoint)")
     if a.env:
-        TEXT_ENVS.get(a.env)  # unknown: names agent.env and the choices
-        for name in a.tools:
-            TOOLS.get(name)  # unknown: names agent.tools and the choices
-        if a.env == "tools" and not a.tools:
-            raise ValueError(f"agent.env=tools needs agent.tools, some of {TOOLS.names()}")
+        TEXT_ENVS.get(a.env).check(a)  # unknown: names agent.env and the choices; then what the env needs
     else:
         from rlinf_like.workers.rollout.agentic.agent_program import resolve_program
 

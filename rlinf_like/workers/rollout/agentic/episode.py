@@ -171,5 +171,5 @@ def group_result(request: RolloutRequest, episodes: list[Episode], version: int)
         finish_reasons=[e.last_finish for e in episodes], version=min(started, default=version),
         token_versions=[e.versions for e in episodes], response_masks=[e.masks for e in episodes],
         episodes=[e.info for e in episodes],
-        excluded=next((f"{e.info.error} (sample {e.sample}, after {e.info.retries} retries)" for e in episodes
-                       if e.env_failed), ""))
+        excluded=next((f"{e.info.error} (request {e.request_id}, sample {e.sample}, after {e.info.retries} retries)"
+                       for e in episodes if e.env_failed), ""))
