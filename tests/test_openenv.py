@@ -12,25 +12,11 @@ from rlinf_like.envs.text.openenv_env import OpenEnvText, serve  # noqa: E402
 from rlinf_like.models.tiny import TinyModelSpec, char_tokenizer, end_turns_like, write_tiny_model  # noqa: E402
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine  # noqa: E402
 from rlinf_like.workers.rollout.agentic.agent_loop import AgentLimits, AgentLoop  # noqa: E402
-from rlinf_like.workers.rollout.engines.engine_client import EngineClient  # noqa: E402
+from test_agent_loop import RecordingClient  # noqa: E402  (the engine client that keeps every turn)
 
 APP = "examples.agentic.openenv_guess.server:app"
 TEMPLATE = "examples/agentic/chat_template.jinja"
 LIMITS = AgentLimits(max_turns=4, max_total_tokens=400, max_new_tokens_per_turn=32, env_timeout_s=30.0)
-
-
-class RecordingClient(EngineClient):
-    """The engine client, keeping what the engine returned for every turn."""
-
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.turns = {}
-
-    def submit_many(self, requests):
-        futures = super().submit_many(requests)
-        for request, future in zip(requests, futures):
-            future.add_done_callback(lambda f, r=request: self.turns.__setitem__(r.request_id, f.result()))
-        return futures
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +50,7 @@ def test_episodes_over_a_served_openenv_game_keep_the_engines_tokens(engine):
             assert info.end_reason in ("answer", "max_turns", "max_total_tokens", "length") and info.turns >= 1
             model_tokens = [t for t, m in zip(response, mask) if m == 1]
             engine_tokens = [t for turn in range(info.turns)
-                             for t in client.turns[f"{result.request_id}/{j}/{turn}"].response_ids[0]]
+                             for t in client.turns[f"{result.request_id}/{j}/{turn}"][1].response_ids[0]]
             assert model_tokens == engine_tokens  # never re-tokenized
             env_text = tok.decode([t for t, m in zip(response, mask) if m == 0])
             assert info.turns == 1 or any(w in env_text for w in ("higher", "lower", "no number", "out of guesses"))
