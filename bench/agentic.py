@@ -43,7 +43,7 @@ from rlinf_like.models import load_tokenizer  # noqa: E402
 from rlinf_like.models.tiny import TinyModelSpec, end_turns_like, write_tiny_model  # noqa: E402
 from rlinf_like.utils.threads import limit_threads  # noqa: E402
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine  # noqa: E402
-from rlinf_like.workers.rollout.agentic.agent_loop import AgentLimits, AgentLoop, start  # noqa: E402
+from rlinf_like.workers.rollout.agentic.agent_loop import AgentLimits, AgentLoop  # noqa: E402
 from rlinf_like.workers.rollout.engines.engine_client import EngineClient  # noqa: E402
 
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expr": {}}}}}
@@ -123,10 +123,11 @@ def lockstep(engine, loop_args, args) -> tuple[float, int, dict]:
     requests, rows = workload(args)
     began = time.perf_counter()
     with EngineClient(engine) as client:  # only to build the episodes (max_context); it serves nothing here
-        groups = AgentLoop(client, *loop_args).episodes(requests)
+        loop = AgentLoop(client, *loop_args)
+        groups = [[loop.episode(request, sample) for sample in range(request.n)] for request in requests]
     jobs = [(episode, row) for group, row in zip(groups, rows) for episode in group]
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        list(pool.map(lambda job: start(*job), jobs))
+        list(pool.map(lambda job: job[0].start(job[0].env.reset(job[1])), jobs))
         live = [episode for episode, _ in jobs]
         generating = 0.0
         while live:

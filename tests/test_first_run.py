@@ -117,7 +117,8 @@ def test_config_show_lists_what_each_preset_changes(capsys):
     lines = {line.split(":")[0]: line for line in out.splitlines() if " --config-name " in line}
     assert set(lines) == {"reasoning/ --config-name grpo_collocated", "reasoning/ --config-name grpo_pipelined",
                           "reasoning/ --config-name grpo_smollm2", "agentic/ --config-name calculator",
-                          "agentic/ --config-name openai_agent", "agentic/ --config-name search"}
+                          "agentic/ --config-name openai_agent", "agentic/ --config-name openenv_guess",
+                          "agentic/ --config-name search"}
     assert "actor.lora.rank=16" in lines["reasoning/ --config-name grpo_smollm2"]
     assert "runner.max_steps=150" in lines["reasoning/ --config-name grpo_collocated"]
 

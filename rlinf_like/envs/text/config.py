@@ -24,8 +24,8 @@ class AgentConfig:
     # a text environment in envs/text (TEXT_ENVS): tools (tool calls in the model's chat format); "": single turn
     env: str = ""
     tools: list[str] = field(default_factory=list)  # agent.env=tools: the tools offered, from calculator | python | search
-    tool_options: ToolOptions = field(default_factory=ToolOptions)
-    openenv: OpenEnvOptions = field(default_factory=OpenEnvOptions)  # agent.env=openenv: the server and its fields  # time, memory and output limits of the tools
+    tool_options: ToolOptions = field(default_factory=ToolOptions)  # time, memory and output limits of the tools
+    openenv: OpenEnvOptions = field(default_factory=OpenEnvOptions)  # agent.env=openenv: the server and its fields
     max_turns: int = bounded(4, gt=0)  # assistant turns per episode; more ends it (end reason max_turns)
     # the response side's context budget: the model's tokens plus tool and user tokens; more ends the episode
     max_total_tokens: int = bounded(256, gt=0)
