@@ -296,3 +296,17 @@ def results(scratch):
 def test_one_command_per_script_runs(where, command, results):
     result = results[LAUNCH.index((where, command))]
     assert result.returncode == 0, f"{where}: {command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
+@pytest.mark.slow
+def test_readme_python_snippet_runs(scratch):
+    """README's Worker / Channel snippet, as written: a two-rank group on Ray, a typed channel."""
+    text = (ROOT / "README.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(snippets) == 1
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-c", snippets[0]], cwd=scratch, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[3.0, 6.0]"
