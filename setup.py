@@ -50,6 +50,7 @@ setup(
         "agent": ["bm25s>=0.2", "fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40"],
         # agent.env=openenv: OpenEnv environments (servers with reset / step) through openenv-core's client
         "openenv": ["openenv-core==0.3.0"],
+        "textarena": ["textarena==0.7.4"],  # agent.env=textarena: TextArena's single-player text games
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline

