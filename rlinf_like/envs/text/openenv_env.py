@@ -15,9 +15,11 @@ episode; the rollout's retry and exclusion policy takes it from there (`agent.en
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib
 import importlib.util
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +87,14 @@ class OpenEnvText(TextEnv):
         self.client.close()
 
 
+def die_with_parent() -> None:
+    """In the server's process before exec: on Linux, take SIGTERM when the process that started it dies. A Ray
+    worker is killed without running its exit handlers, and its server must not outlive it. The signal follows the
+    thread that started the server: one started from a thread that has ended is gone, and `serve` starts another."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -105,7 +115,7 @@ def serve(app: str, startup_timeout_s: float = 60.0) -> str:
         log = tempfile.NamedTemporaryFile(prefix="openenv-server-", suffix=".log", delete=False)
         process = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--app-dir", app_dir(app), "--host",
                                     "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                                   stdout=subprocess.DEVNULL, stderr=log)
+                                   stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
         atexit.register(stop, process)
         base_url = f"http://127.0.0.1:{port}"
         wait_until_healthy(process, base_url, app, startup_timeout_s, log.name)
