@@ -175,6 +175,8 @@ def test_serve_metrics_count_every_group_served_not_only_the_ones_trained_on():
     arrived = sum(len(t.results) + t.dropped for t in taken) + len(stream.finished)
     assert sum(t.dropped for t in taken) > 0
     assert sum(t.served_tokens for t in taken) == 2 * arrived  # each fake group has one 2-token sample
+    # a group trained on or dropped leaves no timestamps behind: only groups still out keep theirs
+    assert set(stream.arrived_at) == set(stream.finished) and set(stream.submitted_at) <= set(stream.out.values())
     metrics = serve_metrics(taken[-1])
     assert metrics["serve_tokens_per_s"] > 0 and "rollout_s" not in metrics
     assert 0 <= metrics["queued_s_mean"] <= metrics["queued_s_max"]

@@ -164,7 +164,8 @@ class GroupStream:
                     continue
                 if staleness(self.finished[waiting[0]], version) > self.max_staleness:
                     self.out.pop(self.finished.pop(waiting[0]).request_id)
-                    self.scoring.pop(waiting[0], None)
+                    for kept in (self.scoring, self.submitted_at, self.arrived_at):
+                        kept.pop(waiting[0], None)
                     dropped += 1
                     self.top_up(step)  # a fresh group in its place
                     continue
