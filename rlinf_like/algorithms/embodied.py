@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlinf_like.algorithms.registry import Registry
+from rlinf_like.utils.registry import import_ref
 from rlinf_like.envs.base import ActionSpec
 
 
@@ -89,7 +90,4 @@ def check_action_kind(name: str, policy_kind: str, action: ActionSpec) -> Embodi
 
 def runner_class(name: str) -> type:
     """The runner class that trains `algorithm.name=name` (imported on first use)."""
-    import importlib
-
-    module, _, attr = embodied_algorithm(name).runner.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return import_ref(embodied_algorithm(name).runner)

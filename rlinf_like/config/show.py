@@ -10,12 +10,12 @@ preset starts from, and what each preset of the example folders changes (one lin
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
 from rlinf_like.config.cli import USAGE
 from rlinf_like.config.schema import help_text
+from rlinf_like.utils.registry import import_ref
 
 SCHEMAS = {"reasoning": "rlinf_like.runners.reasoning.config:ReasoningConfig",
            "embodied": "rlinf_like.runners.embodied.config:EmbodiedConfig"}
@@ -26,8 +26,7 @@ PRESET_DIRS = {"reasoning": ("reasoning_schema", ["reasoning/config", "agentic/c
 
 
 def schema(name: str) -> type:
-    module, cls = SCHEMAS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return import_ref(SCHEMAS[name])
 
 
 def main(argv: list[str]) -> None:

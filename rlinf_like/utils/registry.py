@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def import_ref(ref: str) -> Any:
+    """What "module:attr" names, its module imported now (lazy entries, and declarations that point at code)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -54,8 +60,7 @@ class Registry(Generic[T]):
             raise UnknownNameError(f"{where} {self.names()}")
         item = self._items[name]
         if isinstance(item, str):  # a lazy entry: import it now, once
-            module, _, attr = item.partition(":")
-            item = self._items[name] = getattr(importlib.import_module(module), attr)
+            item = self._items[name] = import_ref(item)
         return item
 
     def names(self) -> list[str]:

@@ -8,18 +8,11 @@ registration below.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
-from rlinf_like.utils.registry import Registry
+from rlinf_like.utils.registry import Registry, import_ref
 
 STATIC = "static"  # collocated or pipelined, whichever the placement gives
-
-
-def _resolve(ref: str):
-    """"module:function" -> the function (imported when the schedule is used)."""
-    module, name = ref.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,27 +30,26 @@ class Schedule:
     options: tuple[str, ...] = ()  # runner.* keys only this schedule reads (refused, set, under another)
 
     def train(self, cfg, **options):
-        return _resolve(self.loop)(cfg, **options)
+        return import_ref(self.loop)(cfg, **options)
 
     def check_config(self, cfg) -> None:
         if self.check is not None:
-            _resolve(self.check)(cfg)
+            import_ref(self.check)(cfg)
 
     def placement_check(self):
         """The function that checks a placement for this schedule, or None."""
-        return None if self.check_placement is None else _resolve(self.check_placement)
+        return None if self.check_placement is None else import_ref(self.check_placement)
 
 
 SCHEDULES: Registry[Schedule] = Registry("schedule", key="runner.schedule")
-SCHEDULES.register("collocated", Schedule(loop="rlinf_like.runners.reasoning.schedules.collocated:train", shares_devices=True))
-SCHEDULES.register("pipelined", Schedule(loop="rlinf_like.runners.reasoning.schedules.pipelined:train", shares_devices=False))
-SCHEDULES.register("dynamic", Schedule(loop="rlinf_like.runners.reasoning.schedules.dynamic:train", shares_devices=True,
-                                       runs_episodes=False, check="rlinf_like.runners.reasoning.schedules.dynamic:check",
-                                       check_placement="rlinf_like.runners.reasoning.schedules.dynamic:rank_by_rank",
+_HERE = "rlinf_like.runners.reasoning.schedules"  # each loop and check by path: imported when the schedule runs
+SCHEDULES.register("collocated", Schedule(loop=f"{_HERE}.collocated:train", shares_devices=True))
+SCHEDULES.register("pipelined", Schedule(loop=f"{_HERE}.pipelined:train", shares_devices=False))
+SCHEDULES.register("dynamic", Schedule(loop=f"{_HERE}.dynamic:train", shares_devices=True, runs_episodes=False,
+                                       check=f"{_HERE}.dynamic:check", check_placement=f"{_HERE}.dynamic:rank_by_rank",
                                        options=("migrate_at",)))
-SCHEDULES.register("async", Schedule(loop="rlinf_like.runners.reasoning.schedules.asynchronous:train", shares_devices=False,
-                                     serves_continuously=True,
-                                     check="rlinf_like.runners.reasoning.schedules.asynchronous:check"))
+SCHEDULES.register("async", Schedule(loop=f"{_HERE}.asynchronous:train", shares_devices=False, serves_continuously=True,
+                                     check=f"{_HERE}.asynchronous:check"))
 
 
 def schedule_choices() -> list[str]:
