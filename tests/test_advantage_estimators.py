@@ -47,12 +47,13 @@ def test_checks_read_the_declarations(toy_registered, tmp_path):
                                          r"\['gae', 'reinforce_pp'\]"):
         check_config(cfg)
     cfg = tiny(tmp_path)
-    cfg.algorithm.critic_warmup_steps = 1  # it needs no critic
-    with pytest.raises(ValueError, match=r"only with algorithm.advantage=gae \(the critic\)"):
+    cfg.critic.warmup_steps = 1  # it needs no critic
+    with pytest.raises(ValueError, match=r"critic.warmup_steps=1 configures the value model, which only "
+                                         r"algorithm.advantage=gae launches \(got toy_sign\)"):
         check_config(cfg)
     cfg = tiny(tmp_path)
-    cfg.algorithm.lam = 0.9  # an option only gae reads
-    with pytest.raises(ValueError, match=r"algorithm.lam=0.9 is an option of algorithm.advantage=gae; "
+    cfg.algorithm.gae.lam = 0.9  # an option only gae reads
+    with pytest.raises(ValueError, match=r"algorithm.gae.lam=0.9 is an option of algorithm.advantage=gae; "
                                          r"algorithm.advantage=toy_sign does not read it"):
         check_config(cfg)
 
@@ -74,3 +75,13 @@ def test_a_registered_toy_estimator_runs_two_steps(tmp_path):
     assert [h["toy_positive"] for h in steps] == [float((torch.sign(c - c.median(-1, keepdim=True).values) > 0).sum())
                                                   for c in calls]
     assert (tmp_path / "final_model" / "config.json").exists()
+
+
+@pytest.mark.parametrize("old, new", [("algorithm.gamma=0.9", "algorithm.gae.gamma"),
+                                      ("algorithm.scale_by_std=false", "algorithm.grpo.scale_by_std"),
+                                      ("algorithm.critic_warmup_steps=2", "critic.warmup_steps")])
+def test_estimator_keys_moved_to_their_sections(old, new):
+    from rlinf_like.config.validate import ConfigError, check_overrides
+
+    with pytest.raises(ConfigError, match=rf"{old.split('=')[0]}' has moved: use {new}"):
+        check_overrides(ReasoningConfig, [old])

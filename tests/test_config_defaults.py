@@ -24,6 +24,7 @@ DIFFERENT_MEANING = {
     ("AlgorithmConfig", "lr"): "the RL learning rate; OptimConfig's is a library default for any manager",
     ("RunnerConfig", "micro_batch_size"): "null = sized by the actor's memory; LoopConfig's is a fixed row count",
     ("ActorSection", "precision"): "auto here; a manager built directly stays fp32 unless asked",
+    ("CriticSection", "lr"): "the value model's RL learning rate; OptimConfig's is a library default",
 }
 
 
@@ -45,3 +46,17 @@ def test_no_user_key_restates_a_worker_config_default():
                     and item.target.id in worker_fields and (node.name, item.target.id) not in DIFFERENT_MEANING):
                 restated.append(f"{node.name}.{item.target.id} = {ast.unparse(item.value)}")
     assert restated == []
+
+
+def test_each_estimator_with_options_has_its_section():
+    """An estimator's settings are its own dataclass, and the algorithm section holds it under the estimator's
+    name, so `build_estimator` finds it and --help lists it; nothing restates its defaults."""
+    from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS, build_estimator
+    from rlinf_like.runners.reasoning.config import AlgorithmConfig
+
+    algorithm = AlgorithmConfig()
+    with_options = [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(n).Options is not None]
+    assert {"grpo", "gae"} <= set(with_options)
+    for name in with_options:
+        assert type(getattr(algorithm, name)) is ADVANTAGE_ESTIMATORS.get(name).Options
+        assert build_estimator(name, algorithm).options is getattr(algorithm, name)

@@ -1,4 +1,4 @@
-"""Critic warmup: during the first `algorithm.critic_warmup_steps` steps only the value model
+"""Critic warmup: during the first `critic.warmup_steps` steps only the value model
 trains. Real actor and critic worker groups driven by the runner's own update step."""
 
 import pytest
@@ -9,7 +9,7 @@ from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning.config import AlgorithmConfig, CriticSection, ReasoningConfig, RunnerConfig
 from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import update
 from rlinf_like.runners.reasoning import check_config
@@ -38,7 +38,7 @@ def runner_with_workers(cluster, tmp_path):
         cluster, placement, "actor")
     critic = CriticWorker.create_group(CriticConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
                                                     loop=loop, value_clip=None)).launch(cluster, placement, "critic")
-    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", critic_warmup_steps=WARMUP),
+    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae"), critic=CriticSection(warmup_steps=WARMUP),
                           runner=RunnerConfig(output_dir=str(tmp_path / "run")))
     check_config(cfg)
     workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(timeout=60),
@@ -76,7 +76,6 @@ def test_warmup_trains_the_critic_only_then_the_actor(runner_with_workers):
 
 
 def test_warmup_needs_a_critic(tmp_path):
-    cfg = ReasoningConfig(algorithm=AlgorithmConfig(critic_warmup_steps=2),
-                          runner=RunnerConfig(output_dir=str(tmp_path)))
-    with pytest.raises(ValueError, match=r"algorithm.critic_warmup_steps=2 .* only with algorithm.advantage=gae"):
+    cfg = ReasoningConfig(critic=CriticSection(warmup_steps=2), runner=RunnerConfig(output_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"critic.warmup_steps=2 .* only algorithm.advantage=gae launches"):
         check_config(cfg)

@@ -1,9 +1,10 @@
 """Advantage estimators: one interface, one registry, one file each.
 
 An estimator declares what it needs and gives (`needs_critic`, `token_level`, `accepts_kl_in_reward`,
-the `algorithm.*` keys it reads as `options`); the runner's checks and phases read those declarations
-and never branch on an estimator's name. Adding one: a file in this package with a class registered by
-`@ADVANTAGE_ESTIMATORS.register("name")`, imported below.
+its settings as an `Options` dataclass: the section `algorithm.<name>`); the runner's checks and phases read
+those declarations and never branch on an estimator's name. Adding one: a file in this package with a class
+registered by `@ADVANTAGE_ESTIMATORS.register("name")`, imported below; one with Options also gets its section
+in the runners' algorithm configs (a test checks that each has it).
 """
 
 from rlinf_like.algorithms.advantage_estimators.base import (

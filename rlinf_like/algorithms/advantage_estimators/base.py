@@ -26,21 +26,27 @@ class Advantages:
 
 
 class AdvantageEstimator:
-    """Subclasses set the declarations and implement `estimate`; options arrive as keyword arguments."""
+    """Subclasses set the declarations and implement `estimate`. An estimator with settings declares them as a
+    dataclass, `Options`: the config section `algorithm.<name>` is that dataclass (each default stated there
+    once), and the estimator reads it as `self.options`."""
 
     needs_critic: ClassVar[bool] = False  # the runner launches a critic and passes its values
     token_level: ClassVar[bool] = False  # per-token advantages (else one per response, broadcast over tokens)
     accepts_kl_in_reward: ClassVar[bool] = False  # takes a per-token KL penalty (algorithm.kl_in_reward)
-    options: ClassVar[tuple[str, ...]] = ()  # the algorithm.* keys this estimator reads
+    Options: ClassVar[type | None] = None  # the dataclass of its settings, the section algorithm.<name>
     # works on embodied episodes: GAE over steps (`data/trajectory.py`), or one outcome per episode of a group
     # of `algorithm.group_size` episodes from the same initial state (`data/episode_groups.py`)
     embodied: ClassVar[bool] = False
 
-    def __init__(self, **options: Any):
-        unknown = set(options) - set(self.options)
-        if unknown:
-            raise TypeError(f"{type(self).__name__} takes options {list(self.options)}, got {sorted(unknown)}")
-        self.__dict__.update(options)
+    def __init__(self, options: Any = None):
+        if self.Options is None:
+            if options is not None:
+                raise TypeError(f"{type(self).__name__} declares no Options, got {options!r}")
+        elif options is None:
+            options = self.Options()
+        elif not isinstance(options, self.Options):
+            raise TypeError(f"{type(self).__name__} takes {self.Options.__name__}, got {type(options).__name__}")
+        self.options = options
 
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
         raise NotImplementedError
@@ -50,9 +56,10 @@ ADVANTAGE_ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry("advantage e
 
 
 def build_estimator(name: str, settings: Any) -> AdvantageEstimator:
-    """The estimator `name`, given the options it declares, read from `settings` (the algorithm section)."""
+    """The estimator `name` with its options: the section `settings.<name>` (an algorithm section holds one
+    per estimator that declares `Options`)."""
     cls = ADVANTAGE_ESTIMATORS.get(name)
-    return cls(**{key: getattr(settings, key) for key in cls.options})
+    return cls(None if cls.Options is None else getattr(settings, name))
 
 
 def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl_penalty: torch.Tensor | None) -> torch.Tensor:

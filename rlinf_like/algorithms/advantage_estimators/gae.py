@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlinf_like.algorithms.advantage_estimators.base import (
@@ -12,6 +14,7 @@ from rlinf_like.algorithms.advantage_estimators.base import (
     outcome_token_rewards,
 )
 from rlinf_like.algorithms.masked import masked_whiten
+from rlinf_like.config.validate import bounded
 
 
 def gae(
@@ -36,20 +39,24 @@ def gae(
     return advantages, (advantages + values) * mask
 
 
+@dataclass(kw_only=True)
+class GAEOptions:
+    gamma: float = bounded(1.0, ge=0, le=1)  # discount over response tokens
+    lam: float = bounded(1.0, ge=0, le=1)  # 1 = Monte-Carlo return minus V (robust with a young critic); lower trusts V
+
+
 @ADVANTAGE_ESTIMATORS.register("gae")
 class GAE(AdvantageEstimator):
     embodied = True
     needs_critic = True
     token_level = True
     accepts_kl_in_reward = True
-    options = ("gamma", "lam")
-    gamma: float = 1.0
-    lam: float = 1.0
+    Options = GAEOptions
 
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
         mask, values = inputs.response_mask, inputs.values
         token_rewards = outcome_token_rewards(inputs.rewards, mask, inputs.kl_penalty)
-        advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
+        advantages, returns = gae(token_rewards, values, mask, self.options.gamma, self.options.lam)
         value_mean = float((values * mask).sum() / mask.sum())
         return Advantages(advantages=masked_whiten(advantages, mask), returns=returns,
                           metrics={"value_mean": value_mean})

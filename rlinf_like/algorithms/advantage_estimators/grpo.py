@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlinf_like.algorithms.advantage_estimators.base import ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageInputs, Advantages
@@ -17,12 +19,16 @@ def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale_by_std: bool
     return centered / (rewards.std(dim=-1, keepdim=True) + eps)
 
 
+@dataclass(kw_only=True)
+class GRPOOptions:
+    scale_by_std: bool = True  # divide by the group's reward std; false = Dr. GRPO
+
+
 @ADVANTAGE_ESTIMATORS.register("grpo")
 class GRPO(AdvantageEstimator):
     embodied = True
-    options = ("scale_by_std",)
-    scale_by_std: bool = True
+    Options = GRPOOptions
 
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
-        per_response = grpo_advantages(inputs.rewards, scale_by_std=self.scale_by_std)
+        per_response = grpo_advantages(inputs.rewards, scale_by_std=self.options.scale_by_std)
         return Advantages(advantages=per_response.reshape(-1, 1) * inputs.response_mask)

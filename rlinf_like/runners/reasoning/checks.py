@@ -3,6 +3,7 @@ key. Choices are read from the registries and capabilities from what each compon
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
@@ -11,7 +12,7 @@ from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES
 from rlinf_like.runners.reasoning.actor_setup import check_actor_section
 from rlinf_like.runners.reasoning.agent_checks import check_agent
 from rlinf_like.runners.reasoning.async_stream import STALE_POLICIES
-from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig
+from rlinf_like.runners.reasoning.config import AlgorithmConfig, CriticSection, ReasoningConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config
 from rlinf_like.models import read_hf_config
@@ -49,18 +50,32 @@ def check_choices(cfg: ReasoningConfig) -> None:
     check_rollout_config(cfg.rollout, cfg.rollout.tp_size)
 
 
-def check_estimator(a: AlgorithmConfig) -> None:
-    """What the chosen advantage estimator declares decides which algorithm keys make sense."""
+def check_estimator(cfg: ReasoningConfig) -> None:
+    """What the chosen advantage estimator declares decides which algorithm and critic keys make sense."""
+    a = cfg.algorithm
     estimator = ADVANTAGE_ESTIMATORS.get(a.advantage)
     if a.kl_in_reward and (a.kl_beta <= 0 or not estimator.accepts_kl_in_reward):
         raise ValueError(f"algorithm.kl_in_reward needs algorithm.kl_beta > 0 and algorithm.advantage in "
                          f"{estimators_where(accepts_kl_in_reward=True)} (per-token rewards); "
                          f"with {estimators_where(accepts_kl_in_reward=False)} the KL is a loss term")
-    warmup = a.critic_warmup_steps
-    if warmup < 0 or (warmup and not estimator.needs_critic):
-        raise ValueError(f"algorithm.critic_warmup_steps={warmup} needs to be >= 0, and > 0 only with "
-                         f"algorithm.advantage={' or '.join(estimators_where(needs_critic=True))} (the critic)")
-    refuse_unread_options(a, "advantage", ADVANTAGE_ESTIMATORS)
+    changed = changed_keys(cfg.critic, CriticSection())
+    if changed and not estimator.needs_critic:
+        key, value = changed[0]
+        raise ValueError(f"critic.{key}={value!r} configures the value model, which only algorithm.advantage="
+                         f"{' or '.join(estimators_where(needs_critic=True))} launches (got {a.advantage})")
+    for name in ADVANTAGE_ESTIMATORS.names():
+        options = ADVANTAGE_ESTIMATORS.get(name).Options
+        changed = [] if name == a.advantage or options is None else changed_keys(getattr(a, name), options())
+        if changed:
+            key, value = changed[0]
+            raise ValueError(f"algorithm.{name}.{key}={value!r} is an option of algorithm.advantage={name}; "
+                             f"algorithm.advantage={a.advantage} does not read it")
+
+
+def changed_keys(section, defaults) -> list[tuple[str, object]]:
+    """The (key, value) pairs of a dataclass section set away from `defaults`."""
+    return [(f.name, getattr(section, f.name)) for f in fields(section)
+            if getattr(section, f.name) != getattr(defaults, f.name)]
 
 
 def refuse_unread_options(a: AlgorithmConfig, choice: str, registry) -> None:
@@ -99,7 +114,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_instance(cfg)
     check_choices(cfg)
     r, a = cfg.runner, cfg.algorithm
-    check_estimator(a)
+    check_estimator(cfg)
     check_off_policy(a)
     check_data_config(cfg.data)
     check_schedule_options(r)

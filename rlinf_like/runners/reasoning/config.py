@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from rlinf_like.algorithms.advantage_estimators.gae import GAEOptions
+from rlinf_like.algorithms.advantage_estimators.grpo import GRPOOptions
 from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
@@ -43,7 +45,8 @@ class ModelSection:
 @dataclass(kw_only=True)
 class AlgorithmConfig:
     advantage: str = "grpo"  # grpo | rloo (per response) | reinforce_pp (per token, batch-whitened) | gae (PPO, critic)
-    scale_by_std: bool = True  # grpo only; false = Dr. GRPO
+    grpo: GRPOOptions = field(default_factory=GRPOOptions)  # algorithm.advantage=grpo: its options
+    gae: GAEOptions = field(default_factory=GAEOptions)  # algorithm.advantage=gae: its options (the critic: critic.*)
     samples_per_prompt: int = bounded(8, gt=0)  # responses sampled per prompt (a GRPO group)
     lr: float = bounded(5e-4, gt=0)  # the actor's learning rate (AdamW)
     epochs: int = bounded(LoopConfig.epochs, gt=0)  # passes over each step's batch
@@ -72,12 +75,14 @@ class AlgorithmConfig:
     is_cap: float = bounded(ISThresholds.cap, gt=0)  # is_correction=tis: the weight ceiling
     is_low: float = bounded(ISThresholds.low, gt=0)  # is_correction=mis | icepop | seq_mask: lowest accepted ratio
     is_high: float = bounded(ISThresholds.high, gt=0)  # is_correction=mis | icepop | seq_mask: highest accepted ratio
-    gamma: float = bounded(1.0, ge=0, le=1)  # gae: discount over response tokens
-    # gae: 1 = Monte-Carlo return minus V (robust with a young critic), lower trusts V more
-    lam: float = bounded(1.0, ge=0, le=1)
-    critic_lr: float = bounded(1.0e-3, gt=0)  # gae: the value model's learning rate
-    value_clip: float | None = bounded(CriticConfig.value_clip, gt=0)  # gae: PPO value clipping; null = off
-    critic_warmup_steps: int = bounded(0, ge=0)  # gae: the first k steps train the value model only (actor unchanged)
+
+
+@dataclass(kw_only=True)
+class CriticSection:
+    """The value model, launched when the advantage estimator declares `needs_critic` (gae)."""
+    lr: float = bounded(1.0e-3, gt=0)  # the value model's learning rate
+    value_clip: float | None = bounded(CriticConfig.value_clip, gt=0)  # PPO value clipping; null = off
+    warmup_steps: int = bounded(0, ge=0)  # the first k steps train the value model only (actor unchanged)
 
 
 @dataclass(kw_only=True)
@@ -141,6 +146,7 @@ class ReasoningConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, loss, KL, optimizer
     runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
     actor: ActorSection = field(default_factory=ActorSection)  # the trainer's backend and parallelism
+    critic: CriticSection = field(default_factory=CriticSection)  # the value model (algorithm.advantage=gae)
     # the generation engine (the engine's own config; model_path empty: the run's model)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
@@ -155,4 +161,8 @@ class ReasoningConfig:
                                                "seed")},
         "task": "data",
         "algorithm.is_correction_cap": "algorithm.is_correction=tis with algorithm.is_cap=<cap>",
+        "algorithm.scale_by_std": "algorithm.grpo.scale_by_std",
+        "algorithm.gamma": "algorithm.gae.gamma", "algorithm.lam": "algorithm.gae.lam",
+        "algorithm.critic_lr": "critic.lr", "algorithm.value_clip": "critic.value_clip",
+        "algorithm.critic_warmup_steps": "critic.warmup_steps",
     }

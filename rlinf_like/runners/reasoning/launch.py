@@ -155,7 +155,6 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
                    prompt_tokens: int | None = None) -> Workers:
     """Actor (and critic), rollout and reward, with the actor -> rollout weight sync connected. `prompt_tokens`:
     the longest prompt the run has seen, which sizes the native engine's KV cache on CPU."""
-    a = cfg.algorithm
     placement = place(cfg, cluster, estimator, check_placement)
     check_targets_of(cfg.actor.lora, model_path)  # names in actor.lora.target_modules, before any worker starts
     log.info(placement.describe())
@@ -165,8 +164,8 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         cluster, placement, "actor", memory_advice=MEMORY_ADVICE["actor"])
     critic = None
     if estimator.needs_critic:
-        fsdp = FSDPConfig(optim=OptimConfig(lr=a.critic_lr), precision=actor_precision(cfg))
-        critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=loop, value_clip=a.value_clip)
+        fsdp = FSDPConfig(optim=OptimConfig(lr=cfg.critic.lr), precision=actor_precision(cfg))
+        critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=loop, value_clip=cfg.critic.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
                                                               memory_advice=MEMORY_ADVICE["critic"])
     serving = cfg.runner.schedule != STATIC and SCHEDULES.get(cfg.runner.schedule).serves_continuously \

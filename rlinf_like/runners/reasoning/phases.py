@@ -204,10 +204,10 @@ def mismatch(cfg: ReasoningConfig, batch: Batch) -> dict[str, float]:
 
 
 def update(w: Workers, cfg: ReasoningConfig, batch: Batch, step: int, rank_plan: RankPlan | None = None) -> dict:
-    """One update of the trained models. During critic warmup (the first `algorithm.critic_warmup_steps`
+    """One update of the trained models. During critic warmup (the first `critic.warmup_steps`
     steps) only the critic trains. With `rank_plan` the driver plans each actor rank's micro-batches and
     sends it only those (the plan each rank would make itself: the same training, less data moved)."""
-    warmup = w.critic is not None and step < cfg.algorithm.critic_warmup_steps
+    warmup = w.critic is not None and step < cfg.critic.warmup_steps
     metrics = {} if warmup else train_actor(w, batch, rank_plan)
     if w.critic is not None:
         metrics.update(w.critic.train_step(batch).wait()[0], critic_warmup=float(warmup))

@@ -13,11 +13,12 @@ batch (rows in rollout-rank order, as without streaming) is then the same, bit f
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rlinf_like.config.validate import bounded
+from rlinf_like.algorithms.advantage_estimators.grpo import GRPOOptions
 from rlinf_like.algorithms import PolicyLossConfig, build_estimator, masked_whiten, policy_loss, value_loss
 from rlinf_like.data.episode_groups import episode_group_advantages
 from rlinf_like.data.batch import Batch
@@ -47,7 +48,7 @@ class PPOConfig:
     # returns of algorithm.group_size episodes started from the same state (reset with the same seed)
     advantage: str = "gae"
     group_size: int = bounded(4, gt=1)  # grpo / rloo: episodes per group (consecutive envs of a stage)
-    scale_by_std: bool = True  # grpo: divide by the group's return std (false: Dr. GRPO)
+    grpo: GRPOOptions = field(default_factory=GRPOOptions)  # algorithm.advantage=grpo: its options
 
 
 def ppo_loss(cfg: PPOConfig):
