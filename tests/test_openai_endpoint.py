@@ -147,7 +147,6 @@ def test_sessions_are_isolated_and_closed_by_pop(setup):
 @pytest.mark.parametrize("kwargs, param, words", [
     (dict(extra_body={"foo": 1}), "foo", "Unrecognized request argument supplied: foo"),
     (dict(temperature=-1), "temperature", "greater than or equal to 0"),
-    (dict(stream=True), "stream", "stream=True is not supported"),
     (dict(logprobs=True, top_logprobs=3), "top_logprobs", "top_logprobs=3 is not supported"),
     (dict(presence_penalty=0.5), "presence_penalty", "presence_penalty=0.5"),
     (dict(n=0), "n", "greater than or equal to 1"),
@@ -301,3 +300,70 @@ def test_resolve_program_names_the_key():
         resolve_program("examples.agentic.openai_agent:next_step")
     with pytest.raises(ValueError, match="give module:function"):
         resolve_program("solve")
+
+
+def test_streamed_chat_equals_the_whole_answer(setup):
+    """verifiers' chat harness (and many agents) always stream: the events carry the same text and usage."""
+    server, _, _ = setup
+    whole = client(server, "whole").chat.completions.create(model=MODEL, messages=HELLO, temperature=0, max_tokens=9)
+    stream = client(server, "stream").chat.completions.create(
+        model=MODEL, messages=HELLO, temperature=0, max_tokens=9, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert server.pop_session("stream")[0].response_ids == server.pop_session("whole")[0].response_ids
+
+
+class Scripted:
+    """A `submit` that answers each call with the next scripted text's token ids (what a trained model would
+    sample): the endpoint's parsing and re-rendering are what is under test here."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts = tokenizer, list(texts)
+
+    def submit(self, request: RolloutRequest):
+        from concurrent.futures import Future
+
+        from rlinf_like.workers.rollout import RolloutResult
+
+        ids = self.tokenizer(self.texts.pop(0)).input_ids + [self.tokenizer.eos_token_id]
+        future = Future()
+        future.set_result(RolloutResult(request.request_id, list(request.prompt_ids), [ids], [[-0.5] * len(ids)],
+                                        ["stop"]))
+        return future
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_come_back_parsed_and_render_as_sampled(setup, stream):
+    """A Hermes block in the sampled text is a `tool_calls` entry; sent back, that message renders to the very
+    tokens the engine sampled (not the template's rendering of `tool_calls`), so the session is one trajectory."""
+    _, _, tokenizer = setup
+    call_text = 'Let me compute.<tool_call> {"name": "calc", "arguments": {"expression": "2+3"}} </tool_call>'
+    server = OpenAIServer(Scripted(tokenizer, [call_text, "It is 5."]).submit, tokenizer, TEMPLATE, MODEL, MAX_CONTEXT)
+    server.start()
+    try:
+        tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+        chat = client(server, "tools").chat.completions
+        first = chat.create(model=MODEL, messages=HELLO, tools=tools, stream=stream)
+        if stream:
+            chunks = [c.choices[0] for c in first if c.choices]
+            calls, reason = chunks[0].delta.tool_calls, chunks[-1].finish_reason
+            message = {"role": "assistant", "content": chunks[0].delta.content,
+                       "tool_calls": [{"id": c.id, "type": "function",
+                                       "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                      for c in calls]}
+        else:
+            calls, reason = first.choices[0].message.tool_calls, first.choices[0].finish_reason
+            message = first.choices[0].message.model_dump(exclude_none=True)
+        assert reason == "tool_calls" and message["content"] == "Let me compute."
+        assert [(c.function.name, c.function.arguments) for c in calls] == [("calc", '{"expression": "2+3"}')]
+        follow = HELLO + [message, {"role": "tool", "tool_call_id": calls[0].id, "content": "5"}]
+        chat.create(model=MODEL, messages=follow, tools=tools, stream=stream)
+        recorded = server.pop_session("tools")
+        [trajectory] = session_trajectories(recorded)  # the second prompt extends the first call's exact ids
+        assert trajectory.num_calls == 2
+        assert trajectory.response_ids[: len(recorded[0].response_ids)] == recorded[0].response_ids
+    finally:
+        server.close()

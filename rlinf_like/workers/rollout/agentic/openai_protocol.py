@@ -1,18 +1,26 @@
 """The OpenAI API's request and response shapes, as far as the rollout engine serves them.
 
 Requests are pydantic models that refuse unknown fields (so a typo or an unsupported feature is a 400
-naming it, not silently ignored). Known OpenAI fields that the engine cannot honour (streaming, penalties,
-logit bias, top-k alternatives) are accepted only at their no-op values. Responses are plain dicts in the
-API's JSON shape; the `openai` client parses them.
+naming it, not silently ignored). Known OpenAI fields that the engine cannot honour (penalties, logit bias,
+top-k alternatives) are accepted only at their no-op values. Responses are plain dicts in the API's JSON shape;
+the `openai` client parses them. A `stream` request gets the same response as server-sent events (the engine
+answers whole, so each choice is one delta).
+
+With `tools`, a chat response's Hermes `<tool_call>` blocks (envs/text/tool_calls.py) come back as `tool_calls`.
+The server remembers the text each such message was made from: when the agent sends the message back, it is
+rendered from that text, so the conversation's tokens stay the ones the engine sampled whatever the chat
+template would make of `tool_calls` (`restore_produced`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlinf_like.envs.text.tool_calls import ToolCall, final_text, parse_tool_calls
 from rlinf_like.workers.rollout.types import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -41,6 +49,7 @@ class _Request(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None  # include_usage: a last chunk with the usage
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -48,7 +57,6 @@ class _Request(BaseModel):
 
     # field -> (is its value served?, what is served); checked after parsing
     NO_OPS: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
-        "stream": (lambda v: not v, "false (responses come whole)"),
         "presence_penalty": (lambda v: not v, "0"),
         "frequency_penalty": (lambda v: not v, "0"),
         "logit_bias": (lambda v: not v, "none"),
@@ -178,3 +186,52 @@ def completion_logprobs(tokenizer, ids: list[int], logprobs: list[float]) -> dic
 def usage(prompt_len: int, responses: list[list[int]]) -> dict[str, int]:
     completion = sum(len(r) for r in responses)
     return {"prompt_tokens": prompt_len, "completion_tokens": completion, "total_tokens": prompt_len + completion}
+
+
+def assistant_message(text: str, tools: list[dict[str, Any]] | None, call_prefix: str) -> dict[str, Any]:
+    """The chat message for a sampled `text`: with `tools` offered, its well-formed calls of offered tools as
+    `tool_calls` (ids `<call_prefix>-<k>`) and the rest as `content` (None when empty)."""
+    offered = {(t.get("function") or t).get("name") for t in tools or []}
+    calls = [c for c in parse_tool_calls(text) if isinstance(c, ToolCall) and c.name in offered] if tools else []
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": final_text(text) or None,
+            "tool_calls": [{"id": f"{call_prefix}-{k}", "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                           for k, c in enumerate(calls)]}
+
+
+def restore_produced(messages: list[dict[str, Any]], produced: dict[str, str]) -> list[dict[str, Any]]:
+    """Assistant messages whose tool calls this server made (`produced`: first call id -> the sampled text)
+    become that text again, so they render to the tokens the engine sampled."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") or []
+        first = calls[0].get("id") if calls and isinstance(calls[0], dict) else None
+        if message.get("role") == "assistant" and first in produced:
+            message = {"role": "assistant", "content": produced[first]}
+        out.append(message)
+    return out
+
+
+def stream_events(body: dict[str, Any], include_usage: bool) -> Iterator[str]:
+    """A whole chat or completion response as server-sent events: per choice one delta and its finish, the
+    usage when asked, then [DONE]."""
+    chat = body["object"] == "chat.completion"
+    head = {"id": body["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": body["created"], "model": body["model"]}
+    for choice in body["choices"]:
+        if chat:
+            delta = dict(choice["message"])
+            for k, call in enumerate(delta.get("tool_calls") or []):
+                delta["tool_calls"][k] = {"index": k, **call}
+            first = {"index": choice["index"], "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+            last = {"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}
+        else:
+            first = {**choice, "finish_reason": None}
+            last = {"index": choice["index"], "text": "", "finish_reason": choice["finish_reason"]}
+        for part in (first, last):
+            yield f"data: {json.dumps({**head, 'choices': [part]})}\n\n"
+    if include_usage:
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': body['usage']})}\n\n"
+    yield "data: [DONE]\n\n"

@@ -9,8 +9,9 @@ those (`session_trajectories`), never re-tokenized text. Requests go to the engi
 callable returning a `Future[RolloutResult]` (e.g. a client of the engine's continuous serve loop).
 
 Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, each also under `/sessions/<id>`; calls to
-the bare `/v1` routes are answered but recorded nowhere. Not served: streaming, tool-call parsing (the
-model's text comes back as `content`), top-k alternatives in logprobs, penalties.
+the bare `/v1` routes are answered but recorded nowhere. Streaming sends the whole answer as events; tool calls
+are parsed from the model's Hermes blocks when `tools` are given (openai_protocol.py). Not served: top-k
+alternatives in logprobs, penalties.
 """
 
 from __future__ import annotations
@@ -28,18 +29,21 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from rlinf_like.workers.rollout.agentic.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     InvalidRequest,
+    assistant_message,
     chat_logprobs,
     chat_messages,
     completion_logprobs,
     response_text,
+    restore_produced,
     sampling_params,
+    stream_events,
     usage,
 )
 from rlinf_like.workers.rollout.agentic.openai_sessions import SessionCall, SessionTrajectory, session_trajectories
@@ -55,6 +59,7 @@ class OpenAIServer:
         self.submit, self.tokenizer, self.chat_template = submit, tokenizer, chat_template
         self.model_name, self.max_context = model_name, max_context
         self._sessions: dict[str, list[SessionCall]] = {}  # open sessions (base_url opens, pop_session closes)
+        self._produced: dict[str, str] = {}  # first tool-call id of a message this server made -> its sampled text
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._server: uvicorn.Server | None = None
@@ -108,6 +113,8 @@ class OpenAIServer:
     def pop_session(self, session_id: str) -> list[SessionCall]:
         """Its calls; the session is closed (later requests to it get a 404)."""
         with self._lock:
+            mine = f"call-{session_id}/"
+            self._produced = {k: v for k, v in self._produced.items() if not k.startswith(mine)}
             return self._sessions.pop(session_id, [])
 
     def _record(self, session_id: str | None, calls: list[SessionCall]) -> None:
@@ -141,7 +148,7 @@ class OpenAIServer:
     def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
         try:
             ids = self.tokenizer.apply_chat_template(
-                chat_messages(request.messages), tools=request.tools, chat_template=self.chat_template,
+                chat_messages(restore_produced(request.messages, self._produced)), tools=request.tools, chat_template=self.chat_template,
                 add_generation_prompt=True, tokenize=True, return_dict=False)
         except InvalidRequest:
             raise
@@ -167,7 +174,12 @@ class OpenAIServer:
         result, params = await self._generate(session_id, self._chat_prompt(request), request, "messages")
         choices = []
         for i, (ids, lp, reason) in enumerate(zip(result.response_ids, result.logprobs, result.finish_reasons)):
-            message = {"role": "assistant", "content": response_text(self.tokenizer, ids, params.stop_strings)}
+            text = response_text(self.tokenizer, ids, params.stop_strings)
+            message = assistant_message(text, request.tools, f"call-{result.request_id}-{i}")
+            if "tool_calls" in message:
+                with self._lock:
+                    self._produced[message["tool_calls"][0]["id"]] = text
+                reason = "tool_calls" if reason == "stop" else reason
             choices.append({"index": i, "message": message, "finish_reason": reason,
                             "logprobs": chat_logprobs(self.tokenizer, ids, lp) if request.logprobs else None})
         return {"id": f"chatcmpl-{result.request_id}", "object": "chat.completion", "created": int(time.time()),
@@ -211,14 +223,22 @@ class OpenAIServer:
             app.get(f"{prefix}/v1/models")(models)
 
             @app.post(f"{prefix}/v1/chat/completions")
-            async def chat(request: ChatCompletionRequest, session_id: str | None = None) -> dict[str, Any]:
-                return await self._chat(session_id, request)
+            async def chat(request: ChatCompletionRequest, session_id: str | None = None) -> Any:
+                return streamed(request, await self._chat(session_id, request))
 
             @app.post(f"{prefix}/v1/completions")
-            async def completion(request: CompletionRequest, session_id: str | None = None) -> dict[str, Any]:
-                return await self._completion(session_id, request)
+            async def completion(request: CompletionRequest, session_id: str | None = None) -> Any:
+                return streamed(request, await self._completion(session_id, request))
 
         return app
+
+
+def streamed(request, body: dict[str, Any]) -> dict[str, Any] | StreamingResponse:
+    """`body` as JSON, or as server-sent events when the request asked to stream."""
+    if not request.stream:
+        return body
+    include_usage = bool((request.stream_options or {}).get("include_usage"))
+    return StreamingResponse(stream_events(body, include_usage), media_type="text/event-stream")
 
 
 def validation_error(errors: list[dict[str, Any]]) -> InvalidRequest:
