@@ -51,6 +51,9 @@ setup(
         # agent.env=openenv: OpenEnv environments (servers with reset / step) through openenv-core's client
         "openenv": ["openenv-core==0.3.0"],
         "textarena": ["textarena==0.7.4"],  # agent.env=textarena: TextArena's single-player text games
+        # agent.env=verifiers: Prime Intellect's verifiers (v1) environments; it pins openai 2.x, which our
+        # endpoint's tests and examples also run on
+        "verifiers": ["verifiers==0.4.0"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline

@@ -10,7 +10,7 @@ PYTHON="${PYTHON:-python3}"
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -c constraints-cpu.txt -e ".[dev,embodied,reasoning_gym,agent,openenv,textarena]"
+"${PIP[@]}" -c constraints-cpu.txt -e ".[dev,embodied,reasoning_gym,agent,openenv,textarena,verifiers]"
 # Offscreen MuJoCo rendering on CPU needs Mesa's OSMesa (pixel observations). Install it only when it is
 # missing and we are root with apt; never fail the setup over it (pixel tests then skip, naming why).
 if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then

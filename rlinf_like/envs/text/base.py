@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from rlinf_like.envs.text.config import AgentConfig
@@ -33,6 +33,17 @@ class TextEnv(ABC):
     """One episode at a time; the rollout builds one instance per sample (`TEXT_ENVS.get(kind)(**options)`)."""
 
     tools: tuple[dict, ...] = ()  # the tools' JSON schemas, passed to the chat template as `tools=`
+    # it runs its own episodes and calls the model through the rollout's OpenAI-compatible endpoint (verifiers):
+    # the rollout calls `program(cfg, sampling)` per generate call and runs it as an agent program; reset / step
+    # are not used
+    drives_model: ClassVar[bool] = False
+    data_source: ClassVar[str | None] = None  # the data.source its tasks must come from (None: any)
+
+    @classmethod
+    def program(cls, cfg: AgentConfig, sampling):
+        """`drives_model` environments: the `(base_url, row) -> reward | dict` program that plays one episode
+        with the call's `SamplingParams`."""
+        raise NotImplementedError(f"{cls.__name__} does not drive the model (drives_model is False)")
 
     @classmethod
     def check(cls, cfg: AgentConfig) -> None:

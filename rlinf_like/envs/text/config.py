@@ -26,6 +26,13 @@ class TextArenaOptions:
 
 
 @dataclass(kw_only=True)
+class VerifiersOptions:
+    harness: str = "null"  # the verifiers harness each rollout runs: null (chat with the environment's tools)
+    # run the harness's chat program on this interpreter, not in the environment uv would download for it
+    host_python: bool = True
+
+
+@dataclass(kw_only=True)
 class AgentConfig:
     # a text environment in envs/text (TEXT_ENVS): tools (tool calls in the model's chat format); "": single turn
     env: str = ""
@@ -33,6 +40,8 @@ class AgentConfig:
     tool_options: ToolOptions = field(default_factory=ToolOptions)  # time, memory and output limits of the tools
     openenv: OpenEnvOptions = field(default_factory=OpenEnvOptions)  # agent.env=openenv: the server and its fields
     textarena: TextArenaOptions = field(default_factory=TextArenaOptions)  # agent.env=textarena: the game
+    # agent.env=verifiers: how its rollouts run (the environment and its tasks: data.source=verifiers)
+    verifiers: VerifiersOptions = field(default_factory=VerifiersOptions)
     max_turns: int = bounded(4, gt=0)  # assistant turns per episode; more ends it (end reason max_turns)
     # the response side's context budget: the model's tokens plus tool and user tokens; more ends the episode
     max_total_tokens: int = bounded(256, gt=0)

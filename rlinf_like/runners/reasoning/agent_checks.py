@@ -18,7 +18,11 @@ def check_agent(cfg) -> None:
         raise ValueError(f"agent.env={a.env!r} and agent.program={a.program!r}: set one (an environment the "
                          f"rollout runs, or an agent program driven through the endpoint)")
     if a.env:
-        TEXT_ENVS.get(a.env).check(a)  # unknown: names agent.env and the choices; then what the env needs
+        env = TEXT_ENVS.get(a.env)
+        env.check(a)  # unknown: names agent.env and the choices; then what the env needs
+        if env.data_source is not None and cfg.data.source != env.data_source:
+            raise ValueError(f"agent.env={a.env} plays the tasks of data.source={env.data_source}, got data.source="
+                             f"{cfg.data.source!r}")
     else:
         from rlinf_like.workers.rollout.agentic.agent_program import resolve_program
 
@@ -28,7 +32,8 @@ def check_agent(cfg) -> None:
                          "must be auto (the tokenizer's own) or a Jinja file, not none")
     check_serves_continuously(cfg.rollout, "multi-turn rollouts (agent.env / agent.program)")  # turns join the batch
     schedule = None if cfg.runner.schedule == STATIC else SCHEDULES.get(cfg.runner.schedule)
-    if schedule is not None and schedule.serves_continuously and a.program:
+    drives_model = a.program or (a.env and TEXT_ENVS.get(a.env).drives_model)
+    if schedule is not None and schedule.serves_continuously and drives_model:
         raise ValueError(f"runner.schedule={cfg.runner.schedule} runs agent.env episodes; agent.program is not built "
                          f"for it (its endpoint serves one generate call at a time): use "
                          f"{' or '.join(schedules_with(serves_continuously=False, runs_episodes=True))}")

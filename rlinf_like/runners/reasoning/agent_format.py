@@ -40,8 +40,12 @@ class AgentFormat:
         self._prompts: dict[str, list[int]] = {}
 
     def env(self) -> TextEnv | None:
+        """A step environment for the driver's prompts and demos; None for agent programs and environments that
+        drive the model themselves (their episodes open as a program's do)."""
         a = self.cfg.agent
-        return TEXT_ENVS.get(a.env).from_config(a, self.cfg.data.system_prompt) if a.env else None
+        if not a.env or TEXT_ENVS.get(a.env).drives_model:
+            return None
+        return TEXT_ENVS.get(a.env).from_config(a, self.cfg.data.system_prompt)
 
     def chat(self, env: TextEnv | None) -> ChatTokens:
         tools = tuple(env.tools) if env is not None else ()
@@ -139,4 +143,7 @@ def episode_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
            "agent/env_s": sum(e.env_wait_s for e in episodes), "agent/env_retries": sum(e.retries for e in episodes),
            "agent/excluded_groups": sum(bool(r.excluded) for r in results)}
     out.update({f"agent/end/{reason}": count / n for reason, count in Counter(e.end_reason for e in episodes).items()})
+    for name in sorted({k for e in episodes for k in e.scores}):  # a rubric's functions: means where scored
+        scored = [e.scores[name] for e in episodes if name in e.scores]
+        out[f"reward/{name}"] = sum(scored) / len(scored)
     return out

@@ -69,6 +69,7 @@ class EpisodeInfo:
     retries: int = 0  # times the episode was rerun with a fresh environment after its environment failed
     program_reward: float | None = None  # agent.program: the reward the program returned, which is the sample's
     program_formatted: bool = False  # agent.program: its reward function parsed an answer (`ProgramResult.formatted`)
+    scores: dict[str, float] = field(default_factory=dict)  # named reward components (a verifiers rubric's functions)
 
 
 @dataclass

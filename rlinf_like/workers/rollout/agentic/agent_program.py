@@ -9,6 +9,13 @@ and anything less does not, as for a reward function that returns no `formatted`
 episode whose program raises, returns no number or runs past `timeout_s` gets reward 0 and a named error (the
 episode is logged, the run goes on). Python cannot stop a thread: a program past its deadline is abandoned
 (a daemon thread); its session is closed, so its next call to the server fails and it ends.
+
+A program that raises `EnvironmentFailed` (its environment, not the model, went wrong) is rerun in a fresh
+session up to `retries` times; still failing, the episode is marked `env_failed` and its group is excluded from
+the step (`agent_rollout.program_result`). So is an episode whose calls do not extend one another (the program
+re-rendered its history differently from the tokens sampled): its trajectory would not be the one that was
+sampled, so it is refused by name rather than trained on in part.
+A program may return `{"reward", "formatted", "scores": {name: value}}`; scores are logged as `reward/<name>`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf_like.workers.rollout.agentic.openai_server import OpenAIServer
@@ -30,6 +37,10 @@ from rlinf_like.workers.rollout.agentic.openai_sessions import SessionCall, Sess
 log = logging.getLogger(__name__)
 
 AgentProgram = Callable[[str, dict[str, Any]], float | dict]  # a bool counts as 1 or 0
+
+
+class EnvironmentFailed(RuntimeError):
+    """Raised by a program whose environment failed (a tool server died, the env raised or timed out)."""
 
 
 @dataclass(kw_only=True)
@@ -45,6 +56,9 @@ class ProgramResult:
     trajectories: list[SessionTrajectory]  # what its calls sampled (kept on error too: the caller decides)
     calls: list[SessionCall]
     seconds: float
+    env_failed: bool = False  # its environment kept failing, or it re-rendered its history: exclude its group
+    retries: int = 0  # reruns in a fresh session after EnvironmentFailed
+    scores: dict[str, float] = field(default_factory=dict)  # the program's named reward components
 
 
 def resolve_program(spec: str, key: str = "agent.program") -> AgentProgram:
@@ -73,49 +87,74 @@ def resolve_program(spec: str, key: str = "agent.program") -> AgentProgram:
 
 
 def run_programs(program: AgentProgram, server: OpenAIServer, rows: Sequence[dict[str, Any]], samples_per_row: int,
-                 timeout_s: float, session_prefix: str = "ep") -> list[ProgramResult]:
-    """Run `program` `samples_per_row` times on each row, all at once, each episode in its own session;
-    results in (row, sample) order."""
+                 timeout_s: float, session_prefix: str = "ep", retries: int = 0) -> list[ProgramResult]:
+    """Run `program` `samples_per_row` times on each row, all at once, each episode in its own session (a fresh
+    one per rerun after `EnvironmentFailed`, at most `retries`); results in (row, sample) order."""
     episodes = [(r, s, f"{session_prefix}-{r}-{s}") for r in range(len(rows)) for s in range(samples_per_row)]
-    outcomes: list[dict[str, Any]] = [{} for _ in episodes]
+    outcomes: list[dict[str, Any]] = [{"sessions": []} for _ in episodes]
     threads = []
     start = time.monotonic()
     for (r, s, session_id), outcome in zip(episodes, outcomes):
-        base_url = server.base_url(session_id)
-        thread = threading.Thread(target=_episode, args=(program, base_url, dict(rows[r]), outcome), daemon=True,
-                                  name=f"agent-{session_id}")
+        thread = threading.Thread(target=_episode, args=(program, server, session_id, dict(rows[r]), outcome, retries),
+                                  daemon=True, name=f"agent-{session_id}")
         thread.start()
         threads.append(thread)
     results = []
     for (r, s, session_id), outcome, thread in zip(episodes, outcomes, threads):
         thread.join(max(0.0, start + timeout_s - time.monotonic()))
         if thread.is_alive():
-            outcome = {"error": f"timed out after {timeout_s:g} s", "seconds": time.monotonic() - start}
-        calls = server.pop_session(session_id)  # closed: an abandoned program's next call fails
-        error = outcome.get("error")
-        if error is not None:
-            log.warning("agent program episode %s (row %d, sample %d): %s", session_id, r, s, error)
-        results.append(ProgramResult(row_index=r, sample_index=s, session_id=session_id,
-                                     reward=0.0 if error else outcome["reward"],
-                                     formatted=False if error else outcome["formatted"], error=error,
-                                     trajectories=session_trajectories(calls), calls=calls,
-                                     seconds=outcome["seconds"]))
+            outcome = {**outcome, "error": f"timed out after {timeout_s:g} s", "seconds": time.monotonic() - start}
+        sessions = list(outcome["sessions"])  # closed: an abandoned program's next call fails
+        for earlier in sessions[:-1]:
+            server.pop_session(earlier)  # a failed attempt's calls train nothing
+        calls = server.pop_session(sessions[-1]) if sessions else []
+        results.append(_result(r, s, sessions[-1] if sessions else session_id, outcome, calls))
     return results
 
 
-def _episode(program: AgentProgram, base_url: str, row: dict[str, Any], outcome: dict[str, Any]) -> None:
+def _result(r: int, s: int, session_id: str, outcome: dict[str, Any], calls: list[SessionCall]) -> ProgramResult:
+    trajectories = session_trajectories(calls)
+    error, env_failed = outcome.get("error"), outcome.get("env_failed", False)
+    if error is None and len(trajectories) > 1:
+        error, env_failed = (f"re-rendered history: its {len(calls)} calls make {len(trajectories)} separate "
+                             f"trajectories (a call's prompt does not start with the tokens sampled before it: the "
+                             f"program or the chat template rewrote an earlier turn), so none holds the episode "
+                             f"as sampled"), True
+    if error is not None:
+        log.warning("agent program episode %s (row %d, sample %d): %s", session_id, r, s, error)
+    return ProgramResult(row_index=r, sample_index=s, session_id=session_id,
+                         reward=0.0 if error else outcome["reward"],
+                         formatted=False if error else outcome["formatted"], error=error,
+                         trajectories=trajectories, calls=calls, seconds=outcome["seconds"], env_failed=env_failed,
+                         retries=outcome.get("retries", 0), scores={} if error else outcome.get("scores", {}))
+
+
+def _episode(program: AgentProgram, server: OpenAIServer, session_id: str, row: dict[str, Any],
+             outcome: dict[str, Any], retries: int) -> None:
     began = time.monotonic()
-    try:
-        value = program(base_url, row)
-        formatted = None
-        if isinstance(value, dict):
-            formatted = value.get("formatted")
-            value = value.get("reward")
-        if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise TypeError(f"the program must return a finite number (the reward), or a dict with one under "
-                            f"'reward', got {value!r}")
-        outcome["reward"] = float(value)
-        outcome["formatted"] = outcome["reward"] >= 1.0 if formatted is None else bool(formatted)
-    except BaseException as e:  # anything the user's program does ends this episode only
-        outcome["error"] = f"{type(e).__name__}: {e}"
+    for attempt in range(retries + 1):
+        session = session_id if attempt == 0 else f"{session_id}-retry{attempt}"
+        outcome["sessions"].append(session)
+        outcome["retries"] = attempt
+        try:
+            _run_once(program, server.base_url(session), row, outcome)
+            break
+        except EnvironmentFailed as e:
+            outcome.update(error=f"EnvironmentFailed: {e}", env_failed=True)
+        except BaseException as e:  # anything the user's program does ends this episode only
+            outcome.update(error=f"{type(e).__name__}: {e}", env_failed=False)
+            break
     outcome["seconds"] = time.monotonic() - began
+
+
+def _run_once(program: AgentProgram, base_url: str, row: dict[str, Any], outcome: dict[str, Any]) -> None:
+    value = program(base_url, row)
+    formatted, scores = None, {}
+    if isinstance(value, dict):
+        formatted, scores = value.get("formatted"), value.get("scores") or {}
+        value = value.get("reward")
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(f"the program must return a finite number (the reward), or a dict with one under "
+                        f"'reward', got {value!r}")
+    outcome.update(reward=float(value), formatted=float(value) >= 1.0 if formatted is None else bool(formatted),
+                   scores={str(k): float(v) for k, v in scores.items()}, error=None, env_failed=False)

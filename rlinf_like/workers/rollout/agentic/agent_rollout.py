@@ -38,7 +38,12 @@ class AgentRollout:
         env = TEXT_ENVS.get(setup.agent.env) if setup.agent.env else None
         self.make_env = (lambda: env.from_config(setup.agent, setup.system_prompt)) if env else None
         self.program = None
-        if setup.agent.program:
+        # an environment that runs its own episodes through the endpoint is an agent program built per call,
+        # with the call's sampling settings (the trainer's logprobs assume the same temperature)
+        self.env_program = env.program if env is not None and env.drives_model else None
+        if self.env_program is not None:
+            self.make_env = None
+        elif setup.agent.program:
             from rlinf_like.workers.rollout.agentic.agent_program import resolve_program
 
             self.program = resolve_program(setup.agent.program)
@@ -50,7 +55,7 @@ class AgentRollout:
         check_rows(requests)
         client = EngineClient(self.engine)
         try:
-            if self.program is not None:
+            if self.program is not None or self.env_program is not None:
                 return self._programs(client, list(requests))
             return self._loop(client, requests[0]).run(list(requests), [r.row for r in requests])
         finally:
@@ -82,7 +87,7 @@ class AgentRollout:
 
     def _serve_one(self, client: EngineClient, request: RolloutRequest, key: str,
                    put: Callable[[RolloutResult, str], None]) -> None:
-        if self.program is not None:
+        if self.program is not None or self.env_program is not None:
             raise ValueError("runner.schedule=async with agent.program is not built: the endpoint serves one "
                              "generate call at a time")
         put(self._loop(client, request).run([request], [request.row])[0], key)
@@ -101,13 +106,15 @@ class AgentRollout:
         server = OpenAIServer(client.submit, self.tokenizer, self.setup.chat_template,
                               model_name=os.path.basename(str(self.tokenizer.name_or_path)) or "policy",
                               max_context=client.max_context)
+        program = self.program or self.env_program(self.setup.agent, requests[0].sampling)
         server.start()
         try:
             out: dict[str, RolloutResult] = {}
             for n in sorted({r.n for r in requests}):  # every sample of every request at once, per group size
                 same = [r for r in requests if r.n == n]
-                runs = run_programs(self.program, server, [r.row for r in same], n, self.setup.agent.program_timeout_s,
-                                    session_prefix=f"v{self.engine.version}-n{n}")
+                a = self.setup.agent
+                runs = run_programs(program, server, [r.row for r in same], n, a.program_timeout_s,
+                                    session_prefix=f"v{self.engine.version}-n{n}", retries=a.env_retries)
                 for i, request in enumerate(same):
                     out[request.request_id] = program_result(request, runs[i * n : (i + 1) * n], self.engine.version)
             return [out[r.request_id] for r in requests]
@@ -133,7 +140,11 @@ def program_result(request: RolloutRequest, runs, version: int) -> RolloutResult
         # "answer" only where the program's reward function parsed one (gibberish ends "no_answer")
         end = "error" if run.error else "answer" if run.formatted else "no_answer"
         info = EpisodeInfo(turns=t.num_calls if t else 0, end_reason=end, error=run.error or "",
-                           program_reward=run.reward, program_formatted=run.formatted)
+                           program_reward=run.reward, program_formatted=run.formatted, retries=run.retries,
+                           env_wait_s=run.seconds, scores=dict(run.scores))
+        if run.env_failed and not result.excluded:
+            result.excluded = (f"{run.error} (request {request.request_id}, sample {run.sample_index}, after "
+                               f"{run.retries} retries)")
         extra = t.prompt_ids[len(common):] if t else []
         result.response_ids.append(extra + (t.response_ids if t else []))
         result.logprobs.append([0.0] * len(extra) + (t.logprobs if t else []))
