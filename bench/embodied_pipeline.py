@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "examples" / "embodied" / "main_embodied.py"
 MIXES = {  # env -> (overrides, env steps per update)
     "reach_colour": (["env=reach_colour_pixels", "policy=vla", "env.image_size=96", "policy.width=128",
-                      "env.num_envs=8", "runner.steps_per_rollout=32", "algorithm.epochs=1", "algorithm.mini_batches=2",
+                      "env.num_envs=8", "runner.steps_per_rollout=32", "algorithm.ppo.epochs=1",
+                      "algorithm.ppo.mini_batches=2",
                       "runner.save_every=1000"], 8 * 32),
     # LIBERO (the [libero] extra): 2 envs of task 0 (one per stage), two 128x128 cameras, the VLA for LIBERO
     "libero": (["env=libero_spatial", "policy=vla_libero", "env.num_envs=2", "+env.kwargs.task_ids=[0]",
-                "runner.steps_per_rollout=8", "algorithm.epochs=1", "algorithm.mini_batches=2",
+                "runner.steps_per_rollout=8", "algorithm.ppo.epochs=1", "algorithm.ppo.mini_batches=2",
                 "runner.save_every=1000"], 2 * 8),
 }
 

@@ -21,6 +21,7 @@ from rlinf_like.envs import EnvConfig
 from rlinf_like.envs.base import ActionSpec
 from rlinf_like.models.policy_base import PolicyConfig
 from rlinf_like.runners.embodied.config import EmbodiedAlgorithm, EmbodiedConfig, EmbodiedRunnerConfig
+from rlinf_like.workers.actor.sac_learner import SACConfig
 
 PI = torch.tensor([[[0.25, 0.75]]])  # one state, one token, two choices
 Q1, Q2 = torch.tensor([[[1.0, 4.0]]]), torch.tensor([[[2.0, 3.0]]])
@@ -76,7 +77,6 @@ def test_temperature_and_actor_losses_by_hand_and_their_gradients():
 
 def test_target_entropy_is_a_fraction_of_log_joint_actions():
     from rlinf_like.workers.actor.discrete_sac_learner import target_entropy
-    from rlinf_like.workers.actor.sac_learner import SACConfig
 
     assert target_entropy(SACConfig(target_entropy_ratio=0.98), 2, 7) == pytest.approx(0.98 * math.log(7 ** 2))
     assert target_entropy(SACConfig(target_entropy=0.3), 2, 7) == 0.3
@@ -97,8 +97,8 @@ def vla_config(out, **runner) -> EmbodiedConfig:
         env=EnvConfig(kind="reach_colour", obs_mode="pixels", image_size=32, num_envs=2, max_episode_steps=30,
                       kwargs={"frame_skip": 4}),
         policy=PolicyConfig(kind="vla"),
-        algorithm=EmbodiedAlgorithm(name="discrete_sac", batch_size=16, learning_starts=16, buffer_size=1000,
-                                    lr=1e-3, gamma=0.9),
+        algorithm=EmbodiedAlgorithm(name="discrete_sac", lr=1e-3, gamma=0.9,
+                                    sac=SACConfig(batch_size=16, learning_starts=16, buffer_size=1000)),
         runner=EmbodiedRunnerConfig(**{"total_env_steps": 64, "steps_per_rollout": 8, "stream_chunk_steps": 4,
                                        "sync_every": 8, "save_every": 2, "output_dir": str(out), **runner}))
 
@@ -115,7 +115,6 @@ def test_vla_chunks_are_refused_before_launch(tmp_path):
 def test_discrete_sac_learns_cartpole():
     """From ~20 (random) to a mean return above 60 over the last 10 episodes, in one process."""
     from bench.sac_local import run_local_sac
-    from rlinf_like.workers.actor.sac_learner import SACConfig
 
     torch.set_num_threads(1)
     sac = SACConfig(batch_size=128, learning_starts=500, buffer_size=20_000, utd=0.25, tau=0.01,

@@ -48,7 +48,7 @@ _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 run
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
 _GENERATED = "data.sft_problems=8 data.test_problems=4"  # the generated data's sizes; files keep theirs
 _EMBODIED = ("runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
-             "algorithm.epochs=1 algorithm.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
+             "algorithm.ppo.epochs=1 algorithm.ppo.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
 # script -> what makes its run one step long and writes under the scratch directory
 CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/agentic/main_agent.py": _REASONING, "examples/embodied/main_embodied.py": _EMBODIED,
        "examples/embodied/bc_warmstart.py": "--steps 2 --epochs 1 --num-envs 2 --batch 4",
@@ -258,6 +258,7 @@ def check_in_process(command: str) -> str:
 def test_documented_command_is_valid(where, command, scratch, monkeypatch, capsys):
     monkeypatch.chdir(scratch)  # relative paths as a user in the repository root has them
     monkeypatch.setattr("rlinf_like.config.cli._USER_KEYS", None)  # the keys a command line sets stay with its test
+    monkeypatch.setattr("rlinf_like.config.cli._SET_KEYS", None)
     if not command.split()[1].startswith("-"):  # python puts a script's folder first on the path (its reward module)
         monkeypatch.syspath_prepend(str((ROOT / _script(command)).parent))
     what = check_in_process(command)

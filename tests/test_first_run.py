@@ -22,6 +22,7 @@ GSM8K = str(ROOT / "tests/data/gsm8k_sample.jsonl")
 def schema_and_clean_command_line(monkeypatch):
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
     monkeypatch.setattr(cli, "_USER_KEYS", None)  # what a command line recorded stays with its test
+    monkeypatch.setattr(cli, "_SET_KEYS", None)
 
 
 def prepare(*argv, preset="grpo_collocated"):

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # 4 envs: 2 per pipeline stage. With 1 env per stage the pipelined run draws its Gaussian action noise 8 values at
 # a time and the sequential run 16, and torch's CPU normal_ takes another algorithm below 16 values: other actions.
 ARGS = ["env=maniskill_pickcube", "env.num_envs=4", "runner.steps_per_rollout=25", "runner.total_env_steps=200",
-        "algorithm.mini_batches=2"]
+        "algorithm.ppo.mini_batches=2"]
 
 
 def vulkan_ok() -> str | None:

@@ -78,13 +78,13 @@ def chunks_of(traj: Trajectory, cut: int) -> list[Trajectory]:
 
 
 def test_every_embodied_actor_rank_trains_on_the_whole_trajectory_set(cluster, tmp_path):
-    ppo = PPOConfig(epochs=2, mini_batches=2)
+    ppo, gamma = PPOConfig(epochs=2, mini_batches=2), 0.99
     actor = EmbodiedActorWorker.create_group(
-        PolicyConfig(hidden=[16]), {"state": FieldSpec((4,), "float32")}, ActionSpec("discrete", (), n=2), ppo,
+        PolicyConfig(hidden=[16]), {"state": FieldSpec((4,), "float32")}, ActionSpec("discrete", (), n=2), ppo, gamma,
         FSDPConfig(optim=OptimConfig(lr=1e-2)), 0).launch(cluster, cluster.place({"emb_actor": "0-1"}), "emb_actor")
     channel = Channel.create(cluster.scoped_name("test-trajectories"), Trajectory)
     trajs = toy_trajectories()
-    advantages = ppo_batch(trajs, ppo.gamma, ppo.lam)["advantages"]  # the whole set's rows
+    advantages = ppo_batch(trajs, gamma, ppo.lam)["advantages"]  # the whole set's rows
     try:
         actor.save(str(tmp_path / "start")).wait(timeout=60)
         # reference: each rank handed the whole set directly
@@ -113,11 +113,11 @@ def test_every_embodied_actor_rank_trains_on_the_whole_trajectory_set(cluster, t
 
 def test_embodied_actor_ranks_must_split_the_update_evenly():
     cfg = EmbodiedConfig()
-    cfg.runner.steps_per_rollout, cfg.env.num_envs, cfg.algorithm.mini_batches = 10, 3, 4  # 30 rows per env rank
+    cfg.runner.steps_per_rollout, cfg.env.num_envs, cfg.algorithm.ppo.mini_batches = 10, 3, 4  # 30 rows per env rank
     check_actor_split(cfg, actor_ranks=1, env_ranks=1)  # one rank: uneven mini-batches are fine
     check_actor_split(cfg, actor_ranks=2, env_ranks=4)  # 120 rows = 2 x 4 x 15
     with pytest.raises(ValueError, match=r"= 30 rows per update do not divide by the actor ranks in "
-                                         r"cluster.component_placement.actor \(2\) x algorithm.mini_batches \(4\)"):
+                                         r"cluster.component_placement.actor \(2\) x algorithm.ppo.mini_batches \(4\)"):
         check_actor_split(cfg, actor_ranks=2, env_ranks=1)
 
 

@@ -26,11 +26,18 @@ from rlinf_like.config.validate import ConfigError, _leaf_field, check_overrides
 
 # the keys this process's command line overrode (None: not started from a command line, e.g. a config built in code)
 _USER_KEYS: set[str] | None = None
+_SET_KEYS: set[str] | None = None  # of those, the ones given as key=value (not through a group option)
 
 
 def user_overrides() -> set[str] | None:
     """The dotted keys the command line set (`prepare_command_line`), or None when there was none."""
     return _USER_KEYS
+
+
+def command_line_keys() -> set[str] | None:
+    """The dotted keys the command line set as key=value, not those a group option (`env=pendulum`) brought, or
+    None when there was no command line."""
+    return _SET_KEYS
 
 
 USAGE = ("Override any key on the command line as key=value (hydra), e.g. runner.max_steps=50; "
@@ -165,8 +172,8 @@ def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str
             user_keys.add(prepared[-1].lstrip("+~").split("=", 1)[0])
     overrides = prepared
     check_overrides(cls, keyed)
-    global _USER_KEYS
-    _USER_KEYS = user_keys
+    global _USER_KEYS, _SET_KEYS
+    _USER_KEYS, _SET_KEYS = user_keys, {k.lstrip("+~").split("=", 1)[0] for k in keyed}
     if asked_help:
         values = composed(cls, config_dir, preset, overrides)
         shown = " ".join([f"--config-name {preset}", *overrides])

@@ -1,10 +1,10 @@
 """GRPO (and RLOO) for embodied policies: groups of episodes started from the same initial state.
 
-Before each PPO update the envs are reset with group seeds (`group_seeds`): `algorithm.group_size`
+Before each PPO update the envs are reset with group seeds (`group_seeds`): `algorithm.ppo.group_size`
 consecutive envs of a pipeline stage share one seed, so they start from the same state and differ only by the
 policy's sampling. The collect must hold each env's whole first episode (`runner.steps_per_rollout` >= the
 episode length); what follows it in the collect is masked out. Each episode's undiscounted return is its
-outcome; the registered advantage estimator (`algorithm.advantage`, one that declares `embodied`) turns the
+outcome; the registered advantage estimator (`algorithm.ppo.advantage`, one that declares `embodied`) turns the
 [groups, group_size] outcomes into group-relative advantages, given to every step of the episode.
 """
 
@@ -17,13 +17,14 @@ from rlinf_like.algorithms.advantage_estimators import AdvantageEstimator, Advan
 
 def check_groups(cfg) -> None:
     """What grouped episodes need of an embodied config, refused by key before any worker starts."""
-    r, g = cfg.runner, cfg.algorithm.group_size
+    r, ppo = cfg.runner, cfg.algorithm.ppo
+    g = ppo.group_size
     per_stage = cfg.env.num_envs // (2 if r.pipeline else 1)
     if per_stage % g:
-        raise ValueError(f"algorithm.advantage={cfg.algorithm.advantage} groups algorithm.group_size={g} consecutive "
+        raise ValueError(f"algorithm.ppo.advantage={ppo.advantage} groups algorithm.ppo.group_size={g} consecutive "
                          f"envs of a stage: env.num_envs per stage ({per_stage}) must be a multiple of it")
     if r.stream_trajectories:
-        raise ValueError(f"algorithm.advantage={cfg.algorithm.advantage} needs whole episodes before any advantage: "
+        raise ValueError(f"algorithm.ppo.advantage={ppo.advantage} needs whole episodes before any advantage: "
                          "set runner.stream_trajectories=false")
 
 

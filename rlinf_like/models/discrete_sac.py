@@ -38,7 +38,7 @@ def token_network(cfg: PolicyConfig, obs_spec: dict[str, FieldSpec], action: Act
 
 class TokenPolicy(nn.Module):
     """Categoricals over `choices` per token, `dims` tokens per action (flattened from the policy's token shape);
-    uniform random tokens while `random_actions` (the warm-up before algorithm.learning_starts)."""
+    uniform random tokens while `random_actions` (the warm-up before algorithm.sac.learning_starts)."""
 
     generator: torch.Generator | None = None  # what its sampling draws from (`use_generator`); None: torch's global
 

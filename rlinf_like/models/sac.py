@@ -76,7 +76,7 @@ class SACRolloutPolicy(ActorCriticPolicy):
         self.actor = SquashedGaussianActor(obs_dim, int(np.prod(action.shape)), hidden)
         self.register_buffer("low", torch.tensor(action.low, dtype=torch.float32), persistent=False)
         self.register_buffer("high", torch.tensor(action.high, dtype=torch.float32), persistent=False)
-        self.random_actions = False  # the warm-up: uniform actions until algorithm.learning_starts
+        self.random_actions = False  # the warm-up: uniform actions until algorithm.sac.learning_starts
         self.action_shape = (self.low.numel(),)  # a replay row's action
 
     def forward(self, obs: dict[str, torch.Tensor], actions: torch.Tensor | None = None,

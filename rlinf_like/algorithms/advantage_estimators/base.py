@@ -35,7 +35,7 @@ class AdvantageEstimator:
     accepts_kl_in_reward: ClassVar[bool] = False  # takes a per-token KL penalty (algorithm.kl_in_reward)
     Options: ClassVar[type | None] = None  # the dataclass of its settings, the section algorithm.<name>
     # works on embodied episodes: GAE over steps (`data/trajectory.py`), or one outcome per episode of a group
-    # of `algorithm.group_size` episodes from the same initial state (`data/episode_groups.py`)
+    # of `algorithm.ppo.group_size` episodes from the same initial state (`data/episode_groups.py`)
     embodied: ClassVar[bool] = False
 
     def __init__(self, options: Any = None):

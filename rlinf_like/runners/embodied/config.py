@@ -5,6 +5,7 @@ values outside a `Literal` and values outside a field's bounds). Every key carri
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from rlinf_like.config.validate import bounded
 from rlinf_like.envs import EnvConfig
@@ -18,11 +19,23 @@ COMPONENTS = ("actor", "rollout", "env")
 
 
 @dataclass(kw_only=True)
-class EmbodiedAlgorithm(PPOConfig, SACConfig):
+class EmbodiedAlgorithm:
     name: str = "ppo"  # a name in EMBODIED_ALGORITHMS (algorithms/embodied.py): ppo | sac | discrete_sac
     lr: float = bounded(3e-4, gt=0)  # Adam learning rate
     adam_eps: float = bounded(1e-5, gt=0)  # Adam epsilon
-    max_grad_norm: float = bounded(0.5, gt=0)  # gradients are clipped to this global norm
+    gamma: float = bounded(0.99, ge=0, le=1)  # discount per env step (PPO's GAE, SAC's targets)
+    # the keys only PPO reads (algorithm.name=ppo); another algorithm refuses them set away from their defaults
+    # (a preset's are dropped, logged)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    # the keys only SAC reads (algorithm.name=sac | discrete_sac); PPO refuses them set away from their defaults
+    # (a preset's are dropped, logged)
+    sac: SACConfig = field(default_factory=SACConfig)
+
+
+_PPO_KEYS = ("lam", "clip", "value_clip", "vf_coef", "ent_coef", "normalize_advantages", "epochs", "mini_batches",
+             "max_grad_norm", "advantage", "group_size", "grpo")
+_SAC_KEYS = ("tau", "batch_size", "buffer_size", "learning_starts", "utd", "n_step", "init_alpha", "target_entropy",
+             "target_entropy_ratio")
 
 
 @dataclass(kw_only=True)
@@ -53,6 +66,13 @@ class EmbodiedConfig:
         num_cpus=2, component_placement={"actor": "0", "rollout": "0", "env": "1"}))
     env: EnvConfig = field(default_factory=EnvConfig)  # the simulator and its vectorisation
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the actor-critic network
-    algorithm: EmbodiedAlgorithm = field(default_factory=EmbodiedAlgorithm)  # PPO and the optimizer
+    # the algorithm (its optimizer, discount, and a section of keys per algorithm)
+    algorithm: EmbodiedAlgorithm = field(default_factory=EmbodiedAlgorithm)
     runner: EmbodiedRunnerConfig = field(default_factory=EmbodiedRunnerConfig)  # the loop: env steps, checkpoints
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console
+
+    # keys that moved: an old name is refused with its new one (config/validate.py)
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{f"algorithm.{k}": f"algorithm.ppo.{k}" for k in _PPO_KEYS},
+        **{f"algorithm.{k}": f"algorithm.sac.{k}" for k in _SAC_KEYS},
+    }

@@ -42,7 +42,7 @@ from rlinf_like.runners.common import (Checkpoints, connect_env_wire, connect_we
 from rlinf_like.runners.embodied.config import COMPONENTS, EmbodiedConfig
 from rlinf_like.runtime import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.utils.tracking import make_trackers
-from rlinf_like.workers.actor.ppo import EmbodiedActorWorker, PPOConfig
+from rlinf_like.workers.actor.ppo import EmbodiedActorWorker
 from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.rollout.embodied.policy_worker import PolicyRolloutWorker
@@ -71,18 +71,19 @@ def check_config(cfg: EmbodiedConfig) -> None:
     check_env_config(cfg.env)
     check_policy_fits(cfg.policy.kind, cfg.env.obs_mode)
     r, a = cfg.runner, cfg.algorithm
-    spec = check_embodied_algorithm(a.name, cfg.policy.kind, a.advantage)
+    spec = check_embodied_algorithm(a, cfg.policy.kind)
     if not spec.on_policy and (r.gif or r.stream_trajectories):
         raise ValueError(f"algorithm.name={a.name}: runner.gif and runner.stream_trajectories are PPO's (its "
                          "transitions always stream to the replay worker): set them to false")
-    if not spec.on_policy and a.buffer_size < 2 * r.steps_per_rollout * cfg.env.num_envs:
-        raise ValueError(f"algorithm.buffer_size={a.buffer_size} must hold at least two rounds of transitions "
-                         f"(2 x runner.steps_per_rollout x env.num_envs = {2 * r.steps_per_rollout * cfg.env.num_envs})")
-    if spec.reads_advantage and a.advantage != "gae":
+    if not spec.on_policy and a.sac.buffer_size < 2 * r.steps_per_rollout * cfg.env.num_envs:
+        raise ValueError(f"algorithm.sac.buffer_size={a.sac.buffer_size} must hold at least two rounds of "
+                         f"transitions (2 x runner.steps_per_rollout x env.num_envs = "
+                         f"{2 * r.steps_per_rollout * cfg.env.num_envs})")
+    if spec.reads_advantage and a.ppo.advantage != "gae":
         check_groups(cfg)
     for key, value in {"runner.total_env_steps": r.total_env_steps, "runner.steps_per_rollout": r.steps_per_rollout,
-                       "env.num_envs": cfg.env.num_envs, "algorithm.epochs": a.epochs,
-                       "algorithm.mini_batches": a.mini_batches, "runner.save_every": r.save_every}.items():
+                       "env.num_envs": cfg.env.num_envs, "algorithm.ppo.epochs": a.ppo.epochs,
+                       "algorithm.ppo.mini_batches": a.ppo.mini_batches, "runner.save_every": r.save_every}.items():
         if value <= 0:
             raise ValueError(f"{key} must be > 0, got {value}")
     if r.pipeline and r.env_in_rollout:
@@ -102,14 +103,14 @@ def check_actor_split(cfg: EmbodiedConfig, actor_ranks: int, env_ranks: int) -> 
     mini-batch: each must get the same number of rows per mini-batch (unequal shards would weigh the
     averaged gradient unevenly; an empty one has no loss). `env_ranks`: the ranks that step envs."""
     rows = cfg.runner.steps_per_rollout * cfg.env.num_envs * env_ranks
-    minis = cfg.algorithm.mini_batches
+    minis = cfg.algorithm.ppo.mini_batches
     if actor_ranks > 1 and rows % (actor_ranks * minis):
         who = "rollout" if cfg.runner.env_in_rollout else "env"
         raise ValueError(
             f"runner.steps_per_rollout x env.num_envs x {who} ranks = {cfg.runner.steps_per_rollout} x "
             f"{cfg.env.num_envs} x {env_ranks} = {rows} rows per update do not divide by the actor ranks in "
-            f"cluster.component_placement.actor ({actor_ranks}) x algorithm.mini_batches ({minis}); pick sizes whose "
-            f"product is a multiple of {actor_ranks * minis}, or place the actor on one rank")
+            f"cluster.component_placement.actor ({actor_ranks}) x algorithm.ppo.mini_batches ({minis}); pick sizes "
+            f"whose product is a multiple of {actor_ranks * minis}, or place the actor on one rank")
 
 
 class EmbodiedRunner:
@@ -153,11 +154,10 @@ class EmbodiedRunner:
         if self.env is None:
             self.rollout.attach_envs(cfg.env, seed).wait()
         a = cfg.algorithm
-        ppo = PPOConfig(**{k: getattr(a, k) for k in PPOConfig.__dataclass_fields__})
         # fp32: a control policy's matmuls are too small for bf16 units to pay for the casts
-        fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.max_grad_norm), precision="fp32")
-        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec, ppo, fsdp,
-                                                      cfg.runner.seed).launch(cluster, placement, "actor")
+        fsdp = FSDPConfig(optim=OptimConfig(lr=a.lr, eps=a.adam_eps, clip_grad=a.ppo.max_grad_norm), precision="fp32")
+        self.actor = EmbodiedActorWorker.create_group(cfg.policy, specs.obs_spec, specs.action_spec, a.ppo, a.gamma,
+                                                      fsdp, cfg.runner.seed).launch(cluster, placement, "actor")
         if self.env is not None:  # env rank e talks to rollout rank e % rollout ranks
             connect_env_wire(self.env, self.rollout)
         connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
@@ -175,10 +175,10 @@ class EmbodiedRunner:
     # --- one PPO update ---------------------------------------------------------------------------
     def _iterate(self) -> dict[str, float]:
         r, start = self.cfg.runner, time.perf_counter()
-        a = self.cfg.algorithm
-        if a.advantage != "gae":  # grouped episodes: every group of envs starts this update from one seed
+        ppo = self.cfg.algorithm.ppo
+        if ppo.advantage != "gae":  # grouped episodes: every group of envs starts this update from one seed
             seed = r.seed + 1_000_003 * (self.iteration + 1)
-            (self.rollout.reset_env_groups if self.env is None else self.env.reset_groups)(seed, a.group_size).wait()
+            (self.rollout.reset_env_groups if self.env is None else self.env.reset_groups)(seed, ppo.group_size).wait()
         train = self.actor.train(channel=self.channel.name, count=self.rollout.world_size,  # waits for data
                                  streamed=r.stream_trajectories)
         rollout = self.rollout.collect(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,

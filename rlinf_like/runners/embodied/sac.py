@@ -2,11 +2,11 @@
 
 A round: every rollout rank steps its envs `runner.steps_per_rollout` steps (over the wire to env workers, or
 its own envs with `runner.env_in_rollout`) and streams each `runner.stream_chunk_steps` steps of transitions to
-the replay worker's channel as it goes; meanwhile the replay worker serves the learner `algorithm.utd` x (the
+the replay worker's channel as it goes; meanwhile the replay worker serves the learner `algorithm.sac.utd` x (the
 round's env steps) batches, sampled from what the previous rounds stored, and the learner trains on them.
 So collection, receiving and learning overlap. At the round's end the replay worker seals the round's chunks
 into its buffer (rank order: deterministic), and once `runner.sync_every` updates have accumulated the actor's
-weights go to the rollout through the weight sync. Until `algorithm.learning_starts` env steps the rollout
+weights go to the rollout through the weight sync. Until `algorithm.sac.learning_starts` env steps the rollout
 acts uniformly at random and nothing trains.
 
 Checkpoints (every `runner.save_every` rounds): the learner (networks, targets, optimizers, temperature,
@@ -79,17 +79,15 @@ class EmbodiedSACRunner(EmbodiedRunner):
         action, a = specs.action_spec, cfg.algorithm
         check_action_kind(a.name, cfg.policy.kind, action)
         self.specs = specs
-        sac = SACConfig(**{k: getattr(a, k) for k in SACConfig.__dataclass_fields__})
-        actor_net, learner, keys = self._networks(specs, sac)
+        actor_net, learner, keys = self._networks(specs, a.sac)
         self.rollout = SACRolloutWorker.create_group(specs.obs_spec, action.shape, actor_net, r.seed).launch(
             cluster, placement, "rollout")
         if self.env is None:
             self.rollout.attach_envs(cfg.env, seed).wait()
         self.actor = SACActorWorker.create_group(learner, r.seed).launch(cluster, placement, "actor")
         act_shape = actor_net().action_shape  # a replay row's action (the actor's, not the env's)
-        self.replay = ReplayWorker.create_group(a.buffer_size, {k: specs.obs_spec[k] for k in keys}, act_shape,
-                                                a.gamma, a.n_step, r.seed).launch(cluster, placement, "replay",
-                                                                                  init_process_group=False)
+        self.replay = ReplayWorker.create_group(a.sac, {k: specs.obs_spec[k] for k in keys}, act_shape, a.gamma,
+                                                r.seed).launch(cluster, placement, "replay", init_process_group=False)
         if self.env is not None:  # env rank e talks to rollout rank e % rollout ranks
             connect_env_wire(self.env, self.rollout)
         connect_weight_sync(self.actor, self.rollout, "weights", *placement.weight_link("actor", "rollout"))
@@ -105,17 +103,17 @@ class EmbodiedSACRunner(EmbodiedRunner):
 
     # --- one round ---------------------------------------------------------------------------------
     def _iterate(self) -> dict[str, float]:
-        r, a, start = self.cfg.runner, self.cfg.algorithm, time.perf_counter()
+        r, sac, start = self.cfg.runner, self.cfg.algorithm.sac, time.perf_counter()
         steps = r.steps_per_rollout * self.envs_total
-        random = self.env_steps < a.learning_starts
+        random = self.env_steps < sac.learning_starts
         collect = self.rollout.collect_transitions(r.steps_per_rollout, self.stages, self.specs.envs_per_stage,
                                                    self.channel.name, self.iteration, random, r.stream_chunk_steps)
         env_call = self.env.collect(r.steps_per_rollout, self.specs.action_spec.shape) if self.env else None
         count = 0
-        if self.stored >= max(a.learning_starts, 1):  # learn from the rounds already stored
-            self.owed += a.utd * steps
+        if self.stored >= max(sac.learning_starts, 1):  # learn from the rounds already stored
+            self.owed += sac.utd * steps
             count, self.owed = int(self.owed), self.owed - int(self.owed)
-        train = [self.replay.serve(a.batch_size, count, self.samples.name),
+        train = [self.replay.serve(count, self.samples.name),
                  self.actor.train(self.samples.name, count)] if count else []
         roll_out = collect.wait()
         env_out = [o.env for o, _ in roll_out] if self.env is None else env_call.wait()
@@ -160,7 +158,7 @@ class EmbodiedSACRunner(EmbodiedRunner):
                  [self.rollout.load_policy(workers["rollout_policy"])])
         if workers["replay"] is None:
             log.warning("runner.save_replay=false: the replay buffer was not checkpointed; the resumed run "
-                        "starts from an empty one (no updates until algorithm.learning_starts stored steps)")
+                        "starts from an empty one (no updates until algorithm.sac.learning_starts stored steps)")
             self.stored = 0
         else:
             self.replay.on_ranks(0).load_state(workers["replay"]).wait()

@@ -22,7 +22,7 @@ from rlinf_like.workers.actor.sac_learner import SACConfig, SoftLearner
 
 
 def target_entropy(cfg: SACConfig, dims: int, choices: int) -> float:
-    """algorithm.target_entropy, or algorithm.target_entropy_ratio x log|A| with |A| = choices ** dims."""
+    """algorithm.sac.target_entropy, or algorithm.sac.target_entropy_ratio x log|A| with |A| = choices ** dims."""
     return cfg.target_entropy if cfg.target_entropy is not None else cfg.target_entropy_ratio * dims * math.log(choices)
 
 

@@ -35,7 +35,8 @@ FORWARD_KEY = "actor-rank-"  # channel key of the items rank 0 forwards to actor
 
 @dataclass(kw_only=True)
 class PPOConfig:
-    gamma: float = bounded(0.99, ge=0, le=1)  # discount per env step
+    """The keys only embodied PPO reads (`algorithm.ppo`); the discount and the optimizer's are the algorithm's."""
+
     lam: float = bounded(0.95, ge=0, le=1)  # GAE lambda
     clip: float = bounded(0.2, ge=0)  # PPO ratio clip: 1 +- clip
     value_clip: float | None = None  # clipped value loss around the rollout's values; None: plain MSE
@@ -44,11 +45,12 @@ class PPOConfig:
     normalize_advantages: bool = True  # whiten advantages per mini-batch
     epochs: int = bounded(10, gt=0)  # passes over each update's batch
     mini_batches: int = bounded(4, gt=0)  # optimizer steps per epoch
+    max_grad_norm: float = bounded(0.5, gt=0)  # gradients are clipped to this global norm
     # a name in ADVANTAGE_ESTIMATORS that declares `embodied` (gae | grpo | rloo); grpo and rloo compare the
-    # returns of algorithm.group_size episodes started from the same state (reset with the same seed)
+    # returns of algorithm.ppo.group_size episodes started from the same state (reset with the same seed)
     advantage: str = "gae"
     group_size: int = bounded(4, gt=1)  # grpo / rloo: episodes per group (consecutive envs of a stage)
-    grpo: GRPOOptions = field(default_factory=GRPOOptions)  # algorithm.advantage=grpo: its options
+    grpo: GRPOOptions = field(default_factory=GRPOOptions)  # algorithm.ppo.advantage=grpo: its options
 
 
 def ppo_loss(cfg: PPOConfig):
@@ -69,9 +71,9 @@ def ppo_loss(cfg: PPOConfig):
 
 class EmbodiedActorWorker(TrainedWorker):
     def __init__(self, policy: PolicyConfig, obs_spec: dict[str, FieldSpec], action: ActionSpec,
-                 ppo: PPOConfig, fsdp: FSDPConfig, seed: int = 0):
+                 ppo: PPOConfig, gamma: float, fsdp: FSDPConfig, seed: int = 0):
         torch.manual_seed(seed)  # every rank builds the same initial weights
-        self.ppo, self.seed = ppo, seed
+        self.ppo, self.gamma, self.seed = ppo, gamma, seed
         self.manager = FSDPModelManager(build_policy(policy, obs_spec, action), fsdp)
         self._loss = ppo_loss(ppo)
 
@@ -88,7 +90,7 @@ class EmbodiedActorWorker(TrainedWorker):
             trajectories = sorted(trajectories, key=lambda t: t.rank)  # rows in rank order, whatever came first
             if self.ppo.advantage != "gae":
                 return self._train_grouped(trajectories)
-            items, chunks = [(t, *trajectory_gae(t, self.ppo.gamma, self.ppo.lam)) for t in trajectories], len(trajectories)
+            items, chunks = [(t, *trajectory_gae(t, self.gamma, self.ppo.lam)) for t in trajectories], len(trajectories)
         return self._train_rows(rows_batch(items), chunks)
 
     def _train_grouped(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -139,7 +141,7 @@ class EmbodiedActorWorker(TrainedWorker):
         chunks = 0
         while sum(g.complete for g in per_rank.values()) < ranks:
             chunk = take()
-            per_rank.setdefault(chunk.rank, StreamedGAE(self.ppo.gamma, self.ppo.lam)).add(chunk)
+            per_rank.setdefault(chunk.rank, StreamedGAE(self.gamma, self.ppo.lam)).add(chunk)
             chunks += 1
         return [per_rank[r].result() for r in sorted(per_rank)], chunks
 

@@ -22,14 +22,17 @@ from rlinf_like.models.sac import SACRolloutPolicy, TwinQ
 
 @dataclass(kw_only=True)
 class SACConfig:
-    tau: float = bounded(0.005, gt=0, le=1)  # sac: Polyak factor of the target critics per update
-    batch_size: int = bounded(256, gt=0)  # sac: transitions per gradient step
-    buffer_size: int = bounded(1_000_000, gt=0)  # sac: replay capacity (transitions; the oldest are overwritten)
-    learning_starts: int = bounded(1000, ge=0)  # sac: env steps of uniform random actions before any update
-    utd: float = bounded(1.0, gt=0)  # sac: gradient updates per env step (update-to-data ratio)
-    n_step: int = bounded(1, ge=1)  # sac: n-step returns (1: the one-step soft Bellman target)
-    init_alpha: float = bounded(1.0, gt=0)  # sac: the entropy temperature's initial value
-    target_entropy: float | None = None  # sac: None: -(action dims), the SAC paper's heuristic (discrete: below)
+    """The keys only embodied SAC (and discrete SAC) reads (`algorithm.sac`); the discount and the optimizer's are
+    the algorithm's."""
+
+    tau: float = bounded(0.005, gt=0, le=1)  # Polyak factor of the target critics per update
+    batch_size: int = bounded(256, gt=0)  # transitions per gradient step
+    buffer_size: int = bounded(1_000_000, gt=0)  # replay capacity (transitions; the oldest are overwritten)
+    learning_starts: int = bounded(1000, ge=0)  # env steps of uniform random actions before any update
+    utd: float = bounded(1.0, gt=0)  # gradient updates per env step (update-to-data ratio)
+    n_step: int = bounded(1, ge=1)  # n-step returns (1: the one-step soft Bellman target)
+    init_alpha: float = bounded(1.0, gt=0)  # the entropy temperature's initial value
+    target_entropy: float | None = None  # None: -(action dims), the SAC paper's heuristic (discrete: below)
     # discrete_sac: with target_entropy None, the target is this fraction of the uniform policy's entropy log|A|
     # (|A| = choices ** tokens). Christodoulou 2019 uses 0.98; a lower one lets the policy commit sooner.
     target_entropy_ratio: float = bounded(0.5, gt=0, le=1)

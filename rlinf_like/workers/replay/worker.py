@@ -14,11 +14,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlinf_like.data.replay import ReplayBuffer, Transitions
 from rlinf_like.runtime import Channel, ChannelClosed, Worker
+
+if TYPE_CHECKING:
+    from rlinf_like.workers.actor.sac_learner import SACConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +35,11 @@ class Samples:
 
 
 class ReplayWorker(Worker):
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], act_shape: tuple[int, ...], gamma: float,
-                 n_step: int, seed: int):
-        self.buffer = ReplayBuffer(capacity, obs_shape, act_shape, gamma, n_step)
+    def __init__(self, sac: SACConfig, obs_shape: tuple[int, ...], act_shape: tuple[int, ...], gamma: float,
+                 seed: int):
+        """`sac`: algorithm.sac (its buffer_size, n_step and the batch_size `serve` samples)."""
+        self.sac = sac
+        self.buffer = ReplayBuffer(sac.buffer_size, obs_shape, act_shape, gamma, sac.n_step)
         self.rng = np.random.default_rng(seed + 31_337)
         self._staged: list[Transitions] = []
         self._cond = threading.Condition()
@@ -70,11 +76,11 @@ class ReplayWorker(Worker):
             self.buffer.add(item)
         return len(self.buffer)
 
-    def serve(self, batch_size: int, count: int, channel: str, per_item: int = 16) -> float:
-        """Sample `count` batches now and put them on `channel`, `per_item` batches per item; returns the time
-        spent (the learner trains on the first items while later ones are put)."""
+    def serve(self, count: int, channel: str, per_item: int = 16) -> float:
+        """Sample `count` batches of algorithm.sac.batch_size now and put them on `channel`, `per_item` batches per
+        item; returns the time spent (the learner trains on the first items while later ones are put)."""
         start, out = time.perf_counter(), Channel.connect(channel)
-        batches = self.buffer.sample(batch_size, count, self.rng)
+        batches = self.buffer.sample(self.sac.batch_size, count, self.rng)
         for i in range(0, count, per_item):
             out.put(Samples(batches[i:i + per_item]))
         return time.perf_counter() - start
