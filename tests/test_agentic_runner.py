@@ -127,6 +127,7 @@ class Run:
 
     def __init__(self, trajectories, reward=1.0, error=None, formatted=None):
         self.trajectories, self.reward, self.error = trajectories, reward, error
+        self.retries, self.env_failed, self.scores, self.seconds = 0, False, {}, 0.0
         self.formatted = reward >= 1.0 if formatted is None else formatted  # as run_programs sets it
 
 

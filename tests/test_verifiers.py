@@ -85,7 +85,9 @@ def test_a_re_rendered_history_is_refused_by_name():
     rewritten = SessionCall(prompt_ids=[1, 2, 9, 4], response_ids=[5], logprobs=[-1.0], finish_reason="stop",
                             version=0)
     outcome = {"reward": 1.0, "formatted": True, "seconds": 0.1}
-    result: ProgramResult = _result(0, 0, "s", outcome, [first, rewritten])
+    kept: ProgramResult = _result(0, 0, "s", outcome, [first, rewritten])  # a user's program: its last call's
+    assert kept.error is None and kept.reward == 1.0 and len(kept.trajectories) == 2
+    result: ProgramResult = _result(0, 0, "s", outcome, [first, rewritten], refuse_rerender=True)
     assert result.env_failed and result.reward == 0.0
     assert result.error.startswith("re-rendered history: its 2 calls make 2 separate trajectories")
 

@@ -12,9 +12,10 @@ episode is logged, the run goes on). Python cannot stop a thread: a program past
 
 A program that raises `EnvironmentFailed` (its environment, not the model, went wrong) is rerun in a fresh
 session up to `retries` times; still failing, the episode is marked `env_failed` and its group is excluded from
-the step (`agent_rollout.program_result`). So is an episode whose calls do not extend one another (the program
-re-rendered its history differently from the tokens sampled): its trajectory would not be the one that was
-sampled, so it is refused by name rather than trained on in part.
+the step (`agent_rollout.program_result`). With `refuse_rerender` (environments that drive the model, e.g.
+verifiers), so is an episode whose calls do not extend one another (it re-rendered its history differently from
+the tokens sampled): no one trajectory holds the episode as sampled, so it is refused by name rather than trained
+on in part. A user's own program keeps the trajectory holding its last call.
 A program may return `{"reward", "formatted", "scores": {name: value}}`; scores are logged as `reward/<name>`.
 """
 
@@ -87,7 +88,8 @@ def resolve_program(spec: str, key: str = "agent.program") -> AgentProgram:
 
 
 def run_programs(program: AgentProgram, server: OpenAIServer, rows: Sequence[dict[str, Any]], samples_per_row: int,
-                 timeout_s: float, session_prefix: str = "ep", retries: int = 0) -> list[ProgramResult]:
+                 timeout_s: float, session_prefix: str = "ep", retries: int = 0,
+                 refuse_rerender: bool = False) -> list[ProgramResult]:
     """Run `program` `samples_per_row` times on each row, all at once, each episode in its own session (a fresh
     one per rerun after `EnvironmentFailed`, at most `retries`); results in (row, sample) order."""
     episodes = [(r, s, f"{session_prefix}-{r}-{s}") for r in range(len(rows)) for s in range(samples_per_row)]
@@ -108,14 +110,15 @@ def run_programs(program: AgentProgram, server: OpenAIServer, rows: Sequence[dic
         for earlier in sessions[:-1]:
             server.pop_session(earlier)  # a failed attempt's calls train nothing
         calls = server.pop_session(sessions[-1]) if sessions else []
-        results.append(_result(r, s, sessions[-1] if sessions else session_id, outcome, calls))
+        results.append(_result(r, s, sessions[-1] if sessions else session_id, outcome, calls, refuse_rerender))
     return results
 
 
-def _result(r: int, s: int, session_id: str, outcome: dict[str, Any], calls: list[SessionCall]) -> ProgramResult:
+def _result(r: int, s: int, session_id: str, outcome: dict[str, Any], calls: list[SessionCall],
+            refuse_rerender: bool = False) -> ProgramResult:
     trajectories = session_trajectories(calls)
     error, env_failed = outcome.get("error"), outcome.get("env_failed", False)
-    if error is None and len(trajectories) > 1:
+    if error is None and refuse_rerender and len(trajectories) > 1:
         error, env_failed = (f"re-rendered history: its {len(calls)} calls make {len(trajectories)} separate "
                              f"trajectories (a call's prompt does not start with the tokens sampled before it: the "
                              f"program or the chat template rewrote an earlier turn), so none holds the episode "

@@ -114,7 +114,8 @@ class AgentRollout:
                 same = [r for r in requests if r.n == n]
                 a = self.setup.agent
                 runs = run_programs(program, server, [r.row for r in same], n, a.program_timeout_s,
-                                    session_prefix=f"v{self.engine.version}-n{n}", retries=a.env_retries)
+                                    session_prefix=f"v{self.engine.version}-n{n}", retries=a.env_retries,
+                                    refuse_rerender=self.env_program is not None)
                 for i, request in enumerate(same):
                     out[request.request_id] = program_result(request, runs[i * n : (i + 1) * n], self.engine.version)
             return [out[r.request_id] for r in requests]
