@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rlinf_like.algorithms import masked_whiten
+from rlinf_like.algorithms.advantage_estimators.gae import GAEOptions
 from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
@@ -67,7 +68,7 @@ def test_critic_values_match_an_unsharded_forward_and_it_learns_returns(critic):
 
 def gae_advantages(rewards, batch, **algorithm):
     """The runner's advantage phase for algorithm.advantage=gae (the critic's returns land in batch)."""
-    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", **algorithm))
+    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae", gae=GAEOptions(**algorithm)))
     check_config(cfg)
     advantages(build_estimator("gae", cfg.algorithm), cfg, rewards, batch)
     return batch["advantages"]

@@ -119,7 +119,7 @@ def test_config_show_lists_what_each_preset_changes(capsys):
     assert set(lines) == {"reasoning/ --config-name grpo_collocated", "reasoning/ --config-name grpo_pipelined",
                           "reasoning/ --config-name grpo_smollm2", "agentic/ --config-name calculator",
                           "agentic/ --config-name openai_agent", "agentic/ --config-name openenv_guess",
-                          "agentic/ --config-name search"}
+                          "agentic/ --config-name search", "agentic/ --config-name verifiers_calc"}
     assert "actor.lora.rank=16" in lines["reasoning/ --config-name grpo_smollm2"]
     assert "runner.max_steps=150" in lines["reasoning/ --config-name grpo_collocated"]
 
