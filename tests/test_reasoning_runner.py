@@ -118,7 +118,7 @@ def test_a_wrong_key_fails_before_any_worker_starts():
 def test_bad_values_are_named_before_launch(tmp_path):
     cfg = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)))
     cfg.algorithm.advantage = "gpro"
-    with pytest.raises(ValueError, match=r"algorithm.advantage='gpro' is not one of \['gae', 'grpo', 'reinforce_pp', 'rloo'\]"):
+    with pytest.raises(ValueError, match=r"algorithm.advantage='gpro' is not one of \['gae', 'grpo', 'opd', 'reinforce_pp', 'rloo'\]"):
         check_config(cfg)
 
 

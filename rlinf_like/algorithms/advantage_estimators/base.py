@@ -16,6 +16,8 @@ class AdvantageInputs:
     response_mask: torch.Tensor  # [rows, tokens - 1]: 1 where a response token is predicted
     values: torch.Tensor | None = None  # [rows, tokens - 1]: the critic's values (estimators with needs_critic)
     kl_penalty: torch.Tensor | None = None  # [rows, tokens - 1]: beta x per-token KL, subtracted from token rewards
+    logprobs: torch.Tensor | None = None  # [rows, tokens - 1]: the sampled tokens' logprobs under the rollout policy
+    teacher_logprobs: torch.Tensor | None = None  # [rows, tokens - 1]: the teacher's (estimators with needs_teacher)
 
 
 @dataclass(kw_only=True)
@@ -31,6 +33,7 @@ class AdvantageEstimator:
     once), and the estimator reads it as `self.options`."""
 
     needs_critic: ClassVar[bool] = False  # the runner launches a critic and passes its values
+    needs_teacher: ClassVar[bool] = False  # the runner launches teacher.model_path and passes its logprobs
     token_level: ClassVar[bool] = False  # per-token advantages (else one per response, broadcast over tokens)
     accepts_kl_in_reward: ClassVar[bool] = False  # takes a per-token KL penalty (algorithm.kl_in_reward)
     Options: ClassVar[type | None] = None  # the dataclass of its settings, the section algorithm.<name>

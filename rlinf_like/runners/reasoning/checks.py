@@ -15,7 +15,8 @@ from rlinf_like.runners.reasoning.async_stream import STALE_POLICIES
 from rlinf_like.runners.reasoning.config import AlgorithmConfig, CriticSection, ReasoningConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config
-from rlinf_like.models import read_hf_config
+from rlinf_like.models import load_tokenizer, read_hf_config
+from rlinf_like.models.tiny import char_tokenizer
 from rlinf_like.models.families import MODEL_FAMILIES, ModelConfig
 from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
 from rlinf_like.runners.reasoning.worker_configs import reward_config, runner_loop
@@ -72,6 +73,38 @@ def check_estimator(cfg: ReasoningConfig) -> None:
                              f"algorithm.advantage={a.advantage} does not read it")
 
 
+def check_teacher(cfg: ReasoningConfig) -> None:
+    """`teacher.model_path`: set exactly when the estimator declares `needs_teacher`, and sharing the student's
+    tokenizer and vocabulary size (the teacher scores the student's token ids), before any worker starts."""
+    a, path = cfg.algorithm, cfg.teacher.model_path
+    needs = ADVANTAGE_ESTIMATORS.get(a.advantage).needs_teacher
+    readers = " or ".join(estimators_where(needs_teacher=True))
+    if not needs:
+        if path:
+            raise ValueError(f"teacher.model_path={path!r} is read by algorithm.advantage={readers} only "
+                             f"(got {a.advantage})")
+        return
+    if not path:
+        raise ValueError(f"algorithm.advantage={a.advantage} needs teacher.model_path: a checkpoint that shares the "
+                         f"student's tokenizer")
+    vocab_size = read_hf_config(path, "teacher.model_path")["vocab_size"]
+    student = f"model.path={cfg.model.path!r}" if cfg.model.path else "the tiny model (model.path empty)"
+    if cfg.model.path:
+        student_tokenizer, student_vocab = load_tokenizer(cfg.model.path), read_hf_config(cfg.model.path)["vocab_size"]
+    else:
+        student_tokenizer = char_tokenizer()
+        student_vocab = len(student_tokenizer)
+    theirs, ours = load_tokenizer(path, "teacher.model_path").get_vocab(), student_tokenizer.get_vocab()
+    if theirs != ours:
+        differ = sorted(set(theirs.items()) ^ set(ours.items()), key=lambda kv: kv[1])
+        raise ValueError(f"teacher.model_path={path!r}: its tokenizer is not the student's ({student}): "
+                         f"{len(differ)} (token, id) pairs differ, e.g. {differ[:3]}; the teacher scores the student's "
+                         f"token ids, so both must use one tokenizer")
+    if vocab_size != student_vocab:
+        raise ValueError(f"teacher.model_path={path!r} has vocab_size {vocab_size}, the student ({student}) "
+                         f"{student_vocab}: the logprobs must be over one vocabulary")
+
+
 def changed_keys(section, defaults) -> list[tuple[str, object]]:
     """The (key, value) pairs of a dataclass section set away from `defaults`."""
     return [(f.name, getattr(section, f.name)) for f in fields(section)
@@ -115,6 +148,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_choices(cfg)
     r, a = cfg.runner, cfg.algorithm
     check_estimator(cfg)
+    check_teacher(cfg)
     check_off_policy(a)
     check_data_config(cfg.data)
     check_schedule_options(r)

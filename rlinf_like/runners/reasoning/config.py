@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from rlinf_like.algorithms.advantage_estimators.gae import GAEOptions
 from rlinf_like.algorithms.advantage_estimators.grpo import GRPOOptions
+from rlinf_like.algorithms.advantage_estimators.opd import OPDOptions
 from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
@@ -25,7 +26,7 @@ from rlinf_like.workers.critic import CriticConfig
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.rollout.base import RolloutConfig
 
-COMPONENTS = ("actor", "rollout", "reward", "reference", "critic")
+COMPONENTS = ("actor", "rollout", "reward", "reference", "critic", "teacher")
 
 
 @dataclass(kw_only=True)
@@ -47,6 +48,7 @@ class AlgorithmConfig:
     advantage: str = "grpo"  # grpo | rloo (per response) | reinforce_pp (per token, batch-whitened) | gae (PPO, critic)
     grpo: GRPOOptions = field(default_factory=GRPOOptions)  # algorithm.advantage=grpo: its options
     gae: GAEOptions = field(default_factory=GAEOptions)  # algorithm.advantage=gae: its options (the critic: critic.*)
+    opd: OPDOptions = field(default_factory=OPDOptions)  # algorithm.advantage=opd: on-policy distillation (teacher.*)
     samples_per_prompt: int = bounded(8, gt=0)  # responses sampled per prompt (a GRPO group)
     lr: float = bounded(5e-4, gt=0)  # the actor's learning rate (AdamW)
     epochs: int = bounded(LoopConfig.epochs, gt=0)  # passes over each step's batch
@@ -83,6 +85,13 @@ class CriticSection:
     lr: float = bounded(1.0e-3, gt=0)  # the value model's learning rate
     value_clip: float | None = bounded(CriticConfig.value_clip, gt=0)  # PPO value clipping; null = off
     warmup_steps: int = bounded(0, ge=0)  # the first k steps train the value model only (actor unchanged)
+
+
+@dataclass(kw_only=True)
+class TeacherSection:
+    """The frozen model that grades every sampled token, launched when the estimator declares `needs_teacher`
+    (opd). It must share the student's tokenizer and vocabulary size; placed as `cluster.component_placement.teacher`."""
+    model_path: str = ""  # an HF checkpoint directory
 
 
 @dataclass(kw_only=True)
@@ -147,6 +156,7 @@ class ReasoningConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)  # the training loop: steps, batch sizes, checkpoints
     actor: ActorSection = field(default_factory=ActorSection)  # the trainer's backend and parallelism
     critic: CriticSection = field(default_factory=CriticSection)  # the value model (algorithm.advantage=gae)
+    teacher: TeacherSection = field(default_factory=TeacherSection)  # the distillation teacher (algorithm.advantage=opd)
     # the generation engine (the engine's own config; model_path empty: the run's model)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards

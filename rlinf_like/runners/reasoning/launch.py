@@ -54,7 +54,8 @@ def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: Adva
     a = cfg.algorithm
     placement = plan_placement(cfg.cluster.component_placement, devices, COMPONENTS)
     optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0 and not reference_in_actor(cfg)),
-                "critic": (f"algorithm.advantage={a.advantage}", estimator.needs_critic)}
+                "critic": (f"algorithm.advantage={a.advantage}", estimator.needs_critic),
+                "teacher": (f"algorithm.advantage={a.advantage}", estimator.needs_teacher)}
     needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
     missing = [c for c in needed if c not in placement.components]
     if missing:
@@ -168,6 +169,12 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
         critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=loop, value_clip=cfg.critic.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
                                                               memory_advice=MEMORY_ADVICE["critic"])
+    teacher = None
+    if estimator.needs_teacher:  # frozen: the actor's numerics, its rows per forward
+        teacher = InferenceWorker.create_group(cfg.teacher.model_path, cfg.runner.micro_batch_size or AUTO_ROWS_CAP,
+                                               cfg.runner.temperature, cfg.runner.pack_sequences,
+                                               cfg.runner.max_batch_seqlen, None, actor_precision(cfg)).launch(
+            cluster, placement, "teacher", memory_advice=MEMORY_ADVICE["reference"])
     serving = cfg.runner.schedule != STATIC and SCHEDULES.get(cfg.runner.schedule).serves_continuously \
         or cfg.agent.multi_turn
     dtype, why = rollout_dtype_choice(cfg, placement)
@@ -182,7 +189,7 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
                                                                       init_process_group=False)
     connect_weight_sync(actor, rollout, "weights", *placement.weight_link("actor", "rollout"))
     workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(), rollout=rollout,
-                      reward=reward, critic=critic, reference_in_actor=reference_in_actor(cfg),
+                      reward=reward, critic=critic, teacher=teacher, reference_in_actor=reference_in_actor(cfg),
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
     write_worker_pids(out, workers.all_groups())
     return workers

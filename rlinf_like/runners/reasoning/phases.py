@@ -133,7 +133,8 @@ def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: tor
         kl_penalty = a.kl_beta * kl
         metrics["kl_penalty"] = float(kl.sum() / mask.sum())
     out = estimator.estimate(AdvantageInputs(rewards=rewards, response_mask=mask,
-                                             values=batch.get("old_values"), kl_penalty=kl_penalty))
+                                             values=batch.get("old_values"), kl_penalty=kl_penalty,
+                                             logprobs=batch["old_logprobs"], teacher_logprobs=batch.get("teacher_logprobs")))
     batch["advantages"] = out.advantages
     if out.returns is not None:
         batch["returns"] = out.returns
@@ -173,6 +174,10 @@ def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, sco
         metrics["reference_s"] = time.perf_counter() - start
     if w.critic is not None:
         batch["old_values"] = torch.cat(w.critic.compute_values(batch).wait())
+    if w.teacher is not None:
+        began = time.perf_counter()
+        batch["teacher_logprobs"] = torch.cat(w.teacher.compute_logprobs(batch).wait())
+        metrics["teacher_s"] = time.perf_counter() - began
     metrics.update(advantages(estimator, cfg, scored.rewards.reshape(-1, cfg.algorithm.samples_per_prompt), batch))
     if cfg.algorithm.recompute_logprobs:  # the trainer's numerics for pi_old (ranks return their rows in order)
         by_length = cfg.algorithm.recompute_by_length
