@@ -29,6 +29,9 @@ class PromptFormat:
         else:
             self.template = Path(cfg.chat_template).read_text()
 
+    def prepare_sft(self, problems) -> None:
+        """Nothing to compute ahead: a single-turn SFT row is its prompt and solution."""
+
     def user_message(self, p: Problem) -> str:
         return user_message(self.cfg, p)
 

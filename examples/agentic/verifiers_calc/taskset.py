@@ -15,6 +15,7 @@ _BOXED = re.compile(r"\\boxed\{([^}]*)\}")
 
 class CalcData(vf.TaskData):
     answer: str
+    demo: list[str] = []  # a worked episode's assistant messages (a calculator call, then the boxed answer)
 
 
 class CalcTaskConfig(vf.TaskConfig):
@@ -47,4 +48,5 @@ class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
         with open(self.config.data_file) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         for row in rows[: self.config.limit or None]:
-            yield CalcTask(CalcData(prompt=row["prompt"], answer=row["answer"]), self.config.task)
+            yield CalcTask(CalcData(prompt=row["prompt"], answer=row["answer"], demo=row.get("demo", [])),
+                           self.config.task)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import os
 import sys
 import threading
@@ -46,6 +47,9 @@ def require_verifiers():
     except ImportError as e:
         raise ValueError("agent.env=verifiers needs the verifiers package (the [verifiers] extra: "
                          "pip install 'verifiers==0.4.0')") from e
+    # it logs every rollout's start, server and HTTP access at INFO: hundreds of lines a step; warnings still show
+    for name in ("verifiers", "aiohttp.access"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     return vf
 
 

@@ -38,6 +38,7 @@ class AgentFormat:
         self.template = chat_template_text(cfg.data)
         self._chats: dict[str, ChatTokens] = {}
         self._prompts: dict[str, list[int]] = {}
+        self._played: dict[str, tuple[list[int], list[int], list[int]]] = {}  # demonstrations played (prepare_sft)
 
     def env(self) -> TextEnv | None:
         """A step environment for the driver's prompts and demos; None for agent programs and environments that
@@ -64,7 +65,7 @@ class AgentFormat:
         return system + [{"role": "user", "content": row["prompt"]}]
 
     def prompt_ids(self, p: Problem) -> list[int]:
-        key = p.prompt + "\0" + repr(sorted(p.fields.items(), key=lambda kv: kv[0]))
+        key = self._key(p)
         if key not in self._prompts:
             env = self.env()
             try:
@@ -74,15 +75,42 @@ class AgentFormat:
                     env.close()
         return self._prompts[key]
 
-    def sft_ids(self, p: Problem) -> tuple[list[int], list[int], list[int]]:
-        """(prompt, target, target mask) of a worked episode: the row's `agent.demo_key` column holds the
-        assistant's messages; the environment answers each as it would in a rollout (tools really run), and its
-        answers are in the target with mask 0, so the warm-start teaches the model's turns only."""
+    def prepare_sft(self, problems: Sequence[Problem]) -> None:
+        """An environment that drives the model plays every demonstration through itself once, all at once
+        (`demonstrations.py`); `sft_ids` then reads them."""
+        a = self.cfg.agent
+        if not a.env or not TEXT_ENVS.get(a.env).drives_model:
+            return
+        from rlinf_like.workers.rollout.agentic.demonstrations import play_demonstrations
+        from rlinf_like.workers.rollout.types import SamplingParams
+
+        todo = list({self._key(p): p for p in problems if self._key(p) not in self._played}.values())
+        program = TEXT_ENVS.get(a.env).program(a, SamplingParams(max_new_tokens=self.cfg.runner.max_new_tokens,
+                                                                  temperature=self.cfg.runner.temperature))
+        played = play_demonstrations(program, self.tokenizer, self.template, self.chat(None).end_of_turn,
+                                     [task_row(self.cfg, p) for p in todo], [self.demo(p) for p in todo],
+                                     max_context=1 << 20)
+        self._played.update({self._key(p): ids for p, ids in zip(todo, played)})
+
+    def _key(self, p: Problem) -> str:
+        return p.prompt + "\0" + repr(sorted(p.fields.items(), key=lambda kv: kv[0]))
+
+    def demo(self, p: Problem) -> list[str]:
+        """The row's worked episode: the assistant's messages under `agent.demo_key`."""
         key = self.cfg.agent.demo_key
         demo = p.fields.get(key)
         if not isinstance(demo, list | tuple) or not demo or not all(isinstance(m, str) for m in demo):
             raise ValueError(f"agent.demo_key={key!r}: the SFT warm-start needs each training row's {key!r} column "
                              f"to be a list of the assistant's messages; row {p.prompt!r} has {demo!r}")
+        return list(demo)
+
+    def sft_ids(self, p: Problem) -> tuple[list[int], list[int], list[int]]:
+        """(prompt, target, target mask) of a worked episode: the row's `agent.demo_key` column holds the
+        assistant's messages; the environment answers each as it would in a rollout (tools really run), and its
+        answers are in the target with mask 0, so the warm-start teaches the model's turns only."""
+        if self._key(p) in self._played:
+            return self._played[self._key(p)]
+        key, demo = self.cfg.agent.demo_key, self.demo(p)
         env = self.env()
         try:
             chat = self.chat(env)

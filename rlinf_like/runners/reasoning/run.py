@@ -176,6 +176,7 @@ class ReasoningRun:
         if r.sft_steps <= 0:
             return {}
         rng = random.Random(r.seed)
+        self.prompts.prepare_sft(self.tasks.sft)  # what must be computed before the first batch
         w.actor.set_lr(r.sft_lr).wait()
         metrics: dict[str, float] = {}
         for i in tqdm(range(r.sft_steps), desc="SFT warm-start", unit="step"):
