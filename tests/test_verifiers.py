@@ -119,3 +119,23 @@ def test_two_grpo_steps_on_the_example_environment(tmp_path):
     for h in steps:  # the rubric's functions, per step; every episode ran (none excluded)
         assert {"reward/correct", "reward/used_calculator"} <= set(h) and h["agent/excluded_groups"] == 0
     assert "eval_reward/correct" in result.history[-1]
+
+
+def test_demonstrations_play_through_the_environment(tokenizer):
+    """The warm start's rows are episodes the environment itself played with a scripted model: its tool list in
+    the prompt, the tool server's real answer in the target (mask 0), the demonstration's turns (mask 1)."""
+    from rlinf_like.workers.rollout.agentic.demonstrations import play_demonstrations
+
+    _, tasks = load(ENV, {"limit": 8})
+    demos = [tasks[i].data.demo for i in (0, 1)]
+    program = VerifiersEnv.program(AgentConfig(env="verifiers", max_turns=3),
+                                   SamplingParams(max_new_tokens=48, temperature=1.0))
+    played = play_demonstrations(program, tokenizer, TEMPLATE, tokenizer.eos_token_id, [row(0), row(1)], demos, 512)
+    for (prompt, target, mask), demo, task in zip(played, demos, tasks):
+        assert tokenizer.decode(prompt) == f"S:tools: calculator(expression)<eos>U:{task.data.prompt}<eos>A:"
+        assert tokenizer.decode([t for t, m in zip(target, mask) if m]) == f"{demo[0]}<eos>{demo[1]}<eos>"
+        assert tokenizer.decode([t for t, m in zip(target, mask) if not m]) == f"T:{task.data.answer}<eos>A:"
+    with pytest.raises(ValueError, match=r"the demonstration of row .* does not play through the environment: the "
+                                         r"episode ended with 1 demonstration messages unplayed"):
+        play_demonstrations(program, tokenizer, TEMPLATE, tokenizer.eos_token_id, [row(2)],
+                            [["\\boxed{1}", "one more"]], 512)
