@@ -13,6 +13,8 @@ from rlinf_like.runners.reasoning.actor_setup import check_actor_section
 from rlinf_like.runners.reasoning.agent_checks import check_agent
 from rlinf_like.runners.reasoning.async_stream import STALE_POLICIES
 from rlinf_like.runners.reasoning.config import AlgorithmConfig, CriticSection, ReasoningConfig
+from rlinf_like.workers.reward.fn import AUTO, REWARD_FNS, needs_judge
+from rlinf_like.workers.reward.judge import JudgeConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config
 from rlinf_like.models import load_tokenizer, read_hf_config
@@ -105,6 +107,27 @@ def check_teacher(cfg: ReasoningConfig) -> None:
                          f"{student_vocab}: the logprobs must be over one vocabulary")
 
 
+def check_judge(cfg: ReasoningConfig) -> None:
+    """reward.fn=judge: one judge, `judge.model_path` (our engine) or `judge.base_url` with `judge.model`; a rule
+    reward to report beside it; the judge section set for another reward function is refused."""
+    j, fn = cfg.judge, reward_config(cfg).fn
+    if not needs_judge(fn):
+        changed = changed_keys(j, JudgeConfig())
+        if changed:
+            raise ValueError(f"judge.{changed[0][0]}={changed[0][1]!r} is read by reward.fn=judge only "
+                             f"(got reward.fn={cfg.reward.fn!r})")
+        return
+    if bool(j.model_path) == bool(j.base_url) or (j.base_url and not j.model):
+        raise ValueError(f"reward.fn=judge needs one judge: judge.model_path (a checkpoint our engine serves) or "
+                         f"judge.base_url with judge.model (an OpenAI-compatible server); got judge.model_path="
+                         f"{j.model_path!r}, judge.base_url={j.base_url!r}, judge.model={j.model!r}")
+    if j.model_path:
+        read_hf_config(j.model_path, "judge.model_path")
+    rules = [name for name in REWARD_FNS.names() if not needs_judge(name) and name != AUTO]
+    if j.rule_fn not in rules:
+        raise ValueError(f"judge.rule_fn={j.rule_fn!r} is not one of {rules}")
+
+
 def changed_keys(section, defaults) -> list[tuple[str, object]]:
     """The (key, value) pairs of a dataclass section set away from `defaults`."""
     return [(f.name, getattr(section, f.name)) for f in fields(section)
@@ -149,6 +172,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     r, a = cfg.runner, cfg.algorithm
     check_estimator(cfg)
     check_teacher(cfg)
+    check_judge(cfg)
     check_off_policy(a)
     check_data_config(cfg.data)
     check_schedule_options(r)

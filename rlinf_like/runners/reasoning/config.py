@@ -23,10 +23,11 @@ from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.critic import CriticConfig
+from rlinf_like.workers.reward.judge import JudgeConfig
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.rollout.base import RolloutConfig
 
-COMPONENTS = ("actor", "rollout", "reward", "reference", "critic", "teacher")
+COMPONENTS = ("actor", "rollout", "reward", "reference", "critic", "teacher", "judge")
 
 
 @dataclass(kw_only=True)
@@ -160,6 +161,7 @@ class ReasoningConfig:
     # the generation engine (the engine's own config; model_path empty: the run's model)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)  # rule and/or learned-model rewards
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # reward.fn=judge: the LLM judge, its prompt and parser
     agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: a text environment or agent program
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # where metrics go: TensorBoard, W&B, console
 

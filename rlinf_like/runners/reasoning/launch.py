@@ -31,6 +31,8 @@ from rlinf_like.workers.actor.backends import backend_class
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.critic import CriticConfig, CriticWorker
 from rlinf_like.workers.inference.worker import InferenceWorker
+from rlinf_like.workers.reward.fn import needs_judge
+from rlinf_like.workers.reward.judge_worker import JudgeWorker
 from rlinf_like.workers.reward.worker import RewardWorker
 from rlinf_like.workers.rollout.agentic.agent_rollout import AgentSetup
 from rlinf_like.workers.rollout.base import rollout_dtype
@@ -55,7 +57,8 @@ def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: Adva
     placement = plan_placement(cfg.cluster.component_placement, devices, COMPONENTS)
     optional = {"reference": ("algorithm.kl_beta > 0", a.kl_beta > 0 and not reference_in_actor(cfg)),
                 "critic": (f"algorithm.advantage={a.advantage}", estimator.needs_critic),
-                "teacher": (f"algorithm.advantage={a.advantage}", estimator.needs_teacher)}
+                "teacher": (f"algorithm.advantage={a.advantage}", estimator.needs_teacher),
+                "judge": ("reward.fn=judge", needs_judge(reward_config(cfg).fn))}
     needed = ["actor", "rollout", "reward"] + [c for c, (_, used) in optional.items() if used]
     missing = [c for c in needed if c not in placement.components]
     if missing:
@@ -185,11 +188,15 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
                           kv_cache_memory_gb=rollout_kv_budget(cfg, placement, prompt_tokens, dtype))
     rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(
         cluster, placement, "rollout", memory_advice=MEMORY_ADVICE["rollout"])
-    reward = RewardWorker.create_group(model_path, reward_config(cfg)).launch(cluster, placement, "reward",
-                                                                      init_process_group=False)
+    reward = RewardWorker.create_group(model_path, reward_config(cfg), cfg.judge).launch(
+        cluster, placement, "reward", init_process_group=False)
+    judge = None
+    if needs_judge(reward_config(cfg).fn):  # the judge decodes with the policy's tokenizer, scores with its own
+        judge = JudgeWorker.create_group(model_path, cfg.judge).launch(cluster, placement, "judge",
+                                                                       init_process_group=False)
     connect_weight_sync(actor, rollout, "weights", *placement.weight_link("actor", "rollout"))
     workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(), rollout=rollout,
-                      reward=reward, critic=critic, teacher=teacher, reference_in_actor=reference_in_actor(cfg),
+                      reward=reward, critic=critic, teacher=teacher, judge=judge, reference_in_actor=reference_in_actor(cfg),
                       collocated=placement.relation("actor", "rollout") is not PlacementMode.DISAGGREGATED)
     write_worker_pids(out, workers.all_groups())
     return workers

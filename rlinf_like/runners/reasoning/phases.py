@@ -65,7 +65,9 @@ def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
 def submit_scores(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem]) -> GroupResult:
     """The reward worker's call scoring each sample against its problem's answer (the reward function also gets
     the problem's row as keyword arguments); `.wait()[0]` is, per request, per sample, a `SampleScore`."""
-    return w.reward.score(list(results), [p.answer for p in problems], [p.fields for p in problems])
+    answers, rows = [p.answer for p in problems], [p.fields for p in problems]
+    judged = w.judge.judge(list(results), answers, rows).wait()[0] if w.judge is not None else None
+    return w.reward.score(list(results), answers, rows, judged)
 
 
 def score_groups(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem]) -> list[list[SampleScore]]:

@@ -18,6 +18,7 @@ class Workers:
     reference: WorkerGroup | None = None  # with algorithm.kl_beta > 0, launched by `launch_reference`
     reference_in_actor: bool = False  # LoRA with algorithm.kl_beta > 0: the actor's base is the reference
     teacher: WorkerGroup | None = None  # with an estimator that needs_teacher (opd)
+    judge: WorkerGroup | None = None  # with reward.fn=judge
     collocated: bool  # actor and rollout share devices: they take turns
 
     @property
@@ -27,4 +28,4 @@ class Workers:
 
     def all_groups(self) -> dict[str, WorkerGroup | None]:
         return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout, "reward": self.reward,
-                "reference": self.reference, "teacher": self.teacher}
+                "reference": self.reference, "teacher": self.teacher, "judge": self.judge}

@@ -42,9 +42,15 @@ REWARD_FNS: Registry[RewardFn] = Registry("reward function", key="reward.fn")
 REWARD_FNS.register("math", "rlinf_like.workers.reward.builtin:math_reward")
 REWARD_FNS.register("exact", "rlinf_like.workers.reward.builtin:exact_reward")
 REWARD_FNS.register("reasoning_gym", "rlinf_like.workers.reward.builtin:reasoning_gym_reward")
+REWARD_FNS.register("judge", "rlinf_like.workers.reward.judge:judge_reward")  # an LLM judge's verdict (`judge.*`)
 AUTO = "auto"  # the runner replaces it with the data source's reward (data/sources/); elsewhere it means math
 REWARD_FNS.register(AUTO, "rlinf_like.workers.reward.builtin:math_reward")
 _FIELDS = ("reward", "correct", "formatted")  # dict entries that are SampleScore fields, not extras
+
+
+def needs_judge(fn: str) -> bool:
+    """Whether `reward.fn=fn` reads a judge's verdicts (it declares `needs_judge`): the runner launches the judge."""
+    return ":" not in fn and fn in REWARD_FNS and getattr(REWARD_FNS.get(fn), "needs_judge", False)
 
 
 def load_reward_fn(config: RewardConfig) -> RewardFn:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -11,7 +12,8 @@ import torch
 from rlinf_like.models import load_tokenizer
 from rlinf_like.runtime import Worker
 from rlinf_like.workers.reward.combine import REWARD_KINDS, check_reward_config, combine_rewards
-from rlinf_like.workers.reward.fn import load_reward_fn, score_sample
+from rlinf_like.workers.reward.fn import load_reward_fn, needs_judge, score_sample
+from rlinf_like.workers.reward.judge import JudgeConfig
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.reward.types import SampleScore
 from rlinf_like.workers.rollout.types import RolloutResult
@@ -35,11 +37,13 @@ def final_turn(tokens: Sequence[int], mask: Sequence[int]) -> list[int]:
 
 
 class RewardWorker(Worker):
-    def __init__(self, tokenizer_path: str, config: RewardConfig = RewardConfig()):
+    def __init__(self, tokenizer_path: str, config: RewardConfig = RewardConfig(), judge: JudgeConfig | None = None):
         check_reward_config(config)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.config = config
         self.reward_fn = load_reward_fn(config)  # a user's `module:function` is imported here, in the worker
+        if needs_judge(config.fn):  # the judge section's weights; each sample's verdict arrives with `score`
+            self.reward_fn = functools.partial(self.reward_fn, judge=judge or JudgeConfig())
         self.model = None
         if REWARD_KINDS.get(config.kind).uses_model:
             from rlinf_like.workers.reward.model import RewardModel
@@ -47,9 +51,11 @@ class RewardWorker(Worker):
             self.model = RewardModel(config.model_path, config.model_micro_batch_size, self.torch_device)
 
     def score(self, results: Sequence[RolloutResult], answers: Sequence[str],
-              row_extras: Sequence[dict] | None = None) -> list[list[SampleScore]]:
+              row_extras: Sequence[dict] | None = None,
+              judged: Sequence[Sequence[float | None]] | None = None) -> list[list[SampleScore]]:
         """Per request, per sample: its `SampleScore`. `row_extras`: per request, the data row's other
-        columns, passed to the reward function as keyword arguments."""
+        columns, passed to the reward function as keyword arguments; `judged`: per request, per sample, the
+        judge's score (`reward.fn=judge`), passed as `judge_score`."""
         samples, rows, finished, lengths = [], [], [], []
         for i, (result, answer) in enumerate(zip(results, answers)):
             prompt = self.tokenizer.decode(result.prompt_ids, skip_special_tokens=True)
@@ -59,6 +65,8 @@ class RewardWorker(Worker):
                 final = final_turn(tokens, result.response_masks[j]) if result.response_masks else tokens
                 text = self.tokenizer.decode(final, skip_special_tokens=True)
                 info = reward_info(row, prompt, reason == "stop", len(tokens))
+                if judged is not None:
+                    info["judge_score"] = judged[i][j]
                 episode = result.episodes[j] if result.episodes else None
                 if episode is not None and episode.program_reward is not None:  # an agent program scored itself
                     sample = SampleScore(reward=episode.program_reward, correct=episode.program_reward >= 1.0,
