@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
 import threading
 import time
@@ -74,7 +75,10 @@ class OpenAIServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))  # bound here, so the port is known and no other process can take it
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_config=None, access_log=False, timeout_graceful_shutdown=1)
+        config = uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=1)
+        # httpx logs every request at INFO, the readiness probe below included: a line per probe, per episode
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
                                         name=f"openai-server-{self.port}")
