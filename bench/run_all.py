@@ -68,6 +68,7 @@ BENCHES = (
     Bench(name="packing", script="packing.py"),
     Bench(name="logprob_head", script="logprob_head.py"),
     Bench(name="agentic", script="agentic.py"),
+    Bench(name="judge_agreement", script="judge_agreement.py", args=("--problems", "64"), quick=("--problems", "8")),
     Bench(name="lora", script="lora.py", needs=("peft",)),
     Bench(name="dynamic_schedule", script="dynamic_schedule.py"),
     Bench(name="async_rl", script="async_rl.py"),

@@ -76,17 +76,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_remote_judge_through_our_endpoint_and_a_dead_one(tiny, caplog):
+@pytest.fixture(scope="module")
+def judge_url(tiny):
+    """Our own OpenAI-compatible endpoint over the tiny model, standing in for any remote judge."""
     path, tokenizer = tiny
     engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=8), tokenizer=tokenizer)
     server = OpenAIServer(LockedEngine(engine).submit, tokenizer, TEMPLATE, "judge-model", 1024)
     server.start()
-    try:
-        cfg = JudgeConfig(base_url=f"http://127.0.0.1:{server.port}/v1", model="judge-model", max_tokens=4)
-        scores = JudgeWorker(path, cfg).judge(results(tokenizer, 1, 2), ["12"], [{}])
-        assert len(scores[0]) == 2  # gibberish from an untrained judge: None, scored error_value downstream
-    finally:
-        server.close()
+    yield f"http://127.0.0.1:{server.port}/v1"
+    server.close()
+
+
+def test_a_remote_judge_through_our_endpoint_and_a_dead_one(tiny, judge_url, caplog):
+    path, tokenizer = tiny
+    cfg = JudgeConfig(base_url=judge_url, model="judge-model", max_tokens=4)
+    scores = JudgeWorker(path, cfg).judge(results(tokenizer, 1, 2), ["12"], [{}])
+    assert len(scores[0]) == 2  # gibberish from an untrained judge: None, scored error_value downstream
     dead = JudgeConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="judge-model", timeout_s=5)
     with caplog.at_level(logging.WARNING):
         assert JudgeWorker(path, dead).judge(results(tokenizer, 1, 2), ["12"], [{}]) == [[None, None]]
@@ -110,19 +115,11 @@ def test_the_judge_section_is_checked_before_any_worker(tmp_path, tiny):
 
 
 @pytest.mark.timeout(300)
-def test_two_steps_with_our_judge_and_with_a_remote_one(tmp_path, tiny):
-    path, tokenizer = tiny
-    engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=8), tokenizer=tokenizer)
-    server = OpenAIServer(LockedEngine(engine).submit, tokenizer, TEMPLATE, "judge-model", 1024)
-    server.start()
-    try:
-        runs = {"ours": judge_config(tmp_path / "ours", model_path=path),
-                "remote": judge_config(tmp_path / "remote", base_url=f"http://127.0.0.1:{server.port}/v1",
-                                       model="judge-model")}
-        for name, cfg in runs.items():
-            steps = [h for h in train(cfg).history if "loss" in h]
-            assert len(steps) == 2, name
-            for h in steps:  # an untrained judge: its verdicts rarely parse, and every sample is counted
-                assert 0.0 <= h["reward/judge_parse_failed"] <= 1.0 and "reward/rule_reward" in h, name
-    finally:
-        server.close()
+def test_two_steps_with_our_judge_and_with_a_remote_one(tmp_path, tiny, judge_url):
+    runs = {"ours": judge_config(tmp_path / "ours", model_path=tiny[0]),
+            "remote": judge_config(tmp_path / "remote", base_url=judge_url, model="judge-model")}
+    for name, cfg in runs.items():
+        steps = [h for h in train(cfg).history if "loss" in h]
+        assert len(steps) == 2, name
+        for h in steps:  # an untrained judge: its verdicts rarely parse, and every sample is counted
+            assert 0.0 <= h["reward/judge_parse_failed"] <= 1.0 and "reward/rule_reward" in h, name

@@ -112,14 +112,17 @@ def test_the_tasks_must_come_from_the_environment(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_two_grpo_steps_on_the_example_environment(tmp_path):
-    result = train(in_process(verifiers_config(tmp_path)))
-    steps = [h for h in result.history if "reward" in h]
+def test_two_grpo_steps_on_the_example_environment_then_a_resumed_third(tmp_path):
+    cfg = verifiers_config(tmp_path)
+    cfg.runner.save_every = 1
+    first = train(in_process(cfg)).history
+    steps = [h for h in first if "reward" in h]
     assert len(steps) == 2
     for h in steps:  # the rubric's functions, per step; every episode ran (none excluded)
         assert {"reward/correct", "reward/used_calculator"} <= set(h) and h["agent/excluded_groups"] == 0
-    assert "eval_reward/correct" in result.history[-1]
-
+    cfg.runner.max_steps, cfg.runner.resume = 3, True
+    resumed = train(in_process(cfg)).history
+    assert resumed[: len(first)] == first and [h["step"] for h in resumed if "reward" in h] == [1, 2, 3]
 
 def test_demonstrations_play_through_the_environment(tokenizer):
     """The warm start's rows are episodes the environment itself played with a scripted model: its tool list in
