@@ -25,6 +25,7 @@ DIFFERENT_MEANING = {
     ("RunnerConfig", "micro_batch_size"): "null = sized by the actor's memory; LoopConfig's is a fixed row count",
     ("ActorSection", "precision"): "auto here; a manager built directly stays fp32 unless asked",
     ("CriticSection", "lr"): "the value model's RL learning rate; OptimConfig's is a library default",
+    ("TeacherSection", "model_path"): "the distillation teacher's checkpoint (empty: none), not the actor's",
 }
 
 

@@ -53,7 +53,7 @@ def test_a_wrong_preset_lists_the_presets_and_bad_quoting_names_the_quoting_that
     assert str(err.value).splitlines() == [
         f"--config-name 'grpo_colocated': no such preset in {ROOT / 'examples/reasoning/config'}. Presets:",
         "  --config-name grpo_collocated", "  --config-name grpo_pipelined", "  --config-name grpo_smollm2",
-        "Groups, added to any preset: data=chain_sum|gsm8k_files, model=gemma3|smollm2, "
+        "  --config-name opd_smollm2", "Groups, added to any preset: data=chain_sum|gsm8k_files, model=gemma3|smollm2, "
         "schedule=async|collocated|dynamic|pipelined"]
     with pytest.raises(SystemExit) as err:
         prepare("data.system_prompt=Add {the} numbers.")
@@ -117,7 +117,8 @@ def test_config_show_lists_what_each_preset_changes(capsys):
     assert "  runner.max_steps = 60  > 0\n" in out  # the schema's default, which --help marks as a preset's change
     lines = {line.split(":")[0]: line for line in out.splitlines() if " --config-name " in line}
     assert set(lines) == {"reasoning/ --config-name grpo_collocated", "reasoning/ --config-name grpo_pipelined",
-                          "reasoning/ --config-name grpo_smollm2", "agentic/ --config-name calculator",
+                          "reasoning/ --config-name grpo_smollm2", "reasoning/ --config-name opd_smollm2",
+                          "agentic/ --config-name calculator",
                           "agentic/ --config-name openai_agent", "agentic/ --config-name openenv_guess",
                           "agentic/ --config-name search", "agentic/ --config-name verifiers_calc"}
     assert "actor.lora.rank=16" in lines["reasoning/ --config-name grpo_smollm2"]

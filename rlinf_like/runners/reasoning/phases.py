@@ -136,7 +136,8 @@ def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: tor
         metrics["kl_penalty"] = float(kl.sum() / mask.sum())
     out = estimator.estimate(AdvantageInputs(rewards=rewards, response_mask=mask,
                                              values=batch.get("old_values"), kl_penalty=kl_penalty,
-                                             logprobs=batch["old_logprobs"], teacher_logprobs=batch.get("teacher_logprobs")))
+                                             logprobs=batch.get("old_logprobs"),
+                                             teacher_logprobs=batch.get("teacher_logprobs")))
     batch["advantages"] = out.advantages
     if out.returns is not None:
         batch["returns"] = out.returns
