@@ -67,17 +67,42 @@ def test_an_episode_trains_on_the_exact_tokens_and_the_rubric_scores(tokenizer):
     assert trajectory.logprobs[: len(sampled[0])] == [-0.5] * len(sampled[0])
 
 
-def test_a_dead_model_server_is_retried_then_excludes_the_group(tokenizer):
-    """The environment's calls fail (the endpoint refuses every request): one rerun in a fresh session, then the
-    episode is an environment failure and its group is excluded, naming the request and sample."""
-    runs, _ = episodes(tokenizer, [], [row(1)], retries=1)
+def test_a_dead_model_server_fails_the_episode_by_name(tokenizer):
+    """The environment's calls fail (the endpoint refuses every request): the trace is not ok, so the episode is an
+    environment failure naming the environment and task, and its group is excluded naming the request and sample."""
+    runs, _ = episodes(tokenizer, [], [row(1)], retries=0)
     [run] = runs
-    assert run.env_failed and run.retries == 1 and run.session_id.endswith("-retry1")
+    assert run.env_failed and run.retries == 0
     assert "verifiers environment 'verifiers_calc', task 1" in run.error
     request = RolloutRequest("req-7", [1, 2], SamplingParams(max_new_tokens=4), 1)
     result = program_result(request, runs, version=0)
     assert result.excluded.startswith("EnvironmentFailed: verifiers environment") and \
-        "(request req-7, sample 0, after 1 retries)" in result.excluded
+        "(request req-7, sample 0, after 0 retries)" in result.excluded
+
+
+def test_an_environment_failure_reruns_in_a_fresh_session_then_counts(tokenizer):
+    """`EnvironmentFailed` reruns the episode in a new session (the failed attempt's calls train nothing)."""
+    from rlinf_like.workers.rollout.agentic.agent_program import EnvironmentFailed
+
+    seen = []
+
+    def flaky(base_url, row):
+        seen.append(base_url)
+        if len(seen) == 1:
+            raise EnvironmentFailed("the tool server died")
+        return {"reward": 1.0, "scores": {"correct": 1.0}}
+
+    server = OpenAIServer(Scripted(tokenizer, []).submit, tokenizer, TEMPLATE, "policy", 512)
+    server.start()
+    try:
+        [ok] = run_programs(flaky, server, [{}], 1, timeout_s=30, retries=1)
+        [failed] = run_programs(lambda b, r: (_ for _ in ()).throw(EnvironmentFailed("down")), server, [{}], 1,
+                                timeout_s=30, retries=2)
+    finally:
+        server.close()
+    assert seen[0].endswith("/sessions/ep-0-0/v1") and seen[1].endswith("/sessions/ep-0-0-retry1/v1")
+    assert ok.error is None and ok.retries == 1 and ok.scores == {"correct": 1.0} and not ok.env_failed
+    assert failed.env_failed and failed.retries == 2 and failed.error == "EnvironmentFailed: down"
 
 
 def test_a_re_rendered_history_is_refused_by_name():
@@ -112,17 +137,16 @@ def test_the_tasks_must_come_from_the_environment(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_two_grpo_steps_on_the_example_environment_then_a_resumed_third(tmp_path):
+def test_a_two_step_grpo_run_on_the_example_environment_resumes_mid_run(tmp_path):
+    """Step 1, a checkpoint, then the same run resumed for step 2: the history of step 1 is kept."""
     cfg = verifiers_config(tmp_path)
-    cfg.runner.save_every = 1
+    cfg.runner.save_every, cfg.runner.max_steps = 1, 1
     first = train(in_process(cfg)).history
-    steps = [h for h in first if "reward" in h]
-    assert len(steps) == 2
-    for h in steps:  # the rubric's functions, per step; every episode ran (none excluded)
-        assert {"reward/correct", "reward/used_calculator"} <= set(h) and h["agent/excluded_groups"] == 0
-    cfg.runner.max_steps, cfg.runner.resume = 3, True
+    cfg.runner.max_steps, cfg.runner.resume = 2, True
     resumed = train(in_process(cfg)).history
-    assert resumed[: len(first)] == first and [h["step"] for h in resumed if "reward" in h] == [1, 2, 3]
+    assert resumed[: len(first)] == first and [h["step"] for h in resumed if "reward" in h] == [1, 2]
+    for h in (h for h in resumed if "reward" in h):  # the rubric's functions, per step; no episode excluded
+        assert {"reward/correct", "reward/used_calculator"} <= set(h) and h["agent/excluded_groups"] == 0
 
 def test_demonstrations_play_through_the_environment(tokenizer):
     """The warm start's rows are episodes the environment itself played with a scripted model: its tool list in
