@@ -154,10 +154,10 @@ def test_demonstrations_play_through_the_environment(tokenizer):
     from rlinf_like.workers.rollout.agentic.demonstrations import play_demonstrations
 
     _, tasks = load(ENV, {"limit": 8})
-    demos = [tasks[i].data.demo for i in (0, 1)]
+    demos = [tasks[0].data.demo]
     program = VerifiersEnv.program(AgentConfig(env="verifiers", max_turns=3),
                                    SamplingParams(max_new_tokens=48, temperature=1.0))
-    played = play_demonstrations(program, tokenizer, TEMPLATE, tokenizer.eos_token_id, [row(0), row(1)], demos, 512)
+    played = play_demonstrations(program, tokenizer, TEMPLATE, tokenizer.eos_token_id, [row(0)], demos, 512)
     for (prompt, target, mask), demo, task in zip(played, demos, tasks):
         assert tokenizer.decode(prompt) == f"S:tools: calculator(expression)<eos>U:{task.data.prompt}<eos>A:"
         assert tokenizer.decode([t for t, m in zip(target, mask) if m]) == f"{demo[0]}<eos>{demo[1]}<eos>"
