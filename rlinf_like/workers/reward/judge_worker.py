@@ -17,7 +17,7 @@ import torch
 from rlinf_like.models import load_tokenizer
 from rlinf_like.runtime import Worker
 from rlinf_like.workers.reward.judge import JudgeConfig, parse, render
-from rlinf_like.workers.reward.worker import final_turn
+from rlinf_like.workers.reward.worker import sample_text
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,8 @@ class JudgeWorker(Worker):
         texts, ids, shape = [], [], []
         for result, answer, row in zip(results, answers, rows):
             prompt = self.tokenizer.decode(result.prompt_ids, skip_special_tokens=True)
-            for j, tokens in enumerate(result.response_ids):
-                final = final_turn(tokens, result.response_masks[j]) if result.response_masks else tokens
-                response = self.tokenizer.decode(final, skip_special_tokens=True)
-                texts.append(render(self.config.template, prompt, response, answer, row))
+            for j in range(len(result.response_ids)):
+                texts.append(render(self.config.template, prompt, sample_text(self.tokenizer, result, j), answer, row))
                 ids.append(f"{result.request_id}/{j}")
             shape.append(len(result.response_ids))
         scores = self._remote(texts, ids) if self.config.base_url else self._local(texts)

@@ -36,6 +36,13 @@ def final_turn(tokens: Sequence[int], mask: Sequence[int]) -> list[int]:
     return list(tokens[last_env + 1 :])
 
 
+def sample_text(tokenizer, result: RolloutResult, j: int) -> str:
+    """Sample `j`'s text as a reward (or a judge) reads it: a multi-turn sample's last model turn only."""
+    tokens = result.response_ids[j]
+    final = final_turn(tokens, result.response_masks[j]) if result.response_masks else tokens
+    return tokenizer.decode(final, skip_special_tokens=True)
+
+
 class RewardWorker(Worker):
     def __init__(self, tokenizer_path: str, config: RewardConfig = RewardConfig(), judge: JudgeConfig | None = None):
         check_reward_config(config)
@@ -62,8 +69,7 @@ class RewardWorker(Worker):
             row = row_extras[i] if row_extras else {}
             for j, (tokens, reason) in enumerate(zip(result.response_ids, result.finish_reasons)):
                 # a multi-turn sample is judged by the model's last turn, plus what its environment awarded
-                final = final_turn(tokens, result.response_masks[j]) if result.response_masks else tokens
-                text = self.tokenizer.decode(final, skip_special_tokens=True)
+                text = sample_text(self.tokenizer, result, j)
                 info = reward_info(row, prompt, reason == "stop", len(tokens))
                 if judged is not None:
                     info["judge_score"] = judged[i][j]
