@@ -56,6 +56,7 @@ setup(
         "verifiers": ["verifiers==0.4.0"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
-        "dev": ["pytest>=8", "pytest-timeout", "wandb"],  # wandb: tests/test_tracking.py runs it offline
+        # pytest-xdist: the suite runs on two workers (pyproject.toml); wandb: tests/test_tracking.py runs it offline
+        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist", "wandb"],
     },
 )

@@ -21,8 +21,8 @@ second each: a broken key, value, preset, data file or placement in the docs fai
 Then one command per entry script really runs, as a shell would split it, with its Python replaced by this
 interpreter and the overrides of `CUT` appended (hydra and argparse take the last value of a key), so each trains
 for one step on tiny batches and writes under the scratch directory (`test_one_command_per_script_runs`): the
-agentic, embodied and channel-demo scripts on Ray, the behaviour-cloning warm start and the data writers, and
-README's in-process debugging command. The reasoning script's presets run on Ray in tests/test_golden_runs.py,
+agentic and embodied scripts in process (cluster.backend=local), the channel demo on Ray, the behaviour-cloning
+warm start and the data writers, and README's in-process debugging command. The reasoning script's presets run on Ray in tests/test_golden_runs.py,
 cut to 6 steps with every step's metrics checked: they run there, not twice.
 """
 
@@ -47,10 +47,15 @@ SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
 _GENERATED = "data.sft_problems=8 data.test_problems=4"  # the generated data's sizes; files keep theirs
-_EMBODIED = ("runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
+# in process (no Ray start-up, one rank per group): the presets' Ray runs are tested in test_agentic_runner.py,
+# test_openenv.py and test_embodied.py; here the documented command line, its preset and its script are what is checked
+_LOCAL = "cluster.backend=local"
+_AGENT = f"{_REASONING} {_LOCAL} cluster.component_placement.actor=0 cluster.component_placement.rollout=0"
+_EMBODIED = (f"{_LOCAL} runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
              "algorithm.ppo.epochs=1 algorithm.ppo.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
 # script -> what makes its run one step long and writes under the scratch directory
-CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/agentic/main_agent.py": _REASONING, "examples/embodied/main_embodied.py": _EMBODIED,
+CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/agentic/main_agent.py": _AGENT,
+       "examples/embodied/main_embodied.py": _EMBODIED,
        "examples/embodied/bc_warmstart.py": "--steps 2 --epochs 1 --num-envs 2 --batch 4",
        "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
        "rlinf_like.config.show": "",
@@ -275,16 +280,16 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
     return subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=400)
 
 
-# what a command costs, roughly (CPU seconds on the 2-core VM, cut): the agent presets ~55-80, an embodied run or the
-# channel demo ~25-40, the behaviour-cloning warm start ~20, the in-process debugging run ~7, the data writers ~2
-COST = {"examples/agentic/main_agent.py": 4, "examples/embodied/main_embodied.py": 3, "examples/channel_demo.py": 3,
-        "examples/embodied/bc_warmstart.py": 2, "examples/reasoning/main_grpo.py": 1}
+# what a command takes, roughly (seconds on the 2-core VM, cut): the channel demo on Ray ~11, the agent preset ~9,
+# the in-process debugging run ~7, an embodied run ~5, the behaviour-cloning warm start ~3, the data writers <1
+COST = {"examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4, "examples/reasoning/main_grpo.py": 3,
+        "examples/embodied/main_embodied.py": 2, "examples/embodied/bc_warmstart.py": 1}
 
 
 @pytest.fixture(scope="module")
 def results(scratch):
-    """Every launched command's result, two at a time (each Ray run starts its own local Ray; two share the 2 cores
-    without waiting on each other's start-up), the costly first so that no long run is left alone at the end."""
+    """Every launched command's result, two at a time (two share the 2 cores without waiting on each other's
+    start-up), the longest first so that no long run is left alone at the end."""
     order = sorted(range(len(LAUNCH)), key=lambda i: -COST.get(_script(LAUNCH[i][1]), 0))
     with ThreadPoolExecutor(2) as pool:
         futures = {i: pool.submit(run_command, i, LAUNCH[i][1], scratch) for i in order}

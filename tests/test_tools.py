@@ -3,6 +3,7 @@ walker, BM25 search over the shipped synthetic corpus, and the registry that bui
 
 import json
 import os
+import tempfile
 import re
 import time
 from pathlib import Path
@@ -212,7 +213,11 @@ def test_every_question_has_its_answer_in_exactly_one_passage_and_bm25_ranks_it_
         assert not word.search(row["question"]), row  # the question does not give the answer away
 
 
-def test_no_temp_dirs_left_behind():
-    before = {p for p in os.listdir("/tmp") if p.startswith("rlinf-python-")}
-    tool("python", timeout_s=0.5).call({"code": "while True: pass"})
-    assert {p for p in os.listdir("/tmp") if p.startswith("rlinf-python-")} <= before
+def test_no_temp_dirs_left_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # this test's own: other tests may run the tool at the same time
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        tool("python", timeout_s=0.5).call({"code": "while True: pass"})
+        assert not [p for p in os.listdir(tmp_path) if p.startswith("rlinf-python-")]
+    finally:
+        tempfile.tempdir = None
