@@ -13,7 +13,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig, RunnerConfig
 from rlinf_like.algorithms import build_estimator
 from rlinf_like.runners.reasoning.phases import advantages
 from rlinf_like.runners.reasoning import check_config
-from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.workers.actor.loss import LossConfig, LossTerms, rl_loss
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_on_policy_loss_is_minus_the_mean_advantage_plus_kl(model_and_batch):
     # 2 tokens with A = 1, 3 tokens with A = -0.5: token-mean of -A * 1 = -(2 - 1.5) / 5
     assert loss.item() == pytest.approx(-0.1, abs=1e-6) and metrics["clip_fraction"] == 0.0
     batch = {**batch, "ref_logprobs": batch["old_logprobs"] - 0.1 * batch["response_mask"]}
-    with_kl, metrics = rl_loss(LossConfig(kl_beta=0.5))(model, batch)
+    with_kl, metrics = rl_loss(LossConfig(), LossTerms(kl_beta=0.5))(model, batch)
     k3 = math.exp(-0.1) + 0.1 - 1  # exp(ref - pi) - (ref - pi) - 1 with ref - pi = -0.1
     assert metrics["kl"] == pytest.approx(k3, rel=1e-4)
     assert with_kl.item() == pytest.approx(-0.1 + 0.5 * k3, abs=1e-6)

@@ -17,7 +17,7 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.actor_setup import actor_config, actor_replicas
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning import check_config
-from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.workers.actor.loss import LossConfig, LossTerms, rl_loss
 from rlinf_like.workers.actor.worker import ActorConfig, ActorWorker, check_actor_config
 from rlinf_like.workers.inference.worker import InferenceWorker
 from rlinf_like.workers.rollout.worker import RolloutWorker
@@ -49,20 +49,20 @@ class InspectedRollout(RolloutWorker):
         return {n: t.clone() for n, t in self.engine.weight_tensors().items()}
 
 
-def one_rank_step(path: str, batch: dict, loop: LoopConfig, loss: LossConfig, clip: float):
+def one_rank_step(path: str, batch: dict, loop: LoopConfig, loss: LossConfig, terms: LossTerms, clip: float):
     """What the one-rank FSDP actor does in fp32 (a plain module, no sharding): this rank's plan from
     `plan_steps`, the RL loss, clipped AdamW. Returns (logprobs before, averaged metrics, weights)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        logprobs = token_logprobs(model.eval(), batch, loss.temperature)
+        logprobs = token_logprobs(model.eval(), batch, terms.temperature)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, weight_decay=0.0)
     metrics: dict[str, float] = {}
     [micros] = plan_steps(batch, 0, 1, loop, step=0)
     for micro, scale in micros:
-        value, m = rl_loss(loss)(model, micro)
+        value, m = rl_loss(loss, terms)(model, micro)
         (value * scale).backward()
         for k, v in {"loss": value.item(), **m}.items():
             metrics[k] = metrics.get(k, 0.0) + v / len(micros)
@@ -88,15 +88,15 @@ def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(clust
     path = str(write_tiny_model(tmp_path / "qwen2", SPEC))
     optim = OptimConfig(lr=1e-2, eps=EPS)  # set_lr below switches it to LR, as the runner does after SFT
     loop = LoopConfig(micro_batch_size=4)  # two accumulated micro-batches per optimizer step
-    loss = LossConfig(entropy_coef=0.01, temperature=0.9)
-    config = ActorConfig(model_path=path, loss=loss, loop=loop, backend="megatron",
+    loss, terms = LossConfig(entropy_coef=0.01), LossTerms(temperature=0.9)
+    config = ActorConfig(model_path=path, loss=loss, loss_terms=terms, loop=loop, backend="megatron",
                          megatron=MegatronConfig(tensor_parallel=2, optim=optim))
     placement = cluster.place({"am_actor": "0-1", "am_rollout": "0", "am_reference": "0-1"})
     actor = ActorWorker.create_group(config).launch(cluster, placement, "am_actor")
     rollout = InspectedRollout.create_group(RolloutConfig(model_path=path, max_batch_size=2, dtype="float32")).launch(
         cluster, placement, "am_rollout")
     # the KL reference on the actor's backend and split (as the runner launches it with actor.backend=megatron)
-    reference = InferenceWorker.create_group(path, None, loss.temperature, megatron=config.megatron).launch(
+    reference = InferenceWorker.create_group(path, None, terms.temperature, megatron=config.megatron).launch(
         cluster, placement, "am_reference")
     batch = rl_batch()
     try:
@@ -123,7 +123,7 @@ def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(clust
         rollout.shutdown()
         reference.shutdown()
 
-    ref_logprobs, ref, ref_weights = one_rank_step(path, batch, loop, loss, optim.clip_grad)
+    ref_logprobs, ref, ref_weights = one_rank_step(path, batch, loop, loss, terms, optim.clip_grad)
     assert logprobs[1].shape[0] == 0  # the replica's second rank returns no rows: each row once
     assert ref_before[1].shape[0] == 0
     assert torch.equal(torch.cat(ref_before), torch.cat(logprobs))  # same numerics: the first step's KL is 0
@@ -170,7 +170,7 @@ def test_bad_actor_values_are_refused_by_name():
     with pytest.raises(ValueError, match=r"must divide the reference's 2 ranks"):  # the KL reference is split alike
         actor_replicas(cfg, 2, "reference")
     # the runner's actor config carries the sizes and the same optimizer for either backend
-    built = actor_config(cfg, "model", LossConfig(), LoopConfig())
+    built = actor_config(cfg, "model", LoopConfig())
     assert (built.backend, built.megatron.tensor_parallel, built.megatron.pipeline_parallel) == ("megatron", 2, 2)
     assert built.megatron.optim == built.fsdp.optim and built.fsdp.optim.lr == cfg.algorithm.lr
     with pytest.raises(ValueError, match=r"actor.backend='jax' is not one of"):

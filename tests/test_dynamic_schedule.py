@@ -37,7 +37,7 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     r.migrate_at, cfg.rollout.max_batch_size, cfg.rollout.logprobs = 0.5, 4, "rescored"
     cfg.rollout.dtype = "float32"  # a migrated sample recomputes its keys/values: the same bits in float32 only
     cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
-    cfg.algorithm.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
+    cfg.actor.loss.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
     return cfg
 
 

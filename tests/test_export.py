@@ -112,7 +112,7 @@ def test_lora_run_final_model_loads_and_its_adapter_names_the_base_by_absolute_p
     cfg = small_reasoning_config(Path("run"), max_steps=1)
     cfg.model.arch = "qwen3"
     cfg.actor.lora = LoraConfig(rank=8)
-    cfg.algorithm.entropy_coef = 0.01  # the untrained tiny model scores 0: the entropy term moves the adapters
+    cfg.actor.loss.entropy_coef = 0.01  # the untrained tiny model scores 0: the entropy term moves the adapters
     run(cfg)
     final = tmp_path / "run" / "final_model"
     adapter = json.loads((final / "adapter" / "adapter_config.json").read_text())

@@ -26,7 +26,7 @@ SMALL = ["data.test_problems=4", "data.sft_problems=20", "model.hidden_size=32",
          "model.num_heads=2", "model.num_kv_heads=1"]
 TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runner.sft_steps=0", *SMALL,
              "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_new_tokens=8",
-             "runner.micro_batch_size=8", "algorithm.entropy_coef=0.01", "runner.max_steps=8", "runner.save_every=2",
+             "runner.micro_batch_size=8", "actor.loss.entropy_coef=0.01", "runner.max_steps=8", "runner.save_every=2",
              "runner.eval_every=100"]
 
 

@@ -316,7 +316,7 @@ def run_grpo(out):
     from rlinf_like.runners.reasoning import train
 
     cfg = in_process(tiny_cfg(out))
-    cfg.algorithm.entropy_coef = 0.01  # the untrained tiny model scores 0: the entropy term moves the adapters
+    cfg.actor.loss.entropy_coef = 0.01  # the untrained tiny model scores 0: the entropy term moves the adapters
     return train(cfg).history, (Path(out) / "workers.json").read_text()
 
 
@@ -355,7 +355,7 @@ def real_lora_config(out, model_path, resume=False):
     cfg.runner.prompts_per_step, cfg.runner.max_new_tokens, cfg.runner.resume = 2, 8, resume
     cfg.rollout.max_batch_size, cfg.rollout.max_context, cfg.rollout.kv_cache_memory_gb = 4, 192, 0.05
     cfg.rollout.dtype = "float32"  # the served merge is compared with peft's to fp32 rounding
-    cfg.algorithm.entropy_coef = 0.01  # the adapters move even if every sample of a group scores the same
+    cfg.actor.loss.entropy_coef = 0.01  # the adapters move even if every sample of a group scores the same
     return cfg
 
 

@@ -21,6 +21,7 @@ from rlinf_like.algorithms.offpolicy import (
 from rlinf_like.config import ConfigError, check_overrides
 from rlinf_like.runners.reasoning.checks import check_off_policy
 from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig
+from rlinf_like.workers.actor.loss import LossConfig
 
 LN2 = math.log(2.0)
 # two responses of 4 tokens; row 1's last token is padding. ratio = proximal / behaviour:
@@ -142,26 +143,37 @@ def test_mismatch_metrics_by_hand():
 # --- keys and checks ---------------------------------------------------------------------------------------
 def test_the_old_cap_key_is_refused_with_its_new_name():
     with pytest.raises(ConfigError, match=r"algorithm.is_correction_cap' has moved: use "
-                                          r"algorithm.is_correction=tis with algorithm.is_cap"):
+                                          r"actor.loss.is_correction=tis with actor.loss.is_cap"):
         check_overrides(ReasoningConfig, ["algorithm.is_correction_cap=2.0"])
 
 
+@pytest.mark.parametrize("old, new", [("algorithm.loss=decoupled_ppo", "actor.loss.objective"),
+                                      ("algorithm.clip_high=0.28", "actor.loss.clip_high"),
+                                      ("algorithm.entropy_coef=0.01", "actor.loss.entropy_coef")])
+def test_the_loss_keys_moved_to_the_actor_s_loss_section(old, new):
+    """The actor receives `actor.loss` as written (workers/actor/loss.py LossConfig); the old keys name it."""
+    with pytest.raises(ConfigError, match=rf"'{old.split('=')[0]}' has moved: use {new}"):
+        check_overrides(ReasoningConfig, [old])
+    check_overrides(ReasoningConfig, [f"{new}={old.split('=')[1]}"])
+
+
 @pytest.mark.parametrize("keys, message", [
-    (dict(loss="decoupled_ppo"), r"algorithm.loss='decoupled_ppo' is about the trainer's proximal logprobs: "
+    (dict(objective="decoupled_ppo"), r"actor.loss.objective='decoupled_ppo' is about the trainer's proximal logprobs: "
                                  r"it needs algorithm.recompute_logprobs=true"),
-    (dict(is_correction="mis"), r"algorithm.is_correction='mis' is about .* algorithm.recompute_logprobs=true"),
+    (dict(is_correction="mis"), r"actor.loss.is_correction='mis' is about .* algorithm.recompute_logprobs=true"),
     (dict(recompute_logprobs=True, is_correction="tis", is_low=0.1),
-     r"algorithm.is_low=0.1 is an option of algorithm.is_correction=icepop \| mis \| seq_mask; "
-     r"algorithm.is_correction=tis does not read it"),
+     r"actor.loss.is_low=0.1 is an option of actor.loss.is_correction=icepop \| mis \| seq_mask; "
+     r"actor.loss.is_correction=tis does not read it"),
     (dict(recompute_logprobs=True, is_correction="mis", is_low=2.0, is_high=1.5), r"is_low=2.0 must be below"),
 ])
 def test_off_policy_checks_name_the_key(keys, message):
+    recompute = keys.pop("recompute_logprobs", False)
     with pytest.raises(ValueError, match=message):
-        check_off_policy(AlgorithmConfig(**keys))
+        check_off_policy(AlgorithmConfig(recompute_logprobs=recompute), LossConfig(**keys))
 
 
 def test_the_multinode_runs_tis_overrides_parse():
-    check_overrides(ReasoningConfig, ["algorithm.is_correction=tis", "algorithm.is_cap=2.0",
+    check_overrides(ReasoningConfig, ["actor.loss.is_correction=tis", "actor.loss.is_cap=2.0",
                                       "algorithm.recompute_by_length=true"])
 
 
@@ -187,11 +199,11 @@ def test_registry_choices_are_checked_by_name():
     from rlinf_like.runners.reasoning.checks import check_choices
 
     cfg = ReasoningConfig()
-    cfg.algorithm.loss = "grpo_loss"
-    with pytest.raises(ValueError, match=r"algorithm.loss='grpo_loss' is not one of \[.decoupled_ppo., .ppo.\]"):
+    cfg.actor.loss.objective = "grpo_loss"
+    with pytest.raises(ValueError, match=r"actor.loss.objective='grpo_loss' is not one of \[.decoupled_ppo., .ppo.\]"):
         check_choices(cfg)
-    check_off_policy(AlgorithmConfig(recompute_logprobs=True, loss="decoupled_ppo", is_correction="seq_mask",
-                                     is_low=0.9, is_high=1.1))  # a valid combination passes
+    check_off_policy(AlgorithmConfig(recompute_logprobs=True),  # a valid combination passes
+                     LossConfig(objective="decoupled_ppo", is_correction="seq_mask", is_low=0.9, is_high=1.1))
 
 
 # --- end to end ----------------------------------------------------------------------------------------------
@@ -216,8 +228,8 @@ def decoupled_pipelined(out):
     cfg.cluster.backend = "local"  # one rank each: in process
     cfg.runner.max_staleness = 1
     cfg.actor.precision = "fp32"  # step 1's ratios within ulps of 1 hold when trainer and engine both run fp32
-    a = cfg.algorithm
-    a.recompute_logprobs, a.loss, a.is_correction, a.is_low, a.is_high = True, "decoupled_ppo", "mis", 0.99, 1.01
+    cfg.algorithm.recompute_logprobs, loss = True, cfg.actor.loss
+    loss.objective, loss.is_correction, loss.is_low, loss.is_high = "decoupled_ppo", "mis", 0.99, 1.01
     return cfg
 
 

@@ -7,12 +7,11 @@ import importlib.util
 import pytest
 import torch
 
-from rlinf_like.algorithms import PolicyLossConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs, token_nll_loss
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runtime import Worker
-from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.workers.actor.loss import LossConfig, LossTerms, rl_loss
 from rlinf_like.training.batch_resizer import concat_batches
 from rlinf_like.training.micro_batching import balanced_partition, token_budget_plan, trim_padding
 from rlinf_like.training.loop import LoopConfig, check_loop, loss_tokens, train_epochs
@@ -70,7 +69,7 @@ def test_packed_and_padded_give_the_same_logprobs_loss_and_gradients(seqlen):
         a, b = token_logprobs(model, batch, 0.7), token_logprobs(model, packed, 0.7)
     torch.testing.assert_close(b[valid], a[valid], rtol=0, atol=1e-5)
     assert torch.all(b[~valid] == 0)
-    loss_fn = rl_loss(LossConfig(policy=PolicyLossConfig(), entropy_coef=0.01, temperature=0.7))
+    loss_fn = rl_loss(LossConfig(entropy_coef=0.01), LossTerms(temperature=0.7))
     grads = []
     for inputs in (batch, packed):
         model.zero_grad()
@@ -169,7 +168,7 @@ class Trainer(Worker):
         from rlinf_like.training.batch_resizer import BatchResizer
         from rlinf_like.training.loop import run_steps
 
-        loss = rl_loss(LossConfig(policy=PolicyLossConfig()))
+        loss = rl_loss(LossConfig())
         if pieces is None:
             return [train_epochs(self.manager, whiten(b), loss, self.rank, 2, RL_LOOP) for b in batches]
         resizer = BatchResizer(pieces, 8, [whiten], rank=self.rank, world_size=2, loop=RL_LOOP)

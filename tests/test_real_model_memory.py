@@ -32,7 +32,7 @@ STEP = textwrap.dedent("""
     from rlinf_like.runners.reasoning.actor_setup import actor_precision
     from rlinf_like.runners.reasoning.worker_configs import runner_loop
     from rlinf_like.runners.reasoning.config import ReasoningConfig
-    from rlinf_like.runners.reasoning.worker_configs import loss_config
+    from rlinf_like.runners.reasoning.worker_configs import loss_terms
     from rlinf_like.training.loop import micro_rows, train_epochs
     from rlinf_like.workers.actor.loss import rl_loss
 
@@ -59,7 +59,7 @@ STEP = textwrap.dedent("""
                  advantages=torch.randn(rows_per_rank, length - 1, generator=g) * response)
     rows = micro_rows(batch, loop) or rows_per_rank
     two = {k: v[: 2 * rows] for k, v in batch.items()}
-    metrics = train_epochs(manager, two, rl_loss(loss_config(cfg)), 0, 1, loop)
+    metrics = train_epochs(manager, two, rl_loss(cfg.actor.loss, loss_terms(cfg)), 0, 1, loop)
     status = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith(("Rss", "VmHWM"))}
     # this process's own high-water mark: getrusage's ru_maxrss survives execve, so it can report the forking
     # parent's size (pytest's, several GB late in the suite) instead of the step's

@@ -71,7 +71,7 @@ def test_check_overrides_refuses_bad_values_before_hydra_composes(override, mess
 
 def test_check_overrides_leaves_free_and_interpolated_values_to_later_checks():
     check_overrides(ReasoningConfig, ["cluster.component_placement.actor=0", "runner.output_dir=123",
-                                      "algorithm.lr=${runner.sft_lr}", "runner.max_steps=1,2", "~algorithm.dual_clip"])
+                                      "algorithm.lr=${runner.sft_lr}", "runner.max_steps=1,2", "~actor.loss.dual_clip"])
 
 
 @pytest.mark.parametrize("root", [ReasoningConfig, EmbodiedConfig])

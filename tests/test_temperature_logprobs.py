@@ -12,7 +12,7 @@ from rlinf_like.models import load_tokenizer
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.config import ReasoningConfig, RunnerConfig
 from rlinf_like.runners.reasoning import check_config
-from rlinf_like.workers.actor.loss import LossConfig, rl_loss
+from rlinf_like.workers.actor.loss import LossConfig, LossTerms, rl_loss
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
 
 TEMPERATURE = 0.7
@@ -45,8 +45,8 @@ def test_trainer_logprobs_equal_the_rollout_sampling_logprobs(sampled):
 def test_actor_loss_sees_ratio_one_under_the_sampling_temperature(sampled):
     model, batch = sampled
     with torch.no_grad():
-        _, same = rl_loss(LossConfig(temperature=TEMPERATURE))(model, batch)
-        _, wrong = rl_loss(LossConfig(temperature=1.0))(model, batch)
+        _, same = rl_loss(LossConfig(), LossTerms(temperature=TEMPERATURE))(model, batch)
+        _, wrong = rl_loss(LossConfig(), LossTerms(temperature=1.0))(model, batch)
     assert same["approx_kl"] < 1e-8 and abs(same["ratio_max"] - 1) < 1e-3 and same["clip_fraction"] == 0
     assert wrong["approx_kl"] > 1e-4
 

@@ -13,6 +13,7 @@ import torch
 
 from rlinf_like.algorithms.masked import masked_mean, masked_sum
 from rlinf_like.algorithms.registry import Registry
+from rlinf_like.config.validate import bounded
 
 AGGREGATIONS: Registry = Registry("loss aggregation")
 KL_ESTIMATORS: Registry = Registry("KL estimator")
@@ -56,12 +57,13 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class PolicyLossConfig:
-    clip_low: float = 0.2  # ratio floor 1 - clip_low
-    clip_high: float = 0.2  # ratio ceiling 1 + clip_high (DAPO uses 0.28)
-    dual_clip: float | None = None  # c > 1: loss for A < 0 is at most -c * A
-    aggregation: str = "token-mean"
+    clip_low: float = bounded(0.2, ge=0)  # PPO ratio clip below 1 - clip_low
+    # PPO ratio clip above 1 + clip_high (clip-higher when > clip_low; DAPO uses 0.28)
+    clip_high: float = bounded(0.2, ge=0)
+    dual_clip: float | None = bounded(None, gt=1)  # dual-clip bound c > 1 for negative advantages; null = off
+    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (AGGREGATIONS)
 
 
 def policy_loss(

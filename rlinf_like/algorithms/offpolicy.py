@@ -6,8 +6,8 @@
   (`recomputed_logprobs`, with `algorithm.recompute_logprobs=true`);
 - **current**: the trainer's logprobs under the weights being trained.
 
-`POLICY_LOSSES` (`algorithm.loss`) says which of them a policy objective reads; `IS_CORRECTIONS`
-(`algorithm.is_correction`) turns the proximal/behaviour ratio into per-token weights and a loss mask;
+`POLICY_LOSSES` (`actor.loss.objective`) says which of them a policy objective reads; `IS_CORRECTIONS`
+(`actor.loss.is_correction`) turns the proximal/behaviour ratio into per-token weights and a loss mask;
 `mismatch_metrics` describes that ratio. All pure tensor functions over [rows, tokens] with a response mask.
 """
 
@@ -34,7 +34,7 @@ class PolicyObjective:
     description: str
 
 
-POLICY_LOSSES: Registry[PolicyObjective] = Registry("policy loss", key="algorithm.loss")
+POLICY_LOSSES: Registry[PolicyObjective] = Registry("policy loss", key="actor.loss.objective")
 POLICY_LOSSES.register("ppo", PolicyObjective(
     needs_proximal=False, behaviour_weighted=False,
     description="clip current / old, old = proximal when recomputed, else behaviour (the default)"))
@@ -46,7 +46,7 @@ POLICY_LOSSES.register("decoupled_ppo", PolicyObjective(
 # --- importance-sampling corrections -----------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ISThresholds:
-    """The corrections' thresholds (the `algorithm.is_*` keys); each correction reads the ones it declares."""
+    """The corrections' thresholds (the `actor.loss.is_*` keys); each correction reads the ones it declares."""
 
     cap: float = 2.0  # tis
     low: float = 0.5  # mis, icepop, seq_mask: the accepted ratio range [low, high]
@@ -62,12 +62,12 @@ class Correction:
 @dataclass(frozen=True, kw_only=True)
 class ISCorrection:
     fn: Callable[[torch.Tensor, torch.Tensor, ISThresholds], Correction]
-    options: tuple[str, ...]  # the algorithm.* keys it reads (others' keys are refused when set)
+    options: tuple[str, ...]  # the actor.loss.* keys it reads (others' keys are refused when set)
     reweights: bool  # False only for `none`: a loss that is not behaviour-weighted then uses no weights
     needs_proximal: bool  # refused without algorithm.recompute_logprobs=true
 
 
-IS_CORRECTIONS: Registry[ISCorrection] = Registry("importance-sampling correction", key="algorithm.is_correction")
+IS_CORRECTIONS: Registry[ISCorrection] = Registry("importance-sampling correction", key="actor.loss.is_correction")
 
 
 def correction(name: str, *, options: tuple[str, ...] = (), reweights: bool = True, needs_proximal: bool = True):
@@ -132,7 +132,7 @@ def sequence_mask(log_ratio: torch.Tensor, mask: torch.Tensor, t: ISThresholds) 
 
 
 def apply_correction(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, thresholds: ISThresholds) -> Correction:
-    """`algorithm.is_correction=name` on log(proximal / behaviour)."""
+    """`actor.loss.is_correction=name` on log(proximal / behaviour)."""
     return IS_CORRECTIONS.get(name).fn(log_ratio, mask.to(log_ratio.dtype), thresholds)
 
 
@@ -145,7 +145,7 @@ class PolicyTerms:
 
 def policy_terms(loss: str, is_correction: str, thresholds: ISThresholds, *, behaviour: torch.Tensor,
                  proximal: torch.Tensor | None, mask: torch.Tensor) -> PolicyTerms:
-    """What `algorithm.loss` and `algorithm.is_correction` make of a micro-batch's logprobs: the ratio's
+    """What `actor.loss.objective` and `actor.loss.is_correction` make of a micro-batch's logprobs: the ratio's
     denominator, the weights and the loss mask. Without proximal logprobs (refused before launch where the
     loss or the correction needs them) it is the plain PPO on the behaviour logprobs."""
     objective, corr = POLICY_LOSSES.get(loss), IS_CORRECTIONS.get(is_correction)

@@ -9,8 +9,8 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.megatron import MegatronConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.worker_configs import loss_terms
 from rlinf_like.utils.extras import require
-from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.workers.actor.backends import backend_class, backends_with
 from rlinf_like.workers.actor.worker import ActorConfig, check_lora_support
 from rlinf_like.training.loop import LoopConfig
@@ -56,8 +56,7 @@ def actor_replicas(cfg: ReasoningConfig, ranks: int, component: str = "actor") -
     return ranks // per_replica
 
 
-def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: LoopConfig,
-                 lean: bool = False) -> ActorConfig:
+def actor_config(cfg: ReasoningConfig, model_path: str, loop: LoopConfig, lean: bool = False) -> ActorConfig:
     """The actor's config: the backend `actor.backend` names, with the same optimizer either way."""
     optim = OptimConfig(lr=cfg.algorithm.lr)
     megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
@@ -66,7 +65,8 @@ def actor_config(cfg: ReasoningConfig, model_path: str, loss: LossConfig, loop: 
     return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora,
                                                               precision=actor_precision(cfg),
                                                               lean=lean),
-                       loss=loss, loop=loop, backend=cfg.actor.backend, megatron=megatron)
+                       loss=cfg.actor.loss, loss_terms=loss_terms(cfg), loop=loop, backend=cfg.actor.backend,
+                       megatron=megatron)
 
 
 def actor_precision(cfg: ReasoningConfig) -> str:

@@ -15,6 +15,7 @@ from rlinf_like.runners.reasoning.async_stream import STALE_POLICIES
 from rlinf_like.runners.reasoning.config import AlgorithmConfig, CriticSection, ReasoningConfig
 from rlinf_like.workers.reward.fn import AUTO, REWARD_FNS, needs_judge
 from rlinf_like.workers.reward.judge import JudgeConfig
+from rlinf_like.workers.actor.loss import LossConfig
 from rlinf_like.config import check_instance
 from rlinf_like.data.sources import check_data_config
 from rlinf_like.models import load_tokenizer, read_hf_config
@@ -39,10 +40,10 @@ def estimators_where(**declared: bool) -> list[str]:
 def check_choices(cfg: ReasoningConfig) -> None:
     """The keys whose choices are registries (fixed choices are `Literal`s, checked with the schema)."""
     choices = {"algorithm.advantage": (cfg.algorithm.advantage, ADVANTAGE_ESTIMATORS.names()),
-               "algorithm.aggregation": (cfg.algorithm.aggregation, AGGREGATIONS.names()),
-               "algorithm.kl_estimator": (cfg.algorithm.kl_estimator, KL_ESTIMATORS.names()),
-               "algorithm.loss": (cfg.algorithm.loss, POLICY_LOSSES.names()),
-               "algorithm.is_correction": (cfg.algorithm.is_correction, IS_CORRECTIONS.names()),
+               "actor.loss.aggregation": (cfg.actor.loss.aggregation, AGGREGATIONS.names()),
+               "actor.loss.kl_estimator": (cfg.actor.loss.kl_estimator, KL_ESTIMATORS.names()),
+               "actor.loss.objective": (cfg.actor.loss.objective, POLICY_LOSSES.names()),
+               "actor.loss.is_correction": (cfg.actor.loss.is_correction, IS_CORRECTIONS.names()),
                "runner.schedule": (cfg.runner.schedule, schedule_choices()),
                "runner.stale_policy": (cfg.runner.stale_policy, list(STALE_POLICIES)),
                "actor.backend": (cfg.actor.backend, BACKEND_REGISTRY.names())}
@@ -134,33 +135,33 @@ def changed_keys(section, defaults) -> list[tuple[str, object]]:
             if getattr(section, f.name) != getattr(defaults, f.name)]
 
 
-def refuse_unread_options(a: AlgorithmConfig, choice: str, registry) -> None:
-    """An `algorithm.*` key set away from its default that only another choice of `algorithm.<choice>` reads
-    (each registered entry declares its `options`) is refused, naming both."""
-    defaults, chosen = AlgorithmConfig(), getattr(a, choice)
+def refuse_unread_options(a, section: str, choice: str, registry) -> None:
+    """A key of the `section` dataclass `a` set away from its default that only another choice of `<section>.<choice>`
+    reads (each registered entry declares its `options`) is refused, naming both."""
+    defaults, chosen = type(a)(), getattr(a, choice)
     readers: dict[str, list[str]] = {}
     for name in registry.names():
         for key in registry.get(name).options:
             readers.setdefault(key, []).append(name)
     for key, names in readers.items():
         if chosen not in names and getattr(a, key) != getattr(defaults, key):
-            raise ValueError(f"algorithm.{key}={getattr(a, key)!r} is an option of algorithm.{choice}="
-                             f"{' | '.join(names)}; algorithm.{choice}={chosen} does not read it")
+            raise ValueError(f"{section}.{key}={getattr(a, key)!r} is an option of {section}.{choice}="
+                             f"{' | '.join(names)}; {section}.{choice}={chosen} does not read it")
 
 
-def check_off_policy(a: AlgorithmConfig) -> None:
+def check_off_policy(a: AlgorithmConfig, loss: LossConfig) -> None:
     """The policy loss and the importance correction by what they declare (`needs_proximal`: refused without
     the trainer's recomputed logprobs), the thresholds only the chosen correction reads, a non-empty range."""
-    needs = {"algorithm.recompute_by_length": a.recompute_by_length,
-             "algorithm.loss": POLICY_LOSSES.get(a.loss).needs_proximal,
-             "algorithm.is_correction": IS_CORRECTIONS.get(a.is_correction).needs_proximal}
-    for key, needed in needs.items():
+    needs = {"algorithm.recompute_by_length": (a.recompute_by_length, a.recompute_by_length),
+             "actor.loss.objective": (loss.objective, POLICY_LOSSES.get(loss.objective).needs_proximal),
+             "actor.loss.is_correction": (loss.is_correction, IS_CORRECTIONS.get(loss.is_correction).needs_proximal)}
+    for key, (value, needed) in needs.items():
         if needed and not a.recompute_logprobs:
-            raise ValueError(f"{key}={getattr(a, key.split('.')[1])!r} is about the trainer's proximal logprobs: "
+            raise ValueError(f"{key}={value!r} is about the trainer's proximal logprobs: "
                              f"it needs algorithm.recompute_logprobs=true")
-    refuse_unread_options(a, "is_correction", IS_CORRECTIONS)
-    if a.is_low >= a.is_high:
-        raise ValueError(f"algorithm.is_low={a.is_low} must be below algorithm.is_high={a.is_high}")
+    refuse_unread_options(loss, "actor.loss", "is_correction", IS_CORRECTIONS)
+    if loss.is_low >= loss.is_high:
+        raise ValueError(f"actor.loss.is_low={loss.is_low} must be below actor.loss.is_high={loss.is_high}")
 
 
 
@@ -173,7 +174,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_estimator(cfg)
     check_teacher(cfg)
     check_judge(cfg)
-    check_off_policy(a)
+    check_off_policy(a, cfg.actor.loss)
     check_data_config(cfg.data)
     check_schedule_options(r)
     check_reward_config(reward_config(cfg))

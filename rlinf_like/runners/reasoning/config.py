@@ -11,8 +11,6 @@ from typing import ClassVar, Literal
 from rlinf_like.algorithms.advantage_estimators.gae import GAEOptions
 from rlinf_like.algorithms.advantage_estimators.grpo import GRPOOptions
 from rlinf_like.algorithms.advantage_estimators.opd import OPDOptions
-from rlinf_like.algorithms.losses import PolicyLossConfig
-from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
 from rlinf_like.envs.text.config import AgentConfig
@@ -21,7 +19,7 @@ from rlinf_like.runtime import ClusterConfig
 from rlinf_like.training.loop import LoopConfig
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.config import ActorConfig
-from rlinf_like.workers.actor.loss import LossConfig
+from rlinf_like.workers.actor.loss import LossConfig, LossTerms
 from rlinf_like.workers.critic import CriticConfig
 from rlinf_like.workers.reward.judge import JudgeConfig
 from rlinf_like.workers.reward.rules import RewardConfig
@@ -54,30 +52,15 @@ class AlgorithmConfig:
     lr: float = bounded(5e-4, gt=0)  # the actor's learning rate (AdamW)
     epochs: int = bounded(LoopConfig.epochs, gt=0)  # passes over each step's batch
     mini_batches: int = bounded(LoopConfig.mini_batches, gt=0)  # optimizer steps per epoch
-    clip_low: float = bounded(PolicyLossConfig.clip_low, ge=0)  # PPO ratio clip below 1 - clip_low
-    clip_high: float = bounded(PolicyLossConfig.clip_high, ge=0)  # PPO ratio clip above 1 + clip_high (clip-higher when > clip_low)
-    dual_clip: float | None = bounded(PolicyLossConfig.dual_clip, gt=1)  # dual-clip bound c > 1 for negative advantages; null = off
-    aggregation: str = PolicyLossConfig.aggregation  # token-mean | seq-mean-token-mean | seq-mean-token-sum (algorithms/losses.py)
-    kl_beta: float = bounded(LossConfig.kl_beta, ge=0)  # > 0 launches the reference model
-    kl_estimator: str = LossConfig.kl_estimator  # k1 | k2 | k3 (algorithms/losses.py)
+    # > 0 launches the reference model; the KL estimator is actor.loss.kl_estimator
+    kl_beta: float = bounded(LossTerms.kl_beta, ge=0)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
-    entropy_coef: float = LossConfig.entropy_coef  # entropy bonus weight in the loss
     # the trainer recomputes pi_old. The train/rollout mismatch (mismatch/kl_k3, abs_log_ratio_*) is logged without
     # it when a step makes one update (mini_batches = epochs = 1), and needs it otherwise
     recompute_logprobs: bool = False
     # recompute one unpadded forward per row length (slower): on CPU in fp32 with rollout.logprobs=rescored the
     # proximal logprobs then equal the native engine's bit for bit (a padded batch changes their last bits)
     recompute_by_length: bool = False
-    # policy loss (algorithms/offpolicy.py POLICY_LOSSES): ppo (clip current / old; old = proximal when recomputed) |
-    # decoupled_ppo (AReaL: clip current / proximal, weigh tokens by proximal / behaviour; needs recompute_logprobs)
-    loss: str = LossConfig.objective
-    # proximal / behaviour (trainer / rollout) correction, needs recompute_logprobs (IS_CORRECTIONS): none | tis
-    # (truncate at is_cap) | mis (drop tokens outside [is_low, is_high]) | icepop (zero them, still counted) |
-    # seq_mask (drop responses whose geometric-mean ratio is outside [is_low, is_high])
-    is_correction: str = LossConfig.is_correction
-    is_cap: float = bounded(ISThresholds.cap, gt=0)  # is_correction=tis: the weight ceiling
-    is_low: float = bounded(ISThresholds.low, gt=0)  # is_correction=mis | icepop | seq_mask: lowest accepted ratio
-    is_high: float = bounded(ISThresholds.high, gt=0)  # is_correction=mis | icepop | seq_mask: highest accepted ratio
 
 
 @dataclass(kw_only=True)
@@ -104,6 +87,9 @@ class ActorSection:
     pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
     # LoRA adapters (peft; fsdp only): rank 0 = off; with algorithm.kl_beta > 0 the reference is the base in the actor
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # the RL loss as the actor receives it: PPO clip, aggregation, policy objective, importance correction, KL
+    # estimator, entropy bonus (workers/actor/loss.py)
+    loss: LossConfig = field(default_factory=LossConfig)
     # fsdp: auto = bf16 on a GPU or a CPU with bf16 units (AVX512_BF16, AMX), else fp32; bf16 keeps fp32 weights and
     # optimizer state. algorithm.recompute_by_length needs fp32 (auto picks it then)
     precision: Literal["auto", "bf16", "fp32"] = "auto"
@@ -117,7 +103,7 @@ class RunnerConfig:
     max_steps: int = bounded(60, gt=0)  # GRPO steps after the SFT warm start
     prompts_per_step: int = bounded(16, gt=0)  # prompts per step; each gets algorithm.samples_per_prompt responses
     max_new_tokens: int = bounded(28, gt=0)  # "3+5=8, 8-2=6. Answer: 6" and EOS
-    temperature: float = bounded(LossConfig.temperature, gt=0)  # sampling temperature; trainer logprobs are taken under it too
+    temperature: float = bounded(LossTerms.temperature, gt=0)  # sampling temperature (the trainer's logprobs too)
     max_staleness: int = bounded(0, ge=0)  # 0: on-policy; k > 0 lets rollout run k steps ahead (pipelined, async)
     # async: a group more than max_staleness versions behind is dropped (counted) | never produced (wait: the
     # rollout pauses admission while it is max_staleness steps ahead; see runners/reasoning/async_stream.py)
@@ -172,9 +158,13 @@ class ReasoningConfig:
         **{f"task.{k}": f"data.{k}" for k in ("terms", "max_operand", "operators", "sft_problems", "test_problems",
                                                "seed")},
         "task": "data",
-        "algorithm.is_correction_cap": "algorithm.is_correction=tis with algorithm.is_cap=<cap>",
+        "algorithm.is_correction_cap": "actor.loss.is_correction=tis with actor.loss.is_cap=<cap>",
         "algorithm.scale_by_std": "algorithm.grpo.scale_by_std",
         "algorithm.gamma": "algorithm.gae.gamma", "algorithm.lam": "algorithm.gae.lam",
         "algorithm.critic_lr": "critic.lr", "algorithm.value_clip": "critic.value_clip",
         "algorithm.critic_warmup_steps": "critic.warmup_steps",
+        "algorithm.loss": "actor.loss.objective",
+        **{f"algorithm.{k}": f"actor.loss.{k}" for k in ("clip_low", "clip_high", "dual_clip", "aggregation",
+                                                         "kl_estimator", "entropy_coef", "is_correction", "is_cap",
+                                                         "is_low", "is_high")},
     }

@@ -22,7 +22,7 @@ from rlinf_like.runners.reasoning.checks import check_batch_split
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.reasoning.config import COMPONENTS, ReasoningConfig
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
-from rlinf_like.runners.reasoning.worker_configs import loss_config, reward_config, runner_loop
+from rlinf_like.runners.reasoning.worker_configs import reward_config, runner_loop
 from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runtime import Cluster, Device, Placement, PlacementMode, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
@@ -164,7 +164,7 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     log.info(placement.describe())
     tokens, lean = actor_tokens(cfg, placement)
     loop = runner_loop(cfg, tokens)
-    actor = actor_worker.create_group(actor_config(cfg, model_path, loss_config(cfg), loop, lean)).launch(
+    actor = actor_worker.create_group(actor_config(cfg, model_path, loop, lean)).launch(
         cluster, placement, "actor", memory_advice=MEMORY_ADVICE["actor"])
     critic = None
     if estimator.needs_critic:
@@ -223,7 +223,7 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
     if not (start / "config.json").exists():
         raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "
                                 f"warm-start (this run directory predates that, or was cut short before it)")
-    megatron = actor_config(cfg, str(start), loss_config(cfg), runner_loop(cfg)).megatron \
+    megatron = actor_config(cfg, str(start), runner_loop(cfg)).megatron \
         if backend_class(cfg.actor.backend).reference_parallel else None
     r = cfg.runner
     rows = r.micro_batch_size or AUTO_ROWS_CAP

@@ -23,7 +23,6 @@ from rlinf_like.data.batch import Batch, build_rl_batch
 from rlinf_like.data.sources import Tasks
 from rlinf_like.data.tasks import Problem
 from rlinf_like.runners.reasoning.agent_format import episode_metrics, task_row
-from rlinf_like.runners.reasoning.worker_configs import is_thresholds
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runtime import GroupResult
@@ -131,7 +130,7 @@ def advantages(estimator: AdvantageEstimator, cfg: ReasoningConfig, rewards: tor
     a, mask, metrics = cfg.algorithm, batch["response_mask"], {}
     kl_penalty = None
     if a.kl_in_reward:  # checked before launch: only estimators that accept it
-        kl = KL_ESTIMATORS.get(a.kl_estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
+        kl = KL_ESTIMATORS.get(cfg.actor.loss.kl_estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
         kl_penalty = a.kl_beta * kl
         metrics["kl_penalty"] = float(kl.sum() / mask.sum())
     out = estimator.estimate(AdvantageInputs(rewards=rewards, response_mask=mask,
@@ -205,9 +204,9 @@ def check_excluded(cfg: ReasoningConfig, results: Sequence[RolloutResult]) -> No
 def mismatch(cfg: ReasoningConfig, batch: Batch) -> dict[str, float]:
     """The rollout-vs-trainer mismatch over the whole batch (`mismatch/*`), and what the configured correction
     clips and masks of it (the loss applies the same function to each micro-batch's whole rows)."""
-    a = cfg.algorithm
+    loss = cfg.actor.loss
     proximal, behaviour, mask = batch["recomputed_logprobs"], batch["old_logprobs"], batch["response_mask"]
-    corrected = apply_correction(a.is_correction, proximal - behaviour, mask, is_thresholds(a))
+    corrected = apply_correction(loss.is_correction, proximal - behaviour, mask, loss.thresholds)
     return mismatch_metrics(proximal, behaviour, mask, corrected)
 
 

@@ -61,7 +61,7 @@ class ElasticActorWorker(ActorWorker):
         mesh = DeviceMesh.from_group(singles[self.rank], torch.device(self.torch_device).type)
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
         self.manager = FSDPModelManager(model, config.fsdp, mesh=mesh)
-        self._loss = rl_loss(config.loss)
+        self._loss = rl_loss(config.loss, config.loss_terms)
         self._params = list(self.manager.model.parameters())
         self._materialize_optimizer_state()
 

@@ -48,7 +48,7 @@ def build_manager(config: ActorConfig) -> ModelManager:
 def loss_weigh(loss: LossConfig):
     """What the RL loss averages over, which scales token-budget micro-batches: rows for
     `seq-mean-*` aggregations, loss tokens otherwise."""
-    return num_rows if loss.policy.aggregation.startswith("seq-mean") else loss_tokens
+    return num_rows if loss.aggregation.startswith("seq-mean") else loss_tokens
 
 
 class ActorWorker(TrainedWorker):
@@ -57,7 +57,7 @@ class ActorWorker(TrainedWorker):
         torch.manual_seed(config.loop.seed)
         self.config = config
         self.manager = build_manager(config)
-        self._loss = rl_loss(config.loss)
+        self._loss = rl_loss(config.loss, config.loss_terms)
 
     def data_parallel(self) -> DataParallelRank:
         """Which rows this rank trains on (a driver that plans micro-batches per rank asks this)."""
@@ -98,5 +98,5 @@ class ActorWorker(TrainedWorker):
         replica's other ranks return no rows (`ModelManager.replica_logprobs`). `by_length`: one unpadded
         forward per row length (`algorithm.recompute_by_length`)."""
         loop = self.config.loop
-        return self.manager.replica_logprobs(batch, self.config.loss.temperature, loop.pack_sequences,
+        return self.manager.replica_logprobs(batch, self.config.loss_terms.temperature, loop.pack_sequences,
                                              loop.max_batch_seqlen, by_length=by_length)

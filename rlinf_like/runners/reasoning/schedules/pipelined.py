@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.reasoning.worker_configs import loss_config, runner_loop
+from rlinf_like.runners.reasoning.worker_configs import runner_loop
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
@@ -100,7 +100,7 @@ class Generations:
 
 def token_budget_plan(cfg: ReasoningConfig, w: Workers) -> RankPlan:
     """Each actor rank's (micro-batch, loss scale) pairs: the plan the rank would make itself in train_step."""
-    loop, weigh, world = runner_loop(cfg), loss_weigh(loss_config(cfg)), w.actor_dp[0].size
+    loop, weigh, world = runner_loop(cfg), loss_weigh(cfg.actor.loss), w.actor_dp[0].size
     r = cfg.runner
     log.info(f"pipelined with a token budget: rollout groups stream over a channel; each step trains on the first "
              f"{r.prompts_per_step} groups to arrive ({r.prompts_per_step * cfg.algorithm.samples_per_prompt} rows), "
