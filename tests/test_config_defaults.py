@@ -61,3 +61,40 @@ def test_each_estimator_with_options_has_its_section():
     for name in with_options:
         assert type(getattr(algorithm, name)) is ADVANTAGE_ESTIMATORS.get(name).Options
         assert build_estimator(name, algorithm).options is getattr(algorithm, name)
+
+
+# Where a worker config is still assembled from user sections, rather than received as a section: what is left of
+# the second config layer. The list shrinks as sections become the configs themselves (`actor.loss` is `LossConfig`,
+# `rollout` is `RolloutConfig`); a new entry is a new translator, and this test names it.
+TRANSLATORS = {
+    "reasoning/worker_configs.py:reward_config": "reward.fn=auto resolved by the data source",
+    "reasoning/worker_configs.py:runner_loop": "LoopConfig from runner.* and algorithm.{epochs,mini_batches}",
+    "reasoning/worker_configs.py:loss_terms": "LossTerms: the KL weight, temperature, mismatch report",
+    "reasoning/actor_setup.py:actor_config": "ActorConfig from actor.*, algorithm.lr and the above",
+    "reasoning/launch.py:launch_workers": "the critic's CriticConfig; the rollout section with its resolved dtype",
+    "embodied/runner.py:_launch": "the embodied actor's FSDPConfig and OptimConfig",
+    "embodied/media.py:write_gif": "the env section with render_mode=rgb_array, for the run's GIF",
+}
+WORKER_CONFIG_NAMES = {cls.__name__ for cls in WORKER_CONFIGS} | {"LossTerms", "RewardConfig", "RolloutConfig"}
+
+
+def _translators() -> set[str]:
+    """module:function of every call in runners/ that builds a worker config, or `replace`s a config section."""
+    runners = SCHEMA.parents[1]
+    found = set()
+    for path in sorted(runners.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                name = getattr(call.func, "id", getattr(call.func, "attr", ""))
+                section = name == "replace" and call.args and ast.unparse(call.args[0]).startswith("cfg.")
+                if name in WORKER_CONFIG_NAMES or section:
+                    found.add(f"{path.relative_to(runners)}:{fn.name}")
+    return found
+
+
+def test_worker_configs_are_assembled_only_by_the_listed_translators():
+    found = _translators()
+    assert found - set(TRANSLATORS) == set(), "a new place that builds a worker config from user sections"
+    assert set(TRANSLATORS) - found == set(), "a translator is gone: take it off the list"
