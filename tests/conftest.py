@@ -98,7 +98,9 @@ def _is_xdist_worker(config) -> bool:
 
 
 def _workers(config) -> int:
-    return max(1, int(getattr(config.option, "numprocesses", None) or 1))
+    """pytest-xdist's worker count (1 without it, or with -n 0)."""
+    n = getattr(config.option, "numprocesses", None)
+    return n if isinstance(n, int) and n > 0 else 1
 
 
 def pytest_sessionstart(session):

@@ -29,7 +29,10 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
                                 component_placement={"actor,rollout": "0-1", "reward": "0"})
     cfg.data.sft_problems, cfg.data.test_problems = 64, 8
     r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = STEPS, 8, 12, 4
+    # 16 groups, 8 per replica: when half are done both replicas are still serving, even when the test shares the
+    # cores and one replica runs ahead (with 4 each, one replica once finished all its groups before the driver saw
+    # half done, and handed over without a migration)
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = STEPS, 16, 12, 4
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 4, 16, 100, 100
     r.output_dir, r.schedule = str(out), schedule
     # one group at a time per replica, so both are mid-way when half the groups are done and migrate;
