@@ -48,7 +48,8 @@ def config(args, out: Path) -> ReasoningConfig:
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 2, 16, 10_000, 10_000
     r.output_dir, r.migrate_at = str(out), args.migrate_at
     cfg.rollout.max_batch_size = args.slots
-    cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.actor.loss.entropy_coef = 4, args.mini_batches, 0.01
+    cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches = 4, args.mini_batches
+    cfg.actor.loss.entropy_coef = 0.01
     return cfg
 
 

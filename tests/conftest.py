@@ -130,7 +130,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _DURATIONS or _is_xdist_worker(config):
         return
     slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:20]
-    terminalreporter.section(f"the 20 slowest tests (budget {TEST_BUDGET_S:g} s each, {SUITE_BUDGET_S:g} s wall in all)")
+    terminalreporter.section(f"the 20 slowest tests (budget {TEST_BUDGET_S:g} s each, {SUITE_BUDGET_S:g} s wall in "
+                             f"all)")
     for node, seconds in slowest:
         flag = "  OVER BUDGET" if seconds > TEST_BUDGET_S else ""
         terminalreporter.write_line(f"{seconds:7.1f} s  {node}{flag}")

@@ -22,8 +22,8 @@ Then one command per entry script really runs, as a shell would split it, with i
 interpreter and the overrides of `CUT` appended (hydra and argparse take the last value of a key), so each trains
 for one step on tiny batches and writes under the scratch directory (`test_one_command_per_script_runs`): the
 agentic and embodied scripts in process (cluster.backend=local), the channel demo on Ray, the behaviour-cloning
-warm start and the data writers, and README's in-process debugging command. The reasoning script's presets run on Ray in tests/test_golden_runs.py,
-cut to 6 steps with every step's metrics checked: they run there, not twice.
+warm start and the data writers, and README's in-process debugging command. The reasoning script's presets run on
+Ray in tests/test_golden_runs.py, cut to 6 steps with every step's metrics checked: they run there, not twice.
 """
 
 import importlib.util

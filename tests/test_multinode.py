@@ -25,7 +25,8 @@ QUICK = ["runner.sft_steps=30", "runner.sft_batch_size=16", "runner.prompts_per_
 # with a token budget, so the rollout's groups stream over a channel; 32 rows in 3 mini-batches
 # (no even split: the token-budget plan evens the ranks out)
 PIPELINED_PPO = ["--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
-                 "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "actor.loss.is_correction=tis", "actor.loss.is_cap=2.0",
+                 "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "actor.loss.is_correction=tis",
+                 "actor.loss.is_cap=2.0",
                  "algorithm.advantage=gae", "runner.max_tokens_per_micro_batch=256", "runner.pack_sequences=true",
                  "algorithm.mini_batches=3",
                  "actor.precision=fp32"]  # the step-1 gap bound below is fp32's (bf16 training adds its rounding)

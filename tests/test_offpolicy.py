@@ -167,9 +167,9 @@ def test_the_loss_keys_moved_to_the_actor_s_loss_section(old, new):
     (dict(recompute_logprobs=True, is_correction="mis", is_low=2.0, is_high=1.5), r"is_low=2.0 must be below"),
 ])
 def test_off_policy_checks_name_the_key(keys, message):
-    recompute = keys.pop("recompute_logprobs", False)
+    loss = {k: v for k, v in keys.items() if k != "recompute_logprobs"}  # the parametrized dict stays as it is
     with pytest.raises(ValueError, match=message):
-        check_off_policy(AlgorithmConfig(recompute_logprobs=recompute), LossConfig(**keys))
+        check_off_policy(AlgorithmConfig(recompute_logprobs=keys.get("recompute_logprobs", False)), LossConfig(**loss))
 
 
 def test_the_multinode_runs_tis_overrides_parse():
