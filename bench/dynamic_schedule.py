@@ -44,11 +44,12 @@ def config(args, out: Path) -> ReasoningConfig:
     cfg.model.intermediate_size = args.hidden * 11 // 4
     cfg.data.sft_problems, cfg.data.test_problems = 64, 8
     r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = args.steps, args.prompts, args.max_new_tokens, 8
+    r.max_steps, r.prompts_per_step, r.max_new_tokens = args.steps, args.prompts, args.max_new_tokens
+    cfg.actor.loop.micro_batch_size, cfg.actor.loop.mini_batches = 8, args.mini_batches
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 2, 16, 10_000, 10_000
     r.output_dir, r.migrate_at = str(out), args.migrate_at
     cfg.rollout.max_batch_size = args.slots
-    cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches = 4, args.mini_batches
+    cfg.algorithm.samples_per_prompt = 4
     cfg.actor.loss.entropy_coef = 0.01
     return cfg
 

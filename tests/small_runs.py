@@ -15,7 +15,8 @@ def small_reasoning_config(out: Path, *, max_steps: int = 2, save_every: int = 1
                                 component_placement={"actor,rollout": "0-1", "reward": "0"})
     cfg.data.sft_problems, cfg.data.test_problems = 32, 4
     r = cfg.runner
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size, r.sft_steps = max_steps, 4, 8, 8, 0
+    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.sft_steps = max_steps, 4, 8, 0
+    cfg.actor.loop.micro_batch_size = 8
     r.eval_every, r.save_every, r.output_dir = 100, save_every, str(out)
     cfg.algorithm.samples_per_prompt = samples_per_prompt
     return cfg

@@ -157,8 +157,8 @@ def test_bad_actor_values_are_refused_by_name():
              ({"actor__backend": "megatron", "actor__pp_size": 0}, r"actor.pp_size must be >= 1, got 0"),
              ({"actor__backend": "megatron", "runner__schedule": "dynamic"},
               r"runner.schedule=dynamic needs actor.backend=fsdp"),
-             ({"actor__backend": "megatron", "actor__pp_size": 2, "runner__pack_sequences": True},
-              r"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend=megatron")]
+             ({"actor__backend": "megatron", "actor__pp_size": 2, "actor__loop": LoopConfig(pack_sequences=True)},
+              r"actor.loop.pack_sequences=true needs actor.pp_size=1 with actor.backend=megatron")]
     for sections, message in cases:
         with pytest.raises(ValueError, match=message):
             check_config(config(**sections))
@@ -170,7 +170,7 @@ def test_bad_actor_values_are_refused_by_name():
     with pytest.raises(ValueError, match=r"must divide the reference's 2 ranks"):  # the KL reference is split alike
         actor_replicas(cfg, 2, "reference")
     # the runner's actor config carries the sizes and the same optimizer for either backend
-    built = actor_config(cfg, "model", LoopConfig())
+    built = actor_config(cfg, "model")
     assert (built.backend, built.megatron.tensor_parallel, built.megatron.pipeline_parallel) == ("megatron", 2, 2)
     assert built.megatron.optim == built.fsdp.optim and built.fsdp.optim.lr == cfg.algorithm.lr
     with pytest.raises(ValueError, match=r"actor.backend='jax' is not one of"):

@@ -1,5 +1,5 @@
 """Every default stated once: a key of the user schema (runners/reasoning/config.py) that a worker config also has takes the
-worker config's default (`bounded(LoopConfig.epochs, gt=0)`), never a literal of its own that could drift."""
+worker config's default (`bounded(LossTerms.kl_beta, ge=0)`), never a literal of its own that could drift."""
 
 import ast
 import dataclasses
@@ -22,7 +22,6 @@ WORKER_CONFIGS = (PolicyLossConfig, LossConfig, LoopConfig, ISThresholds, OptimC
 DIFFERENT_MEANING = {
     ("ModelSection", "seed"): "the tiny model's initial weights, not the loop's data order",
     ("AlgorithmConfig", "lr"): "the RL learning rate; OptimConfig's is a library default for any manager",
-    ("RunnerConfig", "micro_batch_size"): "null = sized by the actor's memory; LoopConfig's is a fixed row count",
     ("ActorSection", "precision"): "auto here; a manager built directly stays fp32 unless asked",
     ("CriticSection", "lr"): "the value model's RL learning rate; OptimConfig's is a library default",
     ("TeacherSection", "model_path"): "the distillation teacher's checkpoint (empty: none), not the actor's",
@@ -65,17 +64,17 @@ def test_each_estimator_with_options_has_its_section():
 
 # Where a worker config is still assembled from user sections, rather than received as a section: what is left of
 # the second config layer. The list shrinks as sections become the configs themselves (`actor.loss` is `LossConfig`,
-# `rollout` is `RolloutConfig`); a new entry is a new translator, and this test names it.
+# `actor.loop` is `LoopConfig`, `rollout` is `RolloutConfig`); a new entry is a new translator, and this test names it.
 TRANSLATORS = {
     "reasoning/worker_configs.py:reward_config": "reward.fn=auto resolved by the data source",
-    "reasoning/worker_configs.py:runner_loop": "LoopConfig from runner.* and algorithm.{epochs,mini_batches}",
+    "reasoning/worker_configs.py:loop_terms": "LoopTerms: runner.seed and the memory budget's tokens",
     "reasoning/worker_configs.py:loss_terms": "LossTerms: the KL weight, temperature, mismatch report",
     "reasoning/actor_setup.py:actor_config": "ActorConfig from actor.*, algorithm.lr and the above",
     "reasoning/launch.py:launch_workers": "the critic's CriticConfig; the rollout section with its resolved dtype",
     "embodied/runner.py:_launch": "the embodied actor's FSDPConfig and OptimConfig",
     "embodied/media.py:write_gif": "the env section with render_mode=rgb_array, for the run's GIF",
 }
-WORKER_CONFIG_NAMES = {cls.__name__ for cls in WORKER_CONFIGS} | {"LossTerms", "RewardConfig", "RolloutConfig"}
+WORKER_CONFIG_NAMES = {cls.__name__ for cls in WORKER_CONFIGS} | {"LossTerms", "LoopTerms", "RewardConfig", "RolloutConfig"}
 
 
 def _translators() -> set[str]:

@@ -10,7 +10,7 @@ from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.reasoning.config import AlgorithmConfig, ReasoningConfig, RunnerConfig
+from rlinf_like.runners.reasoning.config import ActorSection, AlgorithmConfig, ReasoningConfig, RunnerConfig
 from rlinf_like.algorithms import build_estimator
 from rlinf_like.runners.reasoning.phases import advantages
 from rlinf_like.runners.reasoning import check_batch_split, check_config
@@ -101,19 +101,19 @@ def test_gae_with_lambda_zero_is_the_td_residual(tmp_path):
 def test_rows_that_do_not_split_over_ranks_fail_naming_the_keys():
     cfg = ReasoningConfig(runner=RunnerConfig(prompts_per_step=3), algorithm=AlgorithmConfig(samples_per_prompt=3))
     with pytest.raises(ValueError, match=r"runner.prompts_per_step x algorithm.samples_per_prompt = 9 rows .* "
-                                         r"critic ranks \(2\) x algorithm.mini_batches \(1\)"):
+                                         r"critic ranks \(2\) x actor.loop.mini_batches \(1\)"):
         check_batch_split(cfg, {"actor": 1, "critic": 2})
 
 
 def test_a_token_budget_lifts_the_even_split_rule_but_each_mini_batch_needs_a_row_per_rank():
-    cfg = ReasoningConfig(runner=RunnerConfig(prompts_per_step=3, max_tokens_per_micro_batch=64),
-                          algorithm=AlgorithmConfig(samples_per_prompt=3, mini_batches=2))
+    cfg = ReasoningConfig(runner=RunnerConfig(prompts_per_step=3), algorithm=AlgorithmConfig(samples_per_prompt=3),
+                          actor=ActorSection(loop=LoopConfig(max_tokens_per_micro_batch=64, mini_batches=2)))
     check_batch_split(cfg, {"actor": 2, "critic": 2})  # 9 rows, 2 ranks x 2 mini-batches: the plan evens it out
-    cfg.runner.max_tokens_per_micro_batch = None
-    with pytest.raises(ValueError, match=r"9 rows per step do not divide by actor ranks \(2\) x algorithm.mini_batches "
-                                         r"\(2\).*or set runner.max_tokens_per_micro_batch"):
+    cfg.actor.loop.max_tokens_per_micro_batch = None
+    with pytest.raises(ValueError, match=r"9 rows per step do not divide by actor ranks \(2\) x actor.loop.mini_batches "
+                                         r"\(2\).*or set actor.loop.max_tokens_per_micro_batch"):
         check_batch_split(cfg, {"actor": 2})
-    cfg.runner.max_tokens_per_micro_batch, cfg.algorithm.mini_batches = 64, 5
+    cfg.actor.loop.max_tokens_per_micro_batch, cfg.actor.loop.mini_batches = 64, 5
     with pytest.raises(ValueError, match=r"9 rows per step cannot give each of critic ranks \(2\) a row in each of "
-                                         r"algorithm.mini_batches \(5\)"):
+                                         r"actor.loop.mini_batches \(5\)"):
         check_batch_split(cfg, {"critic": 2})

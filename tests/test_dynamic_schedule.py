@@ -32,14 +32,15 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     # 16 groups, 8 per replica: when half are done both replicas are still serving, even when the test shares the
     # cores and one replica runs ahead (with 4 each, one replica once finished all its groups before the driver saw
     # half done, and handed over without a migration)
-    r.max_steps, r.prompts_per_step, r.max_new_tokens, r.micro_batch_size = STEPS, 16, 12, 4
+    r.max_steps, r.prompts_per_step, r.max_new_tokens = STEPS, 16, 12
+    cfg.actor.loop.micro_batch_size = 4
     r.sft_steps, r.sft_batch_size, r.eval_every, r.save_every = 4, 16, 100, 100
     r.output_dir, r.schedule = str(out), schedule
     # one group at a time per replica, so both are mid-way when half the groups are done and migrate;
     # logprobs rescored, so a migrated sample's logprobs do not depend on the batch it finished in
     r.migrate_at, cfg.rollout.max_batch_size, cfg.rollout.logprobs = 0.5, 4, "rescored"
     cfg.rollout.dtype = "float32"  # a migrated sample recomputes its keys/values: the same bits in float32 only
-    cfg.algorithm.samples_per_prompt, cfg.algorithm.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
+    cfg.algorithm.samples_per_prompt, cfg.actor.loop.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
     cfg.actor.loss.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
     return cfg
 

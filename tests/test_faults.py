@@ -26,7 +26,7 @@ SMALL = ["data.test_problems=4", "data.sft_problems=20", "model.hidden_size=32",
          "model.num_heads=2", "model.num_kv_heads=1"]
 TINY_GRPO = ["--config-name", "grpo_pipelined", "runner.max_staleness=0", "runner.sft_steps=0", *SMALL,
              "runner.prompts_per_step=4", "algorithm.samples_per_prompt=2", "runner.max_new_tokens=8",
-             "runner.micro_batch_size=8", "actor.loss.entropy_coef=0.01", "runner.max_steps=8", "runner.save_every=2",
+             "actor.loop.micro_batch_size=8", "actor.loss.entropy_coef=0.01", "runner.max_steps=8", "runner.save_every=2",
              "runner.eval_every=100"]
 
 
@@ -177,7 +177,7 @@ def test_a_wrongly_typed_value_is_named():
     ({"actor": "0", "rollout,reward": "1"}, ["algorithm.advantage=gae"],
      r"places no \['critic'\] \(critic: with algorithm.advantage=gae\)"),
     (None, ["runner.prompts_per_step=3", "algorithm.samples_per_prompt=1"],
-     r"= 3 rows per step do not divide by actor ranks \(2\) x algorithm.mini_batches \(1\)"),
+     r"= 3 rows per step do not divide by actor ranks \(2\) x actor.loop.mini_batches \(1\)"),
 ])
 def test_impossible_placements_and_batch_splits_fail_before_any_worker_starts(cluster, tmp_path, placement,
                                                                                overrides, error):

@@ -95,8 +95,8 @@ def test_placement_and_batch_mistakes_fail_before_ray_starts(tmp_path, monkeypat
     with pytest.raises(ValueError, match=r"^cluster.component_placement.actor='0-99' \(component 'actor'\) uses cpu "
                                          r"devices 2-\d+, but the cluster has \d+ cpu device\(s\)"):
         ReasoningRun(bad_placement).__enter__()
-    bad_split = replace(cfg, algorithm=replace(cfg.algorithm, mini_batches=3))
-    with pytest.raises(ValueError, match=r"do not divide by actor ranks \(\d\) x algorithm.mini_batches \(3\)"):
+    bad_split = replace(cfg, actor=replace(cfg.actor, loop=replace(cfg.actor.loop, mini_batches=3)))
+    with pytest.raises(ValueError, match=r"do not divide by actor ranks \(\d\) x actor.loop.mini_batches \(3\)"):
         ReasoningRun(bad_split).__enter__()
 
 

@@ -27,8 +27,8 @@ QUICK = ["runner.sft_steps=30", "runner.sft_batch_size=16", "runner.prompts_per_
 PIPELINED_PPO = ["--config-name", "grpo_pipelined", *QUICK, "runner.max_steps=3", "runner.eval_every=3",
                  "algorithm.kl_beta=0.05", "algorithm.recompute_logprobs=true", "actor.loss.is_correction=tis",
                  "actor.loss.is_cap=2.0",
-                 "algorithm.advantage=gae", "runner.max_tokens_per_micro_batch=256", "runner.pack_sequences=true",
-                 "algorithm.mini_batches=3",
+                 "algorithm.advantage=gae", "actor.loop.max_tokens_per_micro_batch=256", "actor.loop.pack_sequences=true",
+                 "actor.loop.mini_batches=3",
                  "actor.precision=fp32"]  # the step-1 gap bound below is fp32's (bf16 training adds its rounding)
 
 

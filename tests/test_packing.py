@@ -106,14 +106,15 @@ def test_token_budget_plan_is_balanced_and_equal_in_count():
 def test_loop_config_errors_name_the_key():
     with pytest.raises(ValueError, match="actor.loop.max_batch_seqlen=64 needs actor.loop.pack_sequences=true"):
         check_loop(LoopConfig(max_batch_seqlen=64), "actor.loop")
-    with pytest.raises(ValueError, match="runner.max_tokens_per_micro_batch must be >= 1"):
-        check_loop(LoopConfig(max_tokens_per_micro_batch=0), "runner")
+    with pytest.raises(ValueError, match="actor.loop.max_tokens_per_micro_batch must be >= 1"):
+        check_loop(LoopConfig(max_tokens_per_micro_batch=0), "actor.loop")
     from rlinf_like.runners.reasoning.config import ReasoningConfig
     from rlinf_like.runners.reasoning import check_config
 
     cfg = ReasoningConfig()
-    cfg.runner.pack_sequences, cfg.runner.max_batch_seqlen, cfg.runner.max_tokens_per_micro_batch = True, 512, 256
-    with pytest.raises(ValueError, match="runner.max_batch_seqlen=512 exceeds runner.max_tokens_per_micro_batch=256"):
+    loop = cfg.actor.loop
+    loop.pack_sequences, loop.max_batch_seqlen, loop.max_tokens_per_micro_batch = True, 512, 256
+    with pytest.raises(ValueError, match="actor.loop.max_batch_seqlen=512 exceeds actor.loop.max_tokens_per_micro_batch=256"):
         check_config(cfg)
 
 
@@ -289,3 +290,29 @@ def test_batch_resizer_gathers_global_batches_from_a_channel_then_splits_by_toke
     assert sum(scale for rank in ranks for _, scale in rank) == pytest.approx(2.0)  # shares x world size
     assert all("packing" in micro and micro["packing"].tokens <= 30 for rank in ranks for micro, _ in rank)
     channel.destroy()
+
+
+@pytest.mark.parametrize("old, new", [("algorithm.epochs=2", "actor.loop.epochs"),
+                                      ("algorithm.mini_batches=2", "actor.loop.mini_batches"),
+                                      ("runner.micro_batch_size=8", "actor.loop.micro_batch_size"),
+                                      ("runner.pack_sequences=true", "actor.loop.pack_sequences"),
+                                      ("runner.max_tokens_per_micro_batch=256", "actor.loop.max_tokens_per_micro_batch")])
+def test_the_loop_keys_moved_to_the_actor_s_loop_section(old, new):
+    from rlinf_like.config import ConfigError, check_overrides
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
+
+    with pytest.raises(ConfigError, match=rf"'{old.split('=')[0]}' has moved: use {new}"):
+        check_overrides(ReasoningConfig, [old])
+    check_overrides(ReasoningConfig, [f"{new}={old.split('=')[1]}"])
+
+
+def test_the_actor_and_critic_receive_the_loop_section_as_written():
+    """`actor.loop` is the `LoopConfig` the trainers get; the run adds only its seed and memory budget."""
+    from rlinf_like.runners.reasoning.actor_setup import actor_config
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
+
+    cfg = ReasoningConfig()
+    cfg.actor.loop.epochs, cfg.actor.loop.micro_batch_size, cfg.runner.seed = 3, 5, 7
+    built = actor_config(cfg, "model", micro_batch_tokens=4096)
+    assert built.loop is cfg.actor.loop
+    assert (built.loop_terms.seed, built.loop_terms.micro_batch_tokens) == (7, 4096)

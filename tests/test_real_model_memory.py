@@ -30,9 +30,8 @@ STEP = textwrap.dedent("""
     from rlinf_like.hybrid_engines.model_manager import OptimConfig
     from rlinf_like.runners.reasoning import memory
     from rlinf_like.runners.reasoning.actor_setup import actor_precision
-    from rlinf_like.runners.reasoning.worker_configs import runner_loop
     from rlinf_like.runners.reasoning.config import ReasoningConfig
-    from rlinf_like.runners.reasoning.worker_configs import loss_terms
+    from rlinf_like.runners.reasoning.worker_configs import loop_terms, loss_terms
     from rlinf_like.training.loop import micro_rows, train_epochs
     from rlinf_like.workers.actor.loss import rl_loss
 
@@ -43,7 +42,7 @@ STEP = textwrap.dedent("""
     cfg = structure(ReasoningConfig, raw)
     ranks = 2  # the preset's actor: "0-1"
     estimate = memory.actor_memory(cfg, ranks)
-    loop = runner_loop(cfg, estimate.tokens)
+    terms = loop_terms(cfg, estimate.tokens)
     rows_per_rank = cfg.runner.prompts_per_step * cfg.algorithm.samples_per_prompt // ranks
     length = prompt_tokens + cfg.runner.max_new_tokens
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
@@ -57,9 +56,10 @@ STEP = textwrap.dedent("""
     batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=response,
                  old_logprobs=torch.full((rows_per_rank, length - 1), -2.0),
                  advantages=torch.randn(rows_per_rank, length - 1, generator=g) * response)
-    rows = micro_rows(batch, loop) or rows_per_rank
+    rows = micro_rows(batch, cfg.actor.loop, terms.micro_batch_tokens) or rows_per_rank
     two = {k: v[: 2 * rows] for k, v in batch.items()}
-    metrics = train_epochs(manager, two, rl_loss(cfg.actor.loss, loss_terms(cfg)), 0, 1, loop)
+    metrics = train_epochs(manager, two, rl_loss(cfg.actor.loss, loss_terms(cfg)), 0, 1, cfg.actor.loop,
+                           terms=terms)
     status = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith(("Rss", "VmHWM"))}
     # this process's own high-water mark: getrusage's ru_maxrss survives execve, so it can report the forking
     # parent's size (pytest's, several GB late in the suite) instead of the step's
@@ -93,11 +93,11 @@ def test_a_plan_whose_actor_cannot_fit_is_refused_before_any_worker_starts(tmp_p
     from rlinf_like.runners.preflight import preflight
 
     cfg = small_reasoning_config(tmp_path)
-    cfg.runner.micro_batch_size = None
+    cfg.actor.loop.micro_batch_size = None
     preflight(cfg)  # fits at the default share of this machine
     cfg.actor.memory_gb = 1.0  # under what the tiny model's rank holds whatever the batch (runtime and head chunks)
     with pytest.raises(ValueError, match=r"^actor: a micro-batch of 1 row\(s\) of up to 9 tokens needs ~1\.\d GB "
-                                         r"per rank, over its 1\.0 GB .*actor\.memory_gb, runner\.micro_batch_size"):
+                                         r"per rank, over its 1\.0 GB .*actor\.memory_gb, actor\.loop\.micro_batch_size"):
         preflight(cfg)
 
 
@@ -126,10 +126,10 @@ def test_memory_sized_micro_batches_hold_the_budget_s_tokens_at_the_batch_s_leng
     from rlinf_like.training.loop import AUTO_ROWS_CAP, LoopConfig, micro_rows
 
     batch = {"input_ids": torch.zeros(200, 68, dtype=torch.long)}
-    assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=432)) == 6  # 432 // 68
-    assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=50)) == 1  # never 0 rows
-    assert micro_rows(batch, LoopConfig(micro_batch_size=None, micro_batch_tokens=10**9)) == AUTO_ROWS_CAP
-    assert micro_rows(batch, LoopConfig(micro_batch_size=8, micro_batch_tokens=432)) == 8  # explicit rows win
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None), 432) == 6  # 432 // 68
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None), 50) == 1  # never 0 rows
+    assert micro_rows(batch, LoopConfig(micro_batch_size=None), 10**9) == AUTO_ROWS_CAP
+    assert micro_rows(batch, LoopConfig(micro_batch_size=8), 432) == 8  # explicit rows win
     assert micro_rows(batch, LoopConfig(micro_batch_size=None)) is None  # neither: one pass
 
 

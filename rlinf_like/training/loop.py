@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlinf_like.config.validate import bounded
 from rlinf_like.data.batch import Batch, read_mask, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
 from rlinf_like.hybrid_engines.packing import pack_batch
@@ -27,22 +28,31 @@ AUTO_ROWS_CAP = 64  # a CPU GEMM is as fast per row well before this many rows o
 
 @dataclass(kw_only=True)
 class LoopConfig:
-    mini_batches: int = 1  # optimizer steps per batch and epoch
-    micro_batch_size: int | None = AUTO_ROWS_CAP  # rows per forward/backward (per rank); None: see micro_batch_tokens
-    # with micro_batch_size None: rows per micro-batch = this token budget // the batch's padded length, at most
-    # AUTO_ROWS_CAP (the runner derives it from the model and the actor's memory: runners/reasoning/memory.py); None as well:
-    # a mini-batch in one pass
+    """`actor.loop` as the user writes it (the critic trains with the same loop)."""
+    epochs: int = bounded(1, gt=0)  # passes over each step's batch
+    mini_batches: int = bounded(1, gt=0)  # optimizer steps per epoch
+    # rows per forward/backward (per rank); null: as many as the memory budget holds (a run's: actor.memory_gb), at
+    # most 64 (AUTO_ROWS_CAP); with no budget (a loop built directly), a mini-batch in one pass
+    micro_batch_size: int | None = bounded(None, gt=0)
+    pack_sequences: bool = False  # micro-batches run packed (no compute on padding)
+    max_batch_seqlen: int | None = bounded(None, gt=0)  # packed row length; null: each micro-batch's longest sequence
+    # token-budget micro-batches (per rank), balanced over the ranks, instead of micro_batch_size
+    max_tokens_per_micro_batch: int | None = bounded(None, gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopTerms:
+    """What the run decides about the loop beyond `actor.loop`."""
+    seed: int = 0  # seeds the shuffle (runner.seed)
+    # rows per micro-batch = this token budget // the batch's padded length, at most AUTO_ROWS_CAP, when
+    # micro_batch_size is null (the runner derives it from the model and the actor's memory:
+    # runners/reasoning/memory.py); None: a mini-batch in one pass
     micro_batch_tokens: int | None = None
-    epochs: int = 1  # passes over each batch
-    seed: int = 0
-    pack_sequences: bool = False  # run micro-batches packed (no compute on padding)
-    max_batch_seqlen: int | None = None  # packed row length; None: the micro-batch's longest sequence
-    max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch and rank; replaces micro_batch_size
 
 
 def check_loop(loop: LoopConfig, owner: str = "loop") -> None:
     """Errors name the key (`owner.field`) and what is allowed."""
-    for key in ("micro_batch_size", "max_batch_seqlen", "max_tokens_per_micro_batch", "micro_batch_tokens"):
+    for key in ("micro_batch_size", "max_batch_seqlen", "max_tokens_per_micro_batch"):
         value = getattr(loop, key)
         if value is not None and value < 1:
             raise ValueError(f"{owner}.{key} must be >= 1 or null, got {value}")
@@ -73,26 +83,28 @@ def micro_batches(batch: Batch, size: int | None) -> list[Batch]:
 
 
 
-def micro_rows(batch: Batch, loop: LoopConfig) -> int | None:
-    """Rows per micro-batch of `batch` (None: all in one pass); the same on every rank, since every rank holds
-    rows padded to the whole batch's length."""
-    if loop.micro_batch_size is not None or loop.micro_batch_tokens is None:
+def micro_rows(batch: Batch, loop: LoopConfig, tokens: int | None = None) -> int | None:
+    """Rows per micro-batch of `batch` (None: all in one pass), `tokens` the memory budget
+    (`LoopTerms.micro_batch_tokens`); the same on every rank, since every rank holds rows padded to the whole
+    batch's length."""
+    if loop.micro_batch_size is not None or tokens is None:
         return loop.micro_batch_size
     length = batch["input_ids"].shape[1] if "input_ids" in batch else 1
-    return max(1, min(AUTO_ROWS_CAP, loop.micro_batch_tokens // length))
+    return max(1, min(AUTO_ROWS_CAP, tokens // length))
 
 
 def _prepare(micro: Batch, loop: LoopConfig) -> Batch:
     return pack_batch(micro, loop.max_batch_seqlen) if loop.pack_sequences else micro
 
 
-def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, generator) -> list[list[tuple[Batch, float]]]:
+def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, tokens: int | None,
+             generator) -> list[list[tuple[Batch, float]]]:
     """Per optimizer step: this rank's (micro-batch, loss scale) pairs, `micro_rows` rows each."""
     mine = shard_rows(batch, rank, world_size)
     order = torch.randperm(num_rows(mine), generator=generator)
     steps = []
     for mini in order.tensor_split(loop.mini_batches):  # always that many pieces (chunk may give fewer)
-        micros = micro_batches(select_rows(mine, mini), micro_rows(mine, loop))
+        micros = micro_batches(select_rows(mine, mini), micro_rows(mine, loop, tokens))
         steps.append([(_prepare(m, loop), 1 / len(micros)) for m in micros])
     return steps
 
@@ -113,13 +125,15 @@ def token_budget_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfi
 
 
 def plan_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfig, step: int, epochs: int | None = None,
-               weigh: Callable[[Batch], float] = loss_tokens) -> Iterator[list[tuple[Batch, float]]]:
+               weigh: Callable[[Batch], float] = loss_tokens,
+               terms: LoopTerms = LoopTerms()) -> Iterator[list[tuple[Batch, float]]]:
     """Per optimizer step, lazily: this rank's (micro-batch, loss scale) pairs for `epochs` passes over
-    `batch`. The shuffle depends on the optimizer step `step` only, so a resumed run replays the same order."""
-    generator = torch.Generator().manual_seed(loop.seed * 1000 + step)
+    `batch`. The shuffle depends on the seed and the optimizer step `step` only, so a resumed run replays the
+    same order."""
+    generator = torch.Generator().manual_seed(terms.seed * 1000 + step)
     for _ in range(loop.epochs if epochs is None else epochs):
         if loop.max_tokens_per_micro_batch is None:
-            yield from _by_rows(batch, rank, world_size, loop, generator)
+            yield from _by_rows(batch, rank, world_size, loop, terms.micro_batch_tokens, generator)
         else:
             yield from token_budget_steps(batch, rank, world_size, loop, generator, weigh)
 
@@ -142,10 +156,10 @@ def run_steps(manager: ModelManager, steps: Iterable[list[tuple[Batch, float]]],
 
 def train_epochs(manager: ModelManager, batch: Batch, loss_fn: LossFn, rank: int, world_size: int,
                  loop: LoopConfig, epochs: int | None = None,
-                 weigh: Callable[[Batch], float] = loss_tokens) -> dict[str, float]:
+                 weigh: Callable[[Batch], float] = loss_tokens, terms: LoopTerms = LoopTerms()) -> dict[str, float]:
     """Train this data-parallel rank on its rows of `batch`; returns metrics averaged over steps.
     Every rank must run the same number of micro-batches (each is a collective under FSDP): by rows
     the runner checks that the rows divide by world_size x mini_batches before launching; by tokens
     the plan gives every rank the same count. `weigh` is what the loss averages over (loss tokens
     for token-mean losses, `num_rows` for sequence means); it sets the token-budget scales."""
-    return run_steps(manager, plan_steps(batch, rank, world_size, loop, manager.step, epochs, weigh), loss_fn)
+    return run_steps(manager, plan_steps(batch, rank, world_size, loop, manager.step, epochs, weigh, terms), loss_fn)

@@ -9,11 +9,10 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.megatron import MegatronConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.runners.reasoning.worker_configs import loss_terms
+from rlinf_like.runners.reasoning.worker_configs import loop_terms, loss_terms
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.actor.backends import backend_class, backends_with
 from rlinf_like.workers.actor.worker import ActorConfig, check_lora_support
-from rlinf_like.training.loop import LoopConfig
 
 
 def check_actor_section(cfg: ReasoningConfig) -> None:
@@ -25,8 +24,8 @@ def check_actor_section(cfg: ReasoningConfig) -> None:
         if value < 1 or (value > 1 and not getattr(backend, capability)):
             raise ValueError(f"actor.{key}={value} must be >= 1, and > 1 only with actor.backend="
                              f"{' or '.join(backends_with(capability))} (got actor.backend={act.backend!r})")
-    if cfg.runner.pack_sequences and act.pp_size > 1:
-        raise ValueError(f"runner.pack_sequences=true needs actor.pp_size=1 with actor.backend={act.backend} "
+    if act.loop.pack_sequences and act.pp_size > 1:
+        raise ValueError(f"actor.loop.pack_sequences=true needs actor.pp_size=1 with actor.backend={act.backend} "
                          f"(pipeline stages exchange fixed shapes), got actor.pp_size={act.pp_size}")
     check_lora_support(act.backend, act.lora)
     if cfg.algorithm.recompute_by_length and act.precision == "bf16":
@@ -56,16 +55,19 @@ def actor_replicas(cfg: ReasoningConfig, ranks: int, component: str = "actor") -
     return ranks // per_replica
 
 
-def actor_config(cfg: ReasoningConfig, model_path: str, loop: LoopConfig, lean: bool = False) -> ActorConfig:
-    """The actor's config: the backend `actor.backend` names, with the same optimizer either way."""
+def actor_config(cfg: ReasoningConfig, model_path: str, micro_batch_tokens: int | None = None,
+                 lean: bool = False) -> ActorConfig:
+    """The actor's config: the backend `actor.backend` names, with the same optimizer either way;
+    `micro_batch_tokens`: see `loop_terms`."""
     optim = OptimConfig(lr=cfg.algorithm.lr)
     megatron = MegatronConfig(tensor_parallel=cfg.actor.tp_size, pipeline_parallel=cfg.actor.pp_size, optim=optim,
                               # packed micro-batches run on the local layer spec (TE would need PackedSeqParams)
-                              layer_spec="local" if cfg.runner.pack_sequences else "auto")
+                              layer_spec="local" if cfg.actor.loop.pack_sequences else "auto")
     return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora,
                                                               precision=actor_precision(cfg),
                                                               lean=lean),
-                       loss=cfg.actor.loss, loss_terms=loss_terms(cfg), loop=loop, backend=cfg.actor.backend,
+                       loss=cfg.actor.loss, loss_terms=loss_terms(cfg), loop=cfg.actor.loop,
+                       loop_terms=loop_terms(cfg, micro_batch_tokens), backend=cfg.actor.backend,
                        megatron=megatron)
 
 

@@ -22,7 +22,7 @@ from rlinf_like.models import load_tokenizer, read_hf_config
 from rlinf_like.models.tiny import char_tokenizer
 from rlinf_like.models.families import MODEL_FAMILIES, ModelConfig
 from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
-from rlinf_like.runners.reasoning.worker_configs import reward_config, runner_loop
+from rlinf_like.runners.reasoning.worker_configs import reward_config
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC, schedule_choices
 from rlinf_like.runtime.placement import share_devices
 from rlinf_like.training.loop import check_loop
@@ -178,7 +178,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_data_config(cfg.data)
     check_schedule_options(r)
     check_reward_config(reward_config(cfg))
-    check_loop(runner_loop(cfg), "runner")
+    check_loop(cfg.actor.loop, "actor.loop")
     check_actor_section(cfg)
     check_model(cfg)
     if r.schedule != STATIC:
@@ -274,15 +274,15 @@ def check_batch_split(cfg: ReasoningConfig, world_sizes: dict[str, int]) -> None
     under FSDP). By rows, a step's rows must split evenly over ranks and mini-batches; with a token
     budget the plan deals every rank the same count, so each mini-batch only needs a row per rank."""
     rows = cfg.runner.prompts_per_step * cfg.algorithm.samples_per_prompt
-    minis = cfg.algorithm.mini_batches
+    minis = cfg.actor.loop.mini_batches
     for component, world in world_sizes.items():
-        if cfg.runner.max_tokens_per_micro_batch is not None:
+        if cfg.actor.loop.max_tokens_per_micro_batch is not None:
             if rows < world * minis:
                 raise ValueError(
                     f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step cannot give "
-                    f"each of {component} ranks ({world}) a row in each of algorithm.mini_batches ({minis})")
+                    f"each of {component} ranks ({world}) a row in each of actor.loop.mini_batches ({minis})")
         elif rows % (world * minis):
             raise ValueError(
                 f"runner.prompts_per_step x algorithm.samples_per_prompt = {rows} rows per step do not divide by "
-                f"{component} ranks ({world}) x algorithm.mini_batches ({minis}); "
-                f"pick sizes whose product is a multiple of {world * minis} (or set runner.max_tokens_per_micro_batch)")
+                f"{component} ranks ({world}) x actor.loop.mini_batches ({minis}); "
+                f"pick sizes whose product is a multiple of {world * minis} (or set actor.loop.max_tokens_per_micro_batch)")

@@ -16,7 +16,7 @@ from rlinf_like.data.config import DataConfig
 from rlinf_like.envs.text.config import AgentConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.runtime import ClusterConfig
-from rlinf_like.training.loop import LoopConfig
+from rlinf_like.training.loop import LoopConfig, LoopTerms
 from rlinf_like.utils.tracking import LoggerConfig
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, LossTerms
@@ -50,13 +50,11 @@ class AlgorithmConfig:
     opd: OPDOptions = field(default_factory=OPDOptions)  # algorithm.advantage=opd: on-policy distillation (teacher.*)
     samples_per_prompt: int = bounded(8, gt=0)  # responses sampled per prompt (a GRPO group)
     lr: float = bounded(5e-4, gt=0)  # the actor's learning rate (AdamW)
-    epochs: int = bounded(LoopConfig.epochs, gt=0)  # passes over each step's batch
-    mini_batches: int = bounded(LoopConfig.mini_batches, gt=0)  # optimizer steps per epoch
     # > 0 launches the reference model; the KL estimator is actor.loss.kl_estimator
     kl_beta: float = bounded(LossTerms.kl_beta, ge=0)
     kl_in_reward: bool = False  # KL as a per-token reward penalty (REINFORCE++ / PPO style), not a loss term
     # the trainer recomputes pi_old. The train/rollout mismatch (mismatch/kl_k3, abs_log_ratio_*) is logged without
-    # it when a step makes one update (mini_batches = epochs = 1), and needs it otherwise
+    # it when a step makes one update (actor.loop.mini_batches = epochs = 1), and needs it otherwise
     recompute_logprobs: bool = False
     # recompute one unpadded forward per row length (slower): on CPU in fp32 with rollout.logprobs=rescored the
     # proximal logprobs then equal the native engine's bit for bit (a padded batch changes their last bits)
@@ -84,12 +82,15 @@ class ActorSection:
     backend: str = ActorConfig.backend
     # megatron: tensor-parallel ranks per replica; tp_size x pp_size must divide the actor's ranks
     tp_size: int = bounded(1, ge=1)
-    pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with runner.pack_sequences)
+    pp_size: int = bounded(1, ge=1)  # megatron: pipeline stages per replica (not with actor.loop.pack_sequences)
     # LoRA adapters (peft; fsdp only): rank 0 = off; with algorithm.kl_beta > 0 the reference is the base in the actor
     lora: LoraConfig = field(default_factory=LoraConfig)
     # the RL loss as the actor receives it: PPO clip, aggregation, policy objective, importance correction, KL
     # estimator, entropy bonus (workers/actor/loss.py)
     loss: LossConfig = field(default_factory=LossConfig)
+    # the training loop as the actor (and the critic) receive it: epochs, mini-batches, micro-batch rows or token
+    # budget, packing (training/loop.py); micro_batch_size null: as many rows as actor.memory_gb holds, at most 64
+    loop: LoopConfig = field(default_factory=LoopConfig)
     # fsdp: auto = bf16 on a GPU or a CPU with bf16 units (AVX512_BF16, AMX), else fp32; bf16 keeps fp32 weights and
     # optimizer state. algorithm.recompute_by_length needs fp32 (auto picks it then)
     precision: Literal["auto", "bf16", "fp32"] = "auto"
@@ -115,9 +116,6 @@ class RunnerConfig:
     save_every: int = bounded(20, gt=0)  # steps between checkpoints
     resume: bool = False  # continue from the checkpoint in output_dir
     output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
-    # rows per forward (per rank); null: as many as the actor's memory holds (actor.memory_gb and the model's
-    # shape: runners/reasoning/memory.py), at most 64
-    micro_batch_size: int | None = bounded(None, gt=0)
     # a loop in runners/reasoning/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
     # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step) | async (own devices;
     # the rollout serves without a step boundary and takes new weights between decode steps)
@@ -125,13 +123,9 @@ class RunnerConfig:
     # dynamic: once this share of a step's groups is done, unfinished ones move to fewer
     # replicas (ceil(replicas * share left)) and the freed devices go to the actor; 0 = never migrate
     migrate_at: float = bounded(0.0, ge=0, lt=1)
-    pack_sequences: bool = LoopConfig.pack_sequences  # actor/critic micro-batches run packed (no compute on padding)
-    max_batch_seqlen: int | None = bounded(LoopConfig.max_batch_seqlen, gt=0)  # packed row length; null: each micro-batch's longest sequence
-    # token-budget micro-batches (per rank) instead of micro_batch_size
-    max_tokens_per_micro_batch: int | None = bounded(LoopConfig.max_tokens_per_micro_batch, gt=0)
     # a NaN/inf loss or grad norm: "skip" that optimizer step (weights unchanged) or "stop"
     nonfinite: Literal["skip", "stop"] = "skip"
-    seed: int = LoopConfig.seed  # seeds sampling and data order
+    seed: int = LoopTerms.seed  # seeds sampling, data order and the trainers' shuffles
 
 
 @dataclass(kw_only=True)
@@ -164,6 +158,9 @@ class ReasoningConfig:
         "algorithm.critic_lr": "critic.lr", "algorithm.value_clip": "critic.value_clip",
         "algorithm.critic_warmup_steps": "critic.warmup_steps",
         "algorithm.loss": "actor.loss.objective",
+        **{f"algorithm.{k}": f"actor.loop.{k}" for k in ("epochs", "mini_batches")},
+        **{f"runner.{k}": f"actor.loop.{k}" for k in ("micro_batch_size", "pack_sequences", "max_batch_seqlen",
+                                                      "max_tokens_per_micro_batch")},
         **{f"algorithm.{k}": f"actor.loss.{k}" for k in ("clip_low", "clip_high", "dual_clip", "aggregation",
                                                          "kl_estimator", "entropy_coef", "is_correction", "is_cap",
                                                          "is_low", "is_high")},

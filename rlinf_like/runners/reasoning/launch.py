@@ -22,7 +22,7 @@ from rlinf_like.runners.reasoning.checks import check_batch_split
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
 from rlinf_like.runners.reasoning.config import COMPONENTS, ReasoningConfig
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
-from rlinf_like.runners.reasoning.worker_configs import reward_config, runner_loop
+from rlinf_like.runners.reasoning.worker_configs import loop_terms, reward_config
 from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runtime import Cluster, Device, Placement, PlacementMode, devices_of, plan_placement
 from rlinf_like.training.loop import AUTO_ROWS_CAP
@@ -41,11 +41,11 @@ from rlinf_like.workers.rollout.worker import RolloutWorker
 log = logging.getLogger(__name__)
 # per component, the keys that reduce its memory: named by the WorkerDiedError of a rank killed for memory
 MEMORY_ADVICE = {
-    "actor": "runner.max_tokens_per_micro_batch (or runner.micro_batch_size), actor.memory_gb, actor.lora.rank",
-    "critic": "runner.max_tokens_per_micro_batch (or runner.micro_batch_size)",
+    "actor": "actor.loop.max_tokens_per_micro_batch (or actor.loop.micro_batch_size), actor.memory_gb, actor.lora.rank",
+    "critic": "actor.loop.max_tokens_per_micro_batch (or actor.loop.micro_batch_size)",
     "rollout": "rollout.kv_cache_memory_gb (or rollout.kv_cache_memory_fraction), rollout.max_batch_size, "
                "rollout.max_context",
-    "reference": "runner.micro_batch_size",
+    "reference": "actor.loop.micro_batch_size",
 }
 
 
@@ -77,7 +77,7 @@ def plan(cfg: ReasoningConfig, devices: dict[str, list[Device]], estimator: Adva
         check_placement(placement)
     if placement["actor"].device_kind == "cpu":
         memory.check_actor_memory(memory.actor_memory(cfg, placement["actor"].world_size),
-                                  cfg.runner.max_new_tokens + 1, cfg.runner.micro_batch_size)
+                                  cfg.runner.max_new_tokens + 1, cfg.actor.loop.micro_batch_size)
     return placement, needed
 
 
@@ -93,7 +93,7 @@ def precision_choice(cfg: ReasoningConfig, kind: str) -> tuple[str, str]:
 
 
 def actor_tokens(cfg: ReasoningConfig, placement: Placement) -> tuple[int, bool]:
-    """The token budget that sizes the actor's micro-batches when runner.micro_batch_size is null, and whether its
+    """The token budget that sizes the actor's micro-batches when actor.loop.micro_batch_size is null, and whether its
     ranks must trade speed for memory (`FSDPConfig.lean`), logged with the precision `auto` chose. Host memory
     bounds a CPU actor; a GPU actor keeps 64-row micro-batches."""
     kind = placement["actor"].device_kind
@@ -163,20 +163,21 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     check_targets_of(cfg.actor.lora, model_path)  # names in actor.lora.target_modules, before any worker starts
     log.info(placement.describe())
     tokens, lean = actor_tokens(cfg, placement)
-    loop = runner_loop(cfg, tokens)
-    actor = actor_worker.create_group(actor_config(cfg, model_path, loop, lean)).launch(
+    actor = actor_worker.create_group(actor_config(cfg, model_path, tokens, lean)).launch(
         cluster, placement, "actor", memory_advice=MEMORY_ADVICE["actor"])
     critic = None
     if estimator.needs_critic:
         fsdp = FSDPConfig(optim=OptimConfig(lr=cfg.critic.lr), precision=actor_precision(cfg))
-        critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=loop, value_clip=cfg.critic.value_clip)
+        critic_cfg = CriticConfig(model_path=model_path, fsdp=fsdp, loop=cfg.actor.loop,
+                                 loop_terms=loop_terms(cfg, tokens), value_clip=cfg.critic.value_clip)
         critic = CriticWorker.create_group(critic_cfg).launch(cluster, placement, "critic",
                                                               memory_advice=MEMORY_ADVICE["critic"])
     teacher = None
     if estimator.needs_teacher:  # frozen: the actor's numerics, its rows per forward
-        teacher = InferenceWorker.create_group(cfg.teacher.model_path, cfg.runner.micro_batch_size or AUTO_ROWS_CAP,
-                                               cfg.runner.temperature, cfg.runner.pack_sequences,
-                                               cfg.runner.max_batch_seqlen, None, actor_precision(cfg)).launch(
+        loop = cfg.actor.loop
+        teacher = InferenceWorker.create_group(cfg.teacher.model_path, loop.micro_batch_size or AUTO_ROWS_CAP,
+                                               cfg.runner.temperature, loop.pack_sequences,
+                                               loop.max_batch_seqlen, None, actor_precision(cfg)).launch(
             cluster, placement, "teacher", memory_advice=MEMORY_ADVICE["reference"])
     serving = cfg.runner.schedule != STATIC and SCHEDULES.get(cfg.runner.schedule).serves_continuously \
         or cfg.agent.multi_turn
@@ -223,12 +224,11 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
     if not (start / "config.json").exists():
         raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "
                                 f"warm-start (this run directory predates that, or was cut short before it)")
-    megatron = actor_config(cfg, str(start), runner_loop(cfg)).megatron \
-        if backend_class(cfg.actor.backend).reference_parallel else None
-    r = cfg.runner
-    rows = r.micro_batch_size or AUTO_ROWS_CAP
-    w.reference = InferenceWorker.create_group(str(start), rows, r.temperature, r.pack_sequences,
-                                               r.max_batch_seqlen, megatron,
+    megatron = actor_config(cfg, str(start)).megatron if backend_class(cfg.actor.backend).reference_parallel else None
+    loop = cfg.actor.loop
+    rows = loop.micro_batch_size or AUTO_ROWS_CAP
+    w.reference = InferenceWorker.create_group(str(start), rows, cfg.runner.temperature, loop.pack_sequences,
+                                               loop.max_batch_seqlen, megatron,
                                                actor_precision(cfg)).launch(
         cluster, w.placement, "reference", memory_advice=MEMORY_ADVICE["reference"])
     write_worker_pids(out, w.all_groups())

@@ -32,7 +32,7 @@ DEFAULT_CEILING = 0.5
 # with the actor's share this keeps a collocated CPU run of a real model under 14 GB of a 24 GB machine
 ROLLOUT_KV_SHARE = 0.08
 RUNTIME_BYTES = 0.6 * GB  # python, torch and the worker's own state
-REDUCE_KEYS = ("actor.memory_gb", "runner.micro_batch_size", "actor.lora.rank", "runner.max_new_tokens",
+REDUCE_KEYS = ("actor.memory_gb", "actor.loop.micro_batch_size", "actor.lora.rank", "runner.max_new_tokens",
                "cluster.component_placement.actor")
 
 
@@ -159,7 +159,7 @@ def actor_memory(cfg, ranks: int) -> ActorMemory:
 
 def check_actor_memory(memory: ActorMemory, row_tokens: int, rows: int | None) -> None:
     """Refuse, before any worker starts, a plan whose actor cannot fit: not one row, or `rows` rows (an explicit
-    runner.micro_batch_size) of `row_tokens` tokens, naming the estimate and the keys that reduce it."""
+    actor.loop.micro_batch_size) of `row_tokens` tokens, naming the estimate and the keys that reduce it."""
     need_rows = rows or 1
     need = memory.static + need_rows * row_tokens * memory.per_token
     if need <= memory.budget:

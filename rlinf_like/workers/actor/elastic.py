@@ -53,7 +53,7 @@ class ElasticActorWorker(ActorWorker):
         if self.world_size > MAX_RANKS:
             raise ValueError(f"runner.schedule=dynamic: the actor has {self.world_size} ranks; the elastic actor "
                              f"supports at most {MAX_RANKS} (one process group per subset of ranks)")
-        torch.manual_seed(config.loop.seed)
+        torch.manual_seed(config.loop_terms.seed)
         self.config = config
         singles = [dist.new_group([r]) for r in range(self.world_size)]  # collective: every rank, same order
         self._subsets = {ranks: dist.new_group(list(ranks)) for n in range(2, self.world_size + 1)
@@ -116,7 +116,7 @@ class ElasticActorWorker(ActorWorker):
 
     # --- one optimizer step on the active ranks --------------------------------------------------------
     def _block_gradient(self, block: Batch, loss_fn) -> tuple[list[torch.Tensor], dict[str, float]]:
-        micros = micro_batches(block, micro_rows(block, self.config.loop))
+        micros = micro_batches(block, micro_rows(block, self.config.loop, self.config.loop_terms.micro_batch_tokens))
         metrics: dict[str, float] = {}
         for micro in micros:
             for k, v in self.manager.forward_backward(micro, loss_fn, loss_scale=1 / len(micros)).items():

@@ -28,7 +28,7 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.models.policies import PolicyConfig, build_policy
 from rlinf_like.runtime import Channel
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.training.loop import LoopConfig, train_epochs
+from rlinf_like.training.loop import LoopConfig, LoopTerms, train_epochs
 
 FORWARD_KEY = "actor-rank-"  # channel key of the items rank 0 forwards to actor rank r (`_feed`)
 
@@ -109,9 +109,9 @@ class EmbodiedActorWorker(TrainedWorker):
         return out
 
     def _train_rows(self, batch: dict[str, torch.Tensor], chunks: int) -> dict[str, float]:
-        loop = LoopConfig(mini_batches=self.ppo.mini_batches, micro_batch_size=None, epochs=self.ppo.epochs,
-                          seed=self.seed)  # a mini-batch in one pass
-        out = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, loop)
+        loop = LoopConfig(mini_batches=self.ppo.mini_batches, micro_batch_size=None, epochs=self.ppo.epochs)
+        out = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, loop,  # a mini-batch a pass
+                           terms=LoopTerms(seed=self.seed))
         returns, values = batch["returns"], batch["old_values"]
         out["explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
         out["advantage_mean"] = float(batch["advantages"].mean())

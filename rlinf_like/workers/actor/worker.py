@@ -54,7 +54,7 @@ def loss_weigh(loss: LossConfig):
 class ActorWorker(TrainedWorker):
     def __init__(self, config: ActorConfig):
         check_actor_config(config)
-        torch.manual_seed(config.loop.seed)
+        torch.manual_seed(config.loop_terms.seed)
         self.config = config
         self.manager = build_manager(config)
         self._loss = rl_loss(config.loss, config.loss_terms)
@@ -66,7 +66,8 @@ class ActorWorker(TrainedWorker):
     # --- training -------------------------------------------------------------------------------------
     def _train(self, batch: Batch, loss_fn, epochs: int, weigh=loss_tokens) -> dict[str, float]:
         dp = self.manager.data_parallel()
-        return train_epochs(self.manager, batch, loss_fn, dp.rank, dp.size, self.config.loop, epochs, weigh=weigh)
+        return train_epochs(self.manager, batch, loss_fn, dp.rank, dp.size, self.config.loop, epochs, weigh=weigh,
+                            terms=self.config.loop_terms)
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised warm-start (loss on `loss_mask` tokens)."""

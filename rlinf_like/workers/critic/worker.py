@@ -18,14 +18,15 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.model_manager import LossFn, model_logits
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.training.loop import LoopConfig, check_loop, micro_batches, micro_rows, train_epochs
+from rlinf_like.training.loop import LoopConfig, LoopTerms, check_loop, micro_batches, micro_rows, train_epochs
 
 
 @dataclass(kw_only=True)
 class CriticConfig:
     model_path: str = ""  # a causal-LM checkpoint: its backbone is reused, the value head starts fresh
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    loop: LoopConfig = field(default_factory=LoopConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)  # the actor's loop (actor.loop)
+    loop_terms: LoopTerms = field(default_factory=LoopTerms)  # its seed and memory budget, as the run decides
     value_clip: float | None = 0.2  # PPO value clipping around the values the rollout was scored with
 
 
@@ -52,7 +53,7 @@ class CriticWorker(TrainedWorker):
         from transformers import AutoModelForTokenClassification
 
         check_loop(config.loop, "critic.loop")
-        torch.manual_seed(config.loop.seed + 1)
+        torch.manual_seed(config.loop_terms.seed + 1)
         self.config = config
         model = AutoModelForTokenClassification.from_pretrained(config.model_path, num_labels=1,
                                                                 dtype=torch.float32)
@@ -63,11 +64,13 @@ class CriticWorker(TrainedWorker):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of this rank's rows (the caller concatenates the ranks' parts in rank order)."""
         mine = shard_rows(batch, self.rank, self.world_size)
+        rows = micro_rows(mine, self.config.loop, self.config.loop_terms.micro_batch_tokens)
         parts = [token_values(self.manager.model, m).cpu()  # the driver's batch lives on the host
-                 for m in micro_batches(mine, micro_rows(mine, self.config.loop))]
+                 for m in micro_batches(mine, rows)]
         return torch.cat(parts) if parts else torch.zeros(0, batch["input_ids"].shape[1] - 1)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """PPO critic update on a batch with `returns`, `old_values` and `response_mask`."""
-        metrics = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, self.config.loop)
+        metrics = train_epochs(self.manager, batch, self._loss, self.rank, self.world_size, self.config.loop,
+                               terms=self.config.loop_terms)
         return {f"critic_{k}" if not k.startswith("value") else k: v for k, v in metrics.items()}

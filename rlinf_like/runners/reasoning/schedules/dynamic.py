@@ -122,12 +122,12 @@ def rank_by_rank(placement: Placement) -> None:
 def minibatch_plan(cfg: ReasoningConfig, step: int, num_groups: int) -> list[list[int]]:
     """Mini-batches (lists of request indices) for every epoch, in training order: a pure function of the
     seed and step, never of which replica finished first."""
-    a = cfg.algorithm
+    loop = cfg.actor.loop
     generator = torch.Generator().manual_seed(cfg.runner.seed * 1_000_003 + step)
     plan = []
-    for _ in range(a.epochs):
+    for _ in range(loop.epochs):
         order = torch.randperm(num_groups, generator=generator)
-        plan += [sorted(chunk.tolist()) for chunk in order.tensor_split(a.mini_batches) if len(chunk)]
+        plan += [sorted(chunk.tolist()) for chunk in order.tensor_split(loop.mini_batches) if len(chunk)]
     return plan
 
 

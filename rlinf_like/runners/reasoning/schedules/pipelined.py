@@ -2,7 +2,7 @@
 `runner.max_staleness` steps with the weights it has while the actor trains on this one; every sample
 carries the policy version that made it, and the step reports the staleness.
 
-With `runner.max_tokens_per_micro_batch` the rollout streams each finished group onto a channel and a
+With `actor.loop.max_tokens_per_micro_batch` the rollout streams each finished group onto a channel and a
 step trains on the first `prompts_per_step` groups to arrive, whichever step asked for them; the driver
 plans each actor rank's token-budget micro-batches and sends it only those.
 """
@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rlinf_like.data.tasks import Problem
-from rlinf_like.runners.reasoning.worker_configs import runner_loop
+from rlinf_like.runners.reasoning.worker_configs import loop_terms
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def train(cfg: ReasoningConfig) -> RunResult:
     with ReasoningRun(cfg) as run:
         w, r = run.workers, cfg.runner
-        streaming = r.max_tokens_per_micro_batch is not None  # groups stream; the driver plans micro-batches
+        streaming = cfg.actor.loop.max_tokens_per_micro_batch is not None  # groups stream; the driver plans micro-batches
         ahead = Generations(w, stream=run.cluster.scoped_name("rollout-results") if streaming else None)
         rank_plan = token_budget_plan(cfg, w) if streaming else None
         for step in run.steps():
@@ -100,9 +100,10 @@ class Generations:
 
 def token_budget_plan(cfg: ReasoningConfig, w: Workers) -> RankPlan:
     """Each actor rank's (micro-batch, loss scale) pairs: the plan the rank would make itself in train_step."""
-    loop, weigh, world = runner_loop(cfg), loss_weigh(cfg.actor.loss), w.actor_dp[0].size
+    loop, weigh, world = cfg.actor.loop, loss_weigh(cfg.actor.loss), w.actor_dp[0].size
     r = cfg.runner
     log.info(f"pipelined with a token budget: rollout groups stream over a channel; each step trains on the first "
              f"{r.prompts_per_step} groups to arrive ({r.prompts_per_step * cfg.algorithm.samples_per_prompt} rows), "
              f"{loop.max_tokens_per_micro_batch} tokens per micro-batch and actor rank")
-    return lambda batch, rank, step: list(plan_steps(batch, rank, world, loop, step, weigh=weigh))
+    terms = loop_terms(cfg)  # by tokens: no memory budget in play
+    return lambda batch, rank, step: list(plan_steps(batch, rank, world, loop, step, weigh=weigh, terms=terms))
