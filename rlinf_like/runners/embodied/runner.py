@@ -20,11 +20,9 @@ state resumes with fresh episodes.
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -37,18 +35,16 @@ from rlinf_like.envs import EnvConfig, check_env_config, make_env
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.models.policies import check_policy_fits, policy_class
-from rlinf_like.runners.common import (Checkpoints, connect_env_wire, connect_weight_sync, crash_point, plot_series,
-                                       write_worker_pids)
+from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, plot_series, write_worker_pids
 from rlinf_like.runners.embodied.config import COMPONENTS, EmbodiedConfig
+from rlinf_like.runners.run_record import RunRecord
 from rlinf_like.runtime import Channel, Cluster, Device, Placement, plan_placement, wait_all
-from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker
 from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
 from rlinf_like.workers.rollout.embodied.policy_worker import PolicyRolloutWorker
 
 log = logging.getLogger(__name__)
-CHECKPOINT = "checkpoint"
 WORKER_STATE = "workers.pkl"  # env workers' state + rollout RNG, inside each step directory
 
 
@@ -113,15 +109,14 @@ def check_actor_split(cfg: EmbodiedConfig, actor_ranks: int, env_ranks: int) -> 
             f"whose product is a multiple of {actor_ranks * minis}, or place the actor on one rank")
 
 
-class EmbodiedRunner:
+class EmbodiedRunner(RunRecord):
+    """A run object, as the reasoning runner's `ReasoningRun` is: its history, clock, trackers, checkpoints and
+    summary.json are a `RunRecord`'s; `_launch` and `_iterate` are its phases, `_loop` the one loop."""
+
     def __init__(self, cfg: EmbodiedConfig):
         check_config(cfg)
-        self.cfg = cfg
-        self.out = Path(cfg.runner.output_dir)
-        self.checkpoints = Checkpoints(self.out / CHECKPOINT)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.history: list[dict] = []
-        self.iteration, self.env_steps, self.version, self.clock = 0, 0, 0, 0.0
+        super().__init__(cfg, Path(cfg.runner.output_dir))
+        self.iteration, self.env_steps, self.version = 0, 0, 0
 
     # --- setup ------------------------------------------------------------------------------------
     def plan(self, devices: dict[str, list[Device]]) -> tuple[Placement, list[str]]:
@@ -213,8 +208,8 @@ class EmbodiedRunner:
         """The loop every embodied algorithm shares: launch or resume, `_iterate` until the env-step budget,
         metrics, checkpoints, the GIF. `desc` labels the progress bar, `prefix` the logged metrics."""
         r = self.cfg.runner
-        resume = r.resume and self.checkpoints.exists()
-        path, state = self.checkpoints.latest() if resume else (None, {})
+        resume = self.can_resume(r.resume)
+        path, state = self.latest() if resume else (None, {})
         workers = self._saved_workers(path) if resume else None
         with Cluster(self.cfg.cluster) as cluster:
             # without saved env state, a resumed run's envs start fresh episodes from other seeds
@@ -225,7 +220,7 @@ class EmbodiedRunner:
                 self._sync_weights()
             per_update = r.steps_per_rollout * self.envs_total
             total = -(-r.total_env_steps // per_update)
-            trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
+            self.open_trackers()
             bar = tqdm(range(self.iteration, total), desc=desc, unit="update", initial=self.iteration, total=total)
             for _ in bar:
                 start = time.perf_counter()
@@ -233,14 +228,13 @@ class EmbodiedRunner:
                 self.iteration += 1
                 self.clock += time.perf_counter() - start
                 metrics.update(env_steps=self.env_steps, elapsed_s=self.clock)
-                trackers.log({f"{prefix}/{k}": v for k, v in metrics.items()}, self.env_steps)
-                self.history.append({"iteration": self.iteration, **metrics})
+                self.record("iteration", self.iteration, metrics, prefix, self.env_steps)
                 bar.set_postfix(ret=f"{metrics.get('episode_return', float('nan')):.2f}",
                                 sps=f"{metrics['env_steps_per_s']:.0f}",
                                 **({"success": f"{metrics['success_rate']:.2f}"} if "success_rate" in metrics else {}))
                 if self.iteration % r.save_every == 0 or self.iteration == total:
                     self._checkpoint()
-            trackers.close()
+            self.close_trackers()
             if r.gif:
                 from rlinf_like.runners.embodied.media import write_gif
 
@@ -250,14 +244,13 @@ class EmbodiedRunner:
 
     # --- checkpoints ------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        path = self.checkpoints.step_dir(self.iteration)
-        self.actor.save(str(path / "actor")).wait()
         workers = {"env": self.env.get_state().wait() if self.env is not None else [],
                    "rollout_rng": self.rollout.rng_state().wait()}
-        (path / WORKER_STATE).write_bytes(pickle.dumps(workers))
-        crash_point("checkpoint", self.iteration)  # fault tests: the workers' state written, not yet committed
-        self.checkpoints.commit(self.iteration, {"iteration": self.iteration, "env_steps": self.env_steps,
-                                            "version": self.version, "clock": self.clock, "history": self.history})
+        self.save(self.iteration, {"actor": self.actor}, self._counters(), {WORKER_STATE: pickle.dumps(workers)})
+
+    def _counters(self) -> dict:
+        """The runner state a checkpoint commits beyond the history and the clock."""
+        return {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version}
 
     @staticmethod
     def _saved_workers(path: Path) -> dict | None:
@@ -268,12 +261,12 @@ class EmbodiedRunner:
         return pickle.loads(file.read_bytes())
 
     def _restore(self, path: Path, state: dict, workers: dict | None) -> None:
-        self.actor.load(str(path / "actor")).wait()
+        self.load(path, {"actor": self.actor})
         if workers is not None:
             wait_all([self.env.on_ranks(i).set_state(s) for i, s in enumerate(workers["env"])] +  # [] without env workers
                      [self.rollout.on_ranks(i).set_rng_state(s) for i, s in enumerate(workers["rollout_rng"])])
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
-        self.version, self.clock, self.history = state["version"], state["clock"], state["history"]
+        self.version = state["version"]
         self._sync_weights()  # the rollout starts from the checkpoint's weights
         log.info("resumed at update %d (%d env steps) from %s", self.iteration, self.env_steps, path)
 
@@ -290,7 +283,6 @@ class EmbodiedRunner:
                    "return_first": float(np.mean(first)) if first else None,
                    "return_last": float(np.mean(last)) if last else None,
                    "success_last": success[-1][1] if success else None, "output_dir": str(self.out)}
-        (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
-                                                          indent=1, default=str))
+        self.write_summary(summary)
         log.info("plot: %s   TensorBoard: tensorboard --logdir %s", self.out / "curves.png", self.out / "tensorboard")
         return summary

@@ -32,7 +32,8 @@ from rlinf_like.models.discrete_sac import TokenPolicy
 from rlinf_like.models.policies import policy_class
 from rlinf_like.models.sac import SACRolloutPolicy
 from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, write_worker_pids
-from rlinf_like.runners.embodied.runner import CHECKPOINT, WORKER_STATE, EmbodiedRunner, env_specs
+from rlinf_like.runners.embodied.runner import WORKER_STATE, EmbodiedRunner, env_specs
+from rlinf_like.runners.run_record import CHECKPOINT
 from rlinf_like.runtime import Channel, Cluster, Device, Placement, plan_placement, wait_all
 from rlinf_like.workers.actor.sac import SACActorWorker
 from rlinf_like.workers.actor.discrete_sac_learner import DiscreteSACLearner
@@ -133,22 +134,18 @@ class EmbodiedSACRunner(EmbodiedRunner):
 
     # --- checkpoints -------------------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        path = self.checkpoints.step_dir(self.iteration)
-        path.mkdir(parents=True, exist_ok=True)
-        self.actor.save(str(path / "sac_actor.pt")).wait()
         workers = {"env": self.env.get_state().wait() if self.env is not None else [],
                    "rollout_rng": self.rollout.rng_state().wait(),
                    "rollout_policy": self.rollout.on_ranks(0).state_dict().wait()[0],
                    "replay": self.replay.on_ranks(0).state().wait()[0] if self.cfg.runner.save_replay else None}
-        (path / WORKER_STATE).write_bytes(pickle.dumps(workers))
-        self.checkpoints.commit(self.iteration, {
-            "iteration": self.iteration, "env_steps": self.env_steps, "version": self.version, "clock": self.clock,
-            "history": self.history, "owed": self.owed, "unsynced": self.unsynced, "stored": self.stored})
+        self.save(self.iteration, {"sac_actor.pt": self.actor},
+                  {**self._counters(), "owed": self.owed, "unsynced": self.unsynced, "stored": self.stored},
+                  {WORKER_STATE: pickle.dumps(workers)})
 
     def _restore(self, path, state: dict, workers: dict | None) -> None:
-        self.actor.load(str(path / "sac_actor.pt")).wait()
+        self.load(path, {"sac_actor.pt": self.actor})
         self.iteration, self.env_steps = state["iteration"], state["env_steps"]
-        self.version, self.clock, self.history = state["version"] - 1, state["clock"], state["history"]
+        self.version = state["version"] - 1
         self.owed, self.unsynced = state["owed"], state["unsynced"]
         self._sync_weights()  # the sync's first round (as the saved version); then the weights the rollout acted with
         if workers is None:

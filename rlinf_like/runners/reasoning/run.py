@@ -6,12 +6,11 @@ What the run writes for people to read (run.log, samples.jsonl, TensorBoard text
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -25,13 +24,13 @@ from rlinf_like.models import load_tokenizer
 from rlinf_like.models.export import complete_export
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.checks import check_config, check_finite
-from rlinf_like.runners.common import Checkpoints, crash_point, plot_series
+from rlinf_like.runners.common import plot_series
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start
 from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
+from rlinf_like.runners.run_record import CHECKPOINT, RunRecord
 from rlinf_like.runtime import Cluster, GroupResult, Placement, wait_all
-from rlinf_like.utils.tracking import make_trackers
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import gather_results
@@ -39,7 +38,6 @@ from rlinf_like.runners.reasoning.run_files import (Generated, RunLog, SampleLog
                                           progress_postfix)
 
 log = logging.getLogger(__name__)
-CHECKPOINT = "checkpoint"
 REFERENCE_MODEL = "reference_model"  # the warm-started policy, exported once: what the KL term pulls toward
 FINAL_MODEL = "final_model"  # the trained model as a transformers folder: weights, tokenizer, chat template
 
@@ -75,18 +73,17 @@ class RunResult:
     extras: dict = field(default_factory=dict)  # what a schedule reports beyond the history
 
 
-class ReasoningRun:
+class ReasoningRun(RunRecord):
     """Use as a context manager: entering starts the cluster and the workers and resumes (or warm-starts and
-    evaluates); leaving stops the cluster."""
+    evaluates); leaving stops the cluster. Its history, clock, trackers, checkpoints and summary.json are a
+    `RunRecord`'s, as the embodied runner's are."""
 
     def __init__(self, cfg: ReasoningConfig, actor_worker: type[ActorWorker] = ActorWorker,
                  check_placement: Callable[[Placement], None] | None = None):
         """`actor_worker` and `check_placement` are a schedule's: its actor class, and what it needs of the
         placement (checked before any worker starts)."""
         check_config(cfg)
-        self.cfg = cfg
-        self.out = Path(cfg.runner.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        super().__init__(cfg, Path(cfg.runner.output_dir))
         self.run_log = RunLog(self.out)  # the driver's log lines, until __exit__
         try:
             self._setup(cfg, actor_worker, check_placement)
@@ -96,7 +93,6 @@ class ReasoningRun:
 
     def _setup(self, cfg: ReasoningConfig, actor_worker: type[ActorWorker],
                check_placement: Callable[[Placement], None] | None) -> None:
-        self.checkpoints = Checkpoints(self.out / CHECKPOINT)
         self.tasks: Tasks = load_tasks(cfg.data)
         if cfg.runner.sft_steps > 0 and not self.tasks.sft:
             raise ValueError(f"runner.sft_steps={cfg.runner.sft_steps} needs SFT problems; data.source="
@@ -109,10 +105,8 @@ class ReasoningRun:
         log.info(f"first prompt {self.prompts.describe(first)}")
         self.estimator = build_estimator(cfg.algorithm.advantage, cfg.algorithm)
         self.actor_worker, self.check_placement = actor_worker, check_placement
-        self.history: list[dict] = []
         self.step = 0  # optimizer steps done
         self.version = 0  # the weights' version the rollout holds
-        self._clock = 0.0  # RL seconds so far, without evaluations and checkpoints
         self.sync_metrics: dict[str, float] = {}  # the last weight sync's bytes and seconds
         self.server: ServedRollout | None = None  # set by `serve_through` (a rollout that serves continuously)
         self._resumed_server_state: dict = {}  # what the checkpoint resumed from saved of the server
@@ -132,7 +126,7 @@ class ReasoningRun:
         note = earlier_attempts(self.out / "tensorboard")
         if note and self.cfg.logger.tensorboard:
             log.info(note)
-        self.trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
+        self.open_trackers()
         self.samples = SampleLog(self.out, self.trackers, lambda ids: self.tokenizer.decode(ids))
         try:
             self.cluster = Cluster(self.cfg.cluster).__enter__()
@@ -142,7 +136,7 @@ class ReasoningRun:
         try:
             self.workers = launch_workers(self.cfg, self.cluster, self.model_path, self.estimator, self.out,
                                           self.actor_worker, self.check_placement, self.longest_prompt())
-            if self.cfg.runner.resume and self.checkpoints.exists():
+            if self.can_resume(self.cfg.runner.resume):
                 self._restore()
             else:
                 sft = self._warm_start()
@@ -155,7 +149,6 @@ class ReasoningRun:
             self.cluster.__exit__(None, None, None)
             self._close_files()
             raise
-        self._clock = self.history[-1].get("elapsed_s", 0.0)
         self.last_eval = next((h for h in reversed(self.history) if "eval_accuracy" in h), {})
         return self
 
@@ -166,7 +159,7 @@ class ReasoningRun:
             self._close_files()
 
     def _close_files(self) -> None:
-        self.trackers.close()
+        self.close_trackers()
         self.run_log.close()
 
     def _warm_start(self) -> dict[str, float]:
@@ -246,12 +239,12 @@ class ReasoningRun:
         step's samples, a few of which go to samples.jsonl (kind `train`)."""
         r = self.cfg.runner
         step_s = time.perf_counter() - self._step_start
-        self._clock += step_s
+        self.clock += step_s
         self.step = step + 1
         warning = check_finite(metrics, self.step, r.nonfinite)
         if warning:
             log.warning(warning)
-        metrics["elapsed_s"], metrics["step_s"] = self._clock, step_s
+        metrics["elapsed_s"], metrics["step_s"] = self.clock, step_s
         metrics.update(self.sync_metrics)
         if generated is not None:
             self.samples.record(self.step, "train", generated)
@@ -260,26 +253,23 @@ class ReasoningRun:
             metrics.update(self.last_eval)
         # memory goes to the trackers only: like timings it differs between runs, and the history is compared across
         # runs (backends, schedules, resumes) key by key
-        memory = memory_metrics(self.workers.all_groups())
-        self.trackers.log({f"grpo/{k}": v for k, v in {**metrics, **memory}.items()}, self.step)
-        self.history.append({"step": self.step, **metrics})
+        self.record("step", self.step, metrics, "grpo", self.step, memory_metrics(self.workers.all_groups()))
         self._bar.set_postfix(progress_postfix(metrics, self.last_eval))
         if self.step % r.save_every == 0 or self.step == r.max_steps:
             self._checkpoint()
 
     # --- checkpoints -----------------------------------------------------------------------------------
+    def _trained(self) -> dict:
+        return {"actor": self.workers.actor, "critic": self.workers.critic}
+
     def _checkpoint(self) -> None:
-        path, w = self.checkpoints.step_dir(self.step), self.workers
-        wait_all([g.save(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
-        crash_point("checkpoint", self.step)  # fault tests: the workers' state written, not yet committed
-        self.checkpoints.commit(self.step, {"step": self.step, "version": self.version, "history": self.history,
-                                            **({"extra": self.server.state()} if self.server else {})})
+        self.save(self.step, self._trained(), {"step": self.step, "version": self.version,
+                                               **({"extra": self.server.state()} if self.server else {})})
 
     def _restore(self) -> None:
-        path, state = self.checkpoints.latest()
-        w = self.workers
-        wait_all([g.load(str(path / name)) for name, g in (("actor", w.actor), ("critic", w.critic)) if g is not None])
-        self.step, self.history, self._resumed_server_state = state["step"], state["history"], state.get("extra", {})
+        path, state = self.latest()
+        self.load(path, self._trained())
+        self.step, self._resumed_server_state = state["step"], state.get("extra", {})
         self.version = state["version"] - 1
         self.sync_weights()  # the rollout starts from the checkpoint's weights, under the checkpoint's version
         log.info(f"resumed at step {self.step} from {path}")
@@ -310,8 +300,7 @@ class ReasoningRun:
                    "output_dir": str(self.out)}
         best = max(evals, key=lambda e: e[1])  # the earliest of the best
         summary["best_step"], summary["best_eval_accuracy"] = best
-        (self.out / "summary.json").write_text(json.dumps({"summary": summary, "config": asdict(self.cfg)},
-                                                          indent=1, default=str))
+        self.write_summary(summary)
         kept = self.checkpoints.latest()[0].name if self.checkpoints.exists() else None
         table = closing_table(self.history)
         log.info(f"\n{table}\nbest held-out accuracy {best[1]:.3f} at step {best[0]}; "
