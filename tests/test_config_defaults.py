@@ -5,6 +5,8 @@ import ast
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from rlinf_like.algorithms.losses import PolicyLossConfig
 from rlinf_like.algorithms.offpolicy import ISThresholds
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
@@ -97,3 +99,21 @@ def test_worker_configs_are_assembled_only_by_the_listed_translators():
     found = _translators()
     assert found - set(TRANSLATORS) == set(), "a new place that builds a worker config from user sections"
     assert set(TRANSLATORS) - found == set(), "a translator is gone: take it off the list"
+
+
+@pytest.mark.parametrize("old, new", [("algorithm.loss=decoupled_ppo", "actor.loss.objective"),
+                                      ("algorithm.clip_high=0.28", "actor.loss.clip_high"),
+                                      ("algorithm.entropy_coef=0.01", "actor.loss.entropy_coef"),
+                                      ("algorithm.epochs=2", "actor.loop.epochs"),
+                                      ("algorithm.mini_batches=2", "actor.loop.mini_batches"),
+                                      ("runner.micro_batch_size=8", "actor.loop.micro_batch_size"),
+                                      ("runner.pack_sequences=true", "actor.loop.pack_sequences"),
+                                      ("runner.max_tokens_per_micro_batch=256", "actor.loop.max_tokens_per_micro_batch")])
+def test_the_loss_and_loop_keys_moved_to_the_actor_s_sections(old, new):
+    """The actor receives `actor.loss` and `actor.loop` as written (LossConfig, LoopConfig); the old keys name them."""
+    from rlinf_like.config import ConfigError, check_overrides
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
+
+    with pytest.raises(ConfigError, match=rf"'{old.split('=')[0]}' has moved: use {new}"):
+        check_overrides(ReasoningConfig, [old])
+    check_overrides(ReasoningConfig, [f"{new}={old.split('=')[1]}"])

@@ -147,16 +147,6 @@ def test_the_old_cap_key_is_refused_with_its_new_name():
         check_overrides(ReasoningConfig, ["algorithm.is_correction_cap=2.0"])
 
 
-@pytest.mark.parametrize("old, new", [("algorithm.loss=decoupled_ppo", "actor.loss.objective"),
-                                      ("algorithm.clip_high=0.28", "actor.loss.clip_high"),
-                                      ("algorithm.entropy_coef=0.01", "actor.loss.entropy_coef")])
-def test_the_loss_keys_moved_to_the_actor_s_loss_section(old, new):
-    """The actor receives `actor.loss` as written (workers/actor/loss.py LossConfig); the old keys name it."""
-    with pytest.raises(ConfigError, match=rf"'{old.split('=')[0]}' has moved: use {new}"):
-        check_overrides(ReasoningConfig, [old])
-    check_overrides(ReasoningConfig, [f"{new}={old.split('=')[1]}"])
-
-
 @pytest.mark.parametrize("keys, message", [
     (dict(objective="decoupled_ppo"), r"actor.loss.objective='decoupled_ppo' is about the trainer's proximal logprobs: "
                                  r"it needs algorithm.recompute_logprobs=true"),

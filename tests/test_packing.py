@@ -292,20 +292,6 @@ def test_batch_resizer_gathers_global_batches_from_a_channel_then_splits_by_toke
     channel.destroy()
 
 
-@pytest.mark.parametrize("old, new", [("algorithm.epochs=2", "actor.loop.epochs"),
-                                      ("algorithm.mini_batches=2", "actor.loop.mini_batches"),
-                                      ("runner.micro_batch_size=8", "actor.loop.micro_batch_size"),
-                                      ("runner.pack_sequences=true", "actor.loop.pack_sequences"),
-                                      ("runner.max_tokens_per_micro_batch=256", "actor.loop.max_tokens_per_micro_batch")])
-def test_the_loop_keys_moved_to_the_actor_s_loop_section(old, new):
-    from rlinf_like.config import ConfigError, check_overrides
-    from rlinf_like.runners.reasoning.config import ReasoningConfig
-
-    with pytest.raises(ConfigError, match=rf"'{old.split('=')[0]}' has moved: use {new}"):
-        check_overrides(ReasoningConfig, [old])
-    check_overrides(ReasoningConfig, [f"{new}={old.split('=')[1]}"])
-
-
 def test_the_actor_and_critic_receive_the_loop_section_as_written():
     """`actor.loop` is the `LoopConfig` the trainers get; the run adds only its seed and memory budget."""
     from rlinf_like.runners.reasoning.actor_setup import actor_config
