@@ -228,3 +228,15 @@ def test_an_excluded_group_trains_on_nothing_and_too_many_stop_the_run():
             "after agent.env_retries=1 fresh environments; the last error: env.step: RuntimeError('down') (sample 1, "
             "after 1 retries)")):
         check_excluded(cfg, results)
+
+
+def test_an_agent_program_s_episode_line_shows_its_reward_parts_not_tool_counts_it_cannot_see():
+    """A verifiers episode runs its tools in the environment's own processes: the trainer counts none, so its line
+    shows the rubric's reward and functions rather than "tool calls 0"."""
+    from rlinf_like.runners.reasoning.agent_format import episode_summary
+
+    program = EpisodeInfo(turns=2, end_reason="no_answer", program_reward=0.25,
+                          scores={"correct": 0.0, "used_calculator": 1.0})
+    assert episode_summary(program) == "turns 2, reward 0.25 (correct 0, used_calculator 1), ended: no_answer"
+    tools = EpisodeInfo(turns=3, end_reason="answer", tool_calls=2, malformed_calls=1)
+    assert episode_summary(tools) == "turns 3, tool calls 2, malformed 1, ended: answer"

@@ -14,7 +14,7 @@ from rlinf_like.data.tasks import Problem
 from rlinf_like.envs.text import TEXT_ENVS, TextEnv
 from rlinf_like.data.prompts import user_message
 from rlinf_like.workers.rollout.agentic.chat_tokens import ChatTokens
-from rlinf_like.workers.rollout.types import RolloutResult
+from rlinf_like.workers.rollout.types import EpisodeInfo, RolloutResult
 
 
 def chat_template_text(data_cfg) -> str | None:
@@ -148,10 +148,19 @@ class AgentFormat:
                 text = self.tokenizer.decode(ids[start:t])
                 pieces.append(text if mask[start] else f"[[{text}]]")
                 start = t
-        info = result.episodes[sample]
-        return (f"{self.tokenizer.decode(result.prompt_ids)}{''.join(pieces)}\n(turns {info.turns}, "
-                f"tool calls {info.tool_calls}, malformed {info.malformed_calls}, ended: {info.end_reason}"
-                f"{': ' + info.error if info.error else ''})")
+        text = self.tokenizer.decode(result.prompt_ids) + "".join(pieces)
+        return f"{text}\n({episode_summary(result.episodes[sample])})"
+
+
+def episode_summary(info: EpisodeInfo) -> str:
+    """How an episode went, in a line. An agent program's environment (verifiers, an OpenAI agent) runs its tools
+    where the trainer does not count them: its line shows the reward it returned and the reward's parts instead."""
+    if info.program_reward is None:
+        counts = f"tool calls {info.tool_calls}, malformed {info.malformed_calls}"
+    else:
+        parts = ", ".join(f"{k} {v:g}" for k, v in info.scores.items())
+        counts = f"reward {info.program_reward:g}" + (f" ({parts})" if parts else "")
+    return f"turns {info.turns}, {counts}, ended: {info.end_reason}{': ' + info.error if info.error else ''}"
 
 
 def episode_metrics(results: Sequence[RolloutResult]) -> dict[str, float]:
