@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from tqdm import tqdm
+
 from rlinf_like.workers.rollout.agentic.agent_program import AgentProgram, run_programs
 from rlinf_like.workers.rollout.agentic.openai_server import OpenAIServer
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
@@ -45,10 +47,18 @@ def play_demonstrations(program: AgentProgram, tokenizer, chat_template: str | N
     """Per row: (prompt, target, target mask) of its demonstration played through the environment, `AT_ONCE` at a
     time. A demonstration the environment cannot play through (it fails, ends early or wants more turns) is
     refused naming the row."""
-    if len(rows) > AT_ONCE:
-        return [ids for at in range(0, len(rows), AT_ONCE)
-                for ids in play_demonstrations(program, tokenizer, chat_template, end_of_turn, rows[at:at + AT_ONCE],
-                                               messages[at:at + AT_ONCE], max_context, timeout_s)]
+    out = []
+    with tqdm(total=len(rows), desc="demonstrations through the environment", unit="episode") as bar:
+        for at in range(0, len(rows), AT_ONCE):
+            out += _play(program, tokenizer, chat_template, end_of_turn, rows[at:at + AT_ONCE],
+                         messages[at:at + AT_ONCE], max_context, timeout_s)
+            bar.update(len(rows[at:at + AT_ONCE]))
+    return out
+
+
+def _play(program: AgentProgram, tokenizer, chat_template: str | None, end_of_turn: int,
+          rows: Sequence[dict[str, Any]], messages: Sequence[Sequence[str]], max_context: int,
+          timeout_s: float) -> list[tuple[list[int], list[int], list[int]]]:
     scripted = ScriptedModel(tokenizer, messages, end_of_turn)
     server = OpenAIServer(scripted.submit, tokenizer, chat_template, "policy", max_context)
     server.start()
