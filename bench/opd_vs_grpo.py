@@ -61,7 +61,7 @@ def run(side: str, seed: int, steps: int, args, teacher: Path, out: Path) -> lis
 
     overrides = [f"runner.seed={seed}", f"runner.max_steps={steps}", f"runner.eval_every={args.eval_every}",
                  "runner.save_every=100000", f"data.test_problems={args.test_problems}",
-                 f"runner.prompts_per_step={args.prompts}"]
+                 f"runner.prompts_per_step={args.prompts}"] + ([f"algorithm.lr={args.lr}"] if args.lr else [])
     placement = dict(IN_PROCESS)
     if side == "opd":
         overrides.append(f"teacher.model_path={teacher}")
@@ -91,6 +91,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--test-problems", type=int, default=100)
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (4 samples each)")
+    p.add_argument("--lr", type=float, default=0.0, help="both sides' RL learning rate (0: the preset's)")
     p.add_argument("--teacher", default="", help="a teacher final_model/ (default: made under --out)")
     p.add_argument("--out", default="runs/opd_vs_grpo")
     args = p.parse_args()
