@@ -8,7 +8,6 @@ atomically (`common.Checkpoints`); a crash in between leaves the previous checkp
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from rlinf_like.runners.common import Checkpoints, crash_point
 from rlinf_like.runtime import WorkerGroup, wait_all
 from rlinf_like.utils.tracking import Trackers, make_trackers
 
-log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 
 

@@ -174,11 +174,8 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
                                                               memory_advice=MEMORY_ADVICE["critic"])
     teacher = None
     if estimator.needs_teacher:  # frozen: the actor's numerics, its rows per forward
-        loop = cfg.actor.loop
-        teacher = InferenceWorker.create_group(cfg.teacher.model_path, loop.micro_batch_size or AUTO_ROWS_CAP,
-                                               cfg.runner.temperature, loop.pack_sequences,
-                                               loop.max_batch_seqlen, None, actor_precision(cfg)).launch(
-            cluster, placement, "teacher", memory_advice=MEMORY_ADVICE["reference"])
+        teacher = frozen_model(cfg, cfg.teacher.model_path).launch(cluster, placement, "teacher",
+                                                                    memory_advice=MEMORY_ADVICE["reference"])
     serving = cfg.runner.schedule != STATIC and SCHEDULES.get(cfg.runner.schedule).serves_continuously \
         or cfg.agent.multi_turn
     dtype, why = rollout_dtype_choice(cfg, placement)
@@ -203,6 +200,14 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     return workers
 
 
+def frozen_model(cfg: ReasoningConfig, model_path: str, megatron=None):
+    """A frozen model that scores the actor's batches (the KL reference, the distillation teacher) with the
+    actor's numerics: its rows per forward, packing, precision and the sampling temperature."""
+    loop = cfg.actor.loop
+    return InferenceWorker.create_group(model_path, loop.micro_batch_size or AUTO_ROWS_CAP, cfg.runner.temperature,
+                                        loop.pack_sequences, loop.max_batch_seqlen, megatron, actor_precision(cfg))
+
+
 def agent_setup(cfg: ReasoningConfig) -> AgentSetup | None:
     """Multi-turn mode's settings for the rollout (None: single turn)."""
     if not cfg.agent.multi_turn:
@@ -225,10 +230,6 @@ def launch_reference(cfg: ReasoningConfig, cluster: Cluster, w: Workers, start: 
         raise FileNotFoundError(f"the KL reference model {start} is missing: it is exported after the SFT "
                                 f"warm-start (this run directory predates that, or was cut short before it)")
     megatron = actor_config(cfg, str(start)).megatron if backend_class(cfg.actor.backend).reference_parallel else None
-    loop = cfg.actor.loop
-    rows = loop.micro_batch_size or AUTO_ROWS_CAP
-    w.reference = InferenceWorker.create_group(str(start), rows, cfg.runner.temperature, loop.pack_sequences,
-                                               loop.max_batch_seqlen, megatron,
-                                               actor_precision(cfg)).launch(
-        cluster, w.placement, "reference", memory_advice=MEMORY_ADVICE["reference"])
+    w.reference = frozen_model(cfg, str(start), megatron).launch(cluster, w.placement, "reference",
+                                                                 memory_advice=MEMORY_ADVICE["reference"])
     write_worker_pids(out, w.all_groups())
