@@ -1,9 +1,11 @@
 """`bench/agentic.py --quick` runs end to end (the tiny model, one repetition per side), both sides sample the same
 tokens and find the same prefixes in the engine's cache, and its last line is the benchmark's JSON object."""
 
+import ast
 import re
 
 from quick_bench import run_quick
+from rlinf_like.workers.rollout.agentic.episode import END_REASONS
 
 
 def test_quick_run_ends_with_the_json_line():
@@ -15,7 +17,11 @@ def test_quick_run_ends_with_the_json_line():
     tokens = {side: int(re.search(rf"rep 0 {side}\s*: [\d.]+ s, (\d+) model tokens", stdout).group(1))
               for side in ("ours", "lockstep")}
     assert tokens["ours"] == tokens["lockstep"] > 0  # the same episodes, the same per-turn seeds
-    assert "{'end reasons': ['answer']," in stdout and 0 < result["lockstep_engine_idle_share"] < 1
+    # which reasons the episodes ended for is what this CPU's kernels happened to sample; that each ended for one
+    # of the loop's reasons, and the printed episode summary, hold on any CPU
+    reasons = ast.literal_eval(re.search(r"rep 0 ours\s*:.*'end reasons': (\[[^\]]*\])", stdout).group(1))
+    assert reasons and set(reasons) <= set(END_REASONS), reasons
+    assert 0 < result["lockstep_engine_idle_share"] < 1
     # each side starts with a cold prefix cache and finds the same earlier turns in it
     counts = {side: re.search(rf"rep 0 {side}\s*:.*'prefilled': (\d+), 'prefix_hits': (\d+)", stdout).groups()
               for side in ("ours", "lockstep")}

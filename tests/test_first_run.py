@@ -156,3 +156,40 @@ def test_model_data_and_schedule_groups_compose_onto_any_preset_replacing_its_ow
     assert (plain.runner.schedule, plain.cluster.component_placement["actor"]) == ("static", "0")  # by placement
     with pytest.raises(SystemExit, match=r"schedule=asynch: the config group 'schedule' has the options \['async', "):
         prepare("schedule=asynch")
+
+
+def test_a_preset_s_dict_options_are_replaced_whole_or_set_key_by_key():
+    agent = ROOT / "examples/agentic/main_agent.py"
+
+    def options(*argv):
+        prepared = cli.prepare_command_line(ReasoningConfig, list(argv), agent, "verifiers_calc")
+        return cli.composed(ReasoningConfig, agent.parent / "config", "verifiers_calc", prepared).data.options
+
+    assert options() == {"limit": 400}  # the preset's own
+    assert options("data.options={n:120}") == {"n": 120}  # another environment's options, the preset's gone
+    assert options("data.options.n=120") == {"limit": 400, "n": 120}  # one key added
+    assert options("data.options.limit=3") == {"limit": 3}
+    with pytest.raises(Exception, match="data.options"):
+        options("data.options=null")
+
+
+def test_a_group_estimator_with_one_sample_a_prompt_and_a_context_the_prompts_fill_fail_before_ray_starts(
+        tmp_path, monkeypatch):
+    from rlinf_like.runners.reasoning import run as run_module
+    from rlinf_like.runners.reasoning.run import ReasoningRun
+    from small_runs import small_reasoning_config
+
+    monkeypatch.setattr(run_module, "Cluster", lambda *a, **k: pytest.fail("Ray was started"))
+    cfg = small_reasoning_config(tmp_path)
+    for advantage in ("grpo", "rloo"):
+        one = replace(cfg, algorithm=replace(cfg.algorithm, advantage=advantage, samples_per_prompt=1))
+        with pytest.raises(ValueError, match=rf"^algorithm.samples_per_prompt=1 with algorithm.advantage={advantage}:"
+                                             r".*every advantage is 0.*'reinforce_pp'"):
+            ReasoningRun(one)
+    reinforce = replace(cfg, algorithm=replace(cfg.algorithm, advantage="reinforce_pp", samples_per_prompt=1))
+    from rlinf_like.runners.reasoning.checks import check_estimator
+    check_estimator(reinforce)  # no group needed: accepted
+    short = replace(cfg, rollout=replace(cfg.rollout, max_context=12))
+    with pytest.raises(ValueError, match=r"^the longest prompt \(\d+ tokens\) plus runner.max_new_tokens=\d+ does not "
+                                         r"fit the rollout's context of 12 tokens \(rollout.max_context\)"):
+        ReasoningRun(short).__enter__()

@@ -9,6 +9,9 @@ What hydra alone would do badly, done first:
     over the preset when the preset chose none;
   * a list-typed key given one value (`data.train_files=/data/train.parquet`, as veRL takes it) becomes a one-item
     list (OmegaConf would refuse "str is not a ListConfig");
+  * a dict-typed key given a whole dict (`data.options={n:120}`) is replaced by it, and one key of such a dict
+    (`data.options.n=120`) is set whether or not the preset had it: hydra alone merges the new dict into the
+    preset's and refuses a new key ("Key 'n' is not in struct");
   * an override hydra cannot parse (an unquoted `{`, `,` or space in a value) is named with the quoting that works;
   * then `check_overrides`: unknown keys with the closest match, values outside a key's choices or bounds.
 """
@@ -111,11 +114,10 @@ def _is_list(tp) -> bool:
     return any(_is_list(a) for a in typing.get_args(tp) if a is not type(None))
 
 
-def normalize_override(cls: type, override: str) -> str:
-    """One override as hydra will read it: a list key's single value wrapped in a list; refused, naming the
-    override and the quoting that works, if hydra cannot parse it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+def normalize_override(cls: type, override: str) -> list[str]:
+    """One override as hydra will read it: a list key's single value wrapped in a list; a dict key's new dict
+    given as null, then the dict (so it replaces the old one); refused, naming the override and the quoting that
+    works, if hydra cannot parse it."""
     if "=" in override and not override.startswith(("-", "~")):
         key, value = override.split("=", 1)
         name = key.lstrip("+")
@@ -127,6 +129,27 @@ def normalize_override(cls: type, override: str) -> str:
                 and "${" not in value:
             quoted = value if value[:1] in "'\"" else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
             override = f"{key}=[{quoted}]"
+        if leaf is not None and typing.get_origin(leaf[1]) is dict and typing.get_args(leaf[1])[1:] == (typing.Any,) \
+                and value.startswith("{") and not key.startswith("+"):  # the mirror types it Any (`hydra_schema`)
+            _parse(override)
+            return [f"{key}=null", override]
+        if leaf is None and not key.startswith("+") and "." in name and _is_dict_key(cls, name.rsplit(".", 1)[0]):
+            override = f"++{override}"  # one key of a dict (`data.options.n=120`): set it, whether or not it was there
+    _parse(override)
+    return [override]
+
+
+def _is_dict_key(cls: type, key: str) -> bool:
+    try:
+        leaf = _leaf_field(cls, key)
+    except ConfigError:
+        return False
+    return leaf is not None and typing.get_origin(leaf[1]) is dict
+
+
+def _parse(override: str) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     try:
         OverridesParser.create().parse_override(override)
     except Exception as err:  # hydra's OverrideParseException: a grammar message with no advice
@@ -134,7 +157,6 @@ def normalize_override(cls: type, override: str) -> str:
         raise ConfigError(f"cannot parse the override {override!r}: {str(err).splitlines()[0]}. A value holding "
                           f"spaces, braces, commas or quotes needs hydra's quotes inside the shell's: "
                           f"{shlex.quote(f'{key}=' + chr(34) + value.strip(chr(34)) + chr(34))}") from None
-    return override
 
 
 def prepare_command_line(cls: type, argv: list[str], script: str | Path, default_preset: str) -> list[str]:
@@ -167,9 +189,10 @@ def _prepare(cls: type, argv: list[str], script: str | Path, default_preset: str
             prepared.append(selected[0])
             user_keys |= selected[1]
         else:
-            prepared.append(normalize_override(cls, override))
-            keyed.append(prepared[-1])
-            user_keys.add(prepared[-1].lstrip("+~").split("=", 1)[0])
+            normalized = normalize_override(cls, override)
+            prepared += normalized
+            keyed.append(normalized[-1])
+            user_keys.add(normalized[-1].lstrip("+~").split("=", 1)[0])
     overrides = prepared
     check_overrides(cls, keyed)
     global _USER_KEYS, _SET_KEYS

@@ -58,6 +58,11 @@ def _omegaconf_type(tp: Any) -> Any:
             if type(None) in args and len(args) == 2 else tp
     if dataclasses.is_dataclass(tp):
         return hydra_schema(tp)
+    if origin is dict and args[1:] == (Any,):
+        # Any in the mirror only, so that `cli.normalize_override` can replace a whole dict (null, then the new
+        # one): hydra merges a dict override into the old one, and the struct flag refuses its new keys.
+        # `structure` checks the real type (a null is refused).
+        return Any
     return tp
 
 

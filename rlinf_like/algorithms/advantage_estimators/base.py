@@ -51,6 +51,13 @@ class AdvantageEstimator:
             raise TypeError(f"{type(self).__name__} takes {self.Options.__name__}, got {type(options).__name__}")
         self.options = options
 
+    # compares each response with the other samples of its prompt: with one sample a prompt, every advantage is 0
+    group_relative: ClassVar[bool] = False
+
+    def needs_group(self) -> bool:
+        """Whether these options need >= 2 samples a prompt (`algorithm.samples_per_prompt`): the runner refuses 1."""
+        return self.group_relative
+
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
         raise NotImplementedError
 

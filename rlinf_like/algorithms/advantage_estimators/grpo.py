@@ -26,6 +26,7 @@ class GRPOOptions:
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
 class GRPO(AdvantageEstimator):
+    group_relative = True
     embodied = True
     Options = GRPOOptions
 

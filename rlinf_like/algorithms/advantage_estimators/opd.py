@@ -27,6 +27,9 @@ class OnPolicyDistillation(AdvantageEstimator):
     token_level = True
     Options = OPDOptions
 
+    def needs_group(self) -> bool:
+        return self.options.reward_weight > 0  # the task reward's part is group-relative
+
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
         mask = inputs.response_mask
         gap = (inputs.teacher_logprobs - inputs.logprobs) * mask  # -(log p_student - log p_teacher)

@@ -18,6 +18,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 class RLOO(AdvantageEstimator):
+    group_relative = True
     embodied = True
     def estimate(self, inputs: AdvantageInputs) -> Advantages:
         return Advantages(advantages=rloo_advantages(inputs.rewards).reshape(-1, 1) * inputs.response_mask)

@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
+from rlinf_like.algorithms.advantage_estimators import build_estimator
 from rlinf_like.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 from rlinf_like.algorithms.offpolicy import IS_CORRECTIONS, POLICY_LOSSES
 from rlinf_like.runners.reasoning.actor_setup import check_actor_section
@@ -62,6 +63,11 @@ def check_estimator(cfg: ReasoningConfig) -> None:
         raise ValueError(f"algorithm.kl_in_reward needs algorithm.kl_beta > 0 and algorithm.advantage in "
                          f"{estimators_where(accepts_kl_in_reward=True)} (per-token rewards); "
                          f"with {estimators_where(accepts_kl_in_reward=False)} the KL is a loss term")
+    if a.samples_per_prompt < 2 and build_estimator(a.advantage, a).needs_group():
+        raise ValueError(f"algorithm.samples_per_prompt=1 with algorithm.advantage={a.advantage}: its advantage "
+                         f"compares the samples of a prompt, so with one every advantage is 0 and nothing trains; "
+                         f"set algorithm.samples_per_prompt >= 2, or an estimator that needs no group: "
+                         f"{[n for n in ADVANTAGE_ESTIMATORS.names() if not build_estimator(n, a).needs_group()]}")
     changed = changed_keys(cfg.critic, CriticSection())
     if changed and not estimator.needs_critic:
         key, value = changed[0]
@@ -230,6 +236,25 @@ def check_model(cfg: ReasoningConfig) -> None:
             raise ValueError(f"{tp_key}={tp} must divide the model's {heads} attention heads and {kv_heads} "
                              f"key/value heads ({where}); TP sizes that would work: "
                              f"{tp_sizes_that_divide(heads, kv_heads)}")
+
+
+def check_context(cfg: ReasoningConfig, longest_prompt: int | None) -> None:
+    """The longest prompt (of those the run samples to size its cache) plus runner.max_new_tokens must fit the
+    rollout's context: otherwise responses are cut short, and with a context the prompts fill, every reward is 0
+    while the run looks healthy. None: multi-turn, whose context grows turn by turn (the episode ends at the
+    context instead)."""
+    from rlinf_like.runners.reasoning.memory import context_tokens
+
+    if longest_prompt is None:
+        return
+    context, new = context_tokens(cfg), cfg.runner.max_new_tokens
+    if longest_prompt + new > context:
+        key = "rollout.max_context" if cfg.rollout.max_context else (
+            "the model's max_position_embeddings" if cfg.model.path else "model.max_positions")
+        raise ValueError(f"the longest prompt ({longest_prompt} tokens) plus runner.max_new_tokens={new} does not "
+                         f"fit the rollout's context of {context} tokens ({key}): responses would be cut short. "
+                         f"Raise {key} to at least {longest_prompt + new}, or lower runner.max_new_tokens to at "
+                         f"most {max(0, context - longest_prompt)}")
 
 
 def check_checkpoint_tensors(path: str, hf: dict, key: str) -> None:

@@ -26,6 +26,7 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.checks import check_config, check_finite
 from rlinf_like.runners.common import plot_series
 from rlinf_like.runners.reasoning.config import ReasoningConfig
+from rlinf_like.runners.reasoning.checks import check_context
 from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start
 from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
@@ -123,6 +124,8 @@ class ReasoningRun(RunRecord):
     # --- start and stop ------------------------------------------------------------------------------
     def __enter__(self) -> ReasoningRun:
         plan_before_start(self.cfg, self.estimator, self.check_placement)
+        longest = self.longest_prompt()
+        check_context(self.cfg, longest)
         note = earlier_attempts(self.out / "tensorboard")
         if note and self.cfg.logger.tensorboard:
             log.info(note)
@@ -135,7 +138,7 @@ class ReasoningRun(RunRecord):
             raise
         try:
             self.workers = launch_workers(self.cfg, self.cluster, self.model_path, self.estimator, self.out,
-                                          self.actor_worker, self.check_placement, self.longest_prompt())
+                                          self.actor_worker, self.check_placement, longest)
             if self.can_resume(self.cfg.runner.resume):
                 self._restore()
             else:
