@@ -1,6 +1,6 @@
 """Golden runs: the reasoning runner's behaviour, pinned. `examples/reasoning/main_grpo.py` with a fixed seed,
-20 SFT steps and 6 GRPO steps, on the collocated preset, the pipelined preset, the dynamic schedule with
-migration (rescored logprobs) and PPO (gae, a critic).
+20 SFT steps and 6 GRPO steps, on the collocated preset and the dynamic schedule with migration (rescored
+logprobs) on Ray, the pipelined preset and PPO (gae, a critic) in process (`golden/record.py` says why).
 
 The recordings in golden/reasoning_runs.json are keyed by kernel path (`golden.record.kernel_path`: torch's CPU
 capability, the CPU vendor, bf16/AMX units), because MKL and oneDNN choose their kernels by them and the low bits
@@ -18,7 +18,6 @@ against it within `CROSS_PATH_TOL` until `python tests/golden/record.py` records
 
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -33,30 +32,20 @@ PATH = kernel_path()
 CROSS_PATH_TOL = {"reward": 1 / 64, "loss": 1.5e-6, "grad_norm": 5e-5}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """All four runs, two at a time (each its own local Ray; the numbers do not depend on timing: the
-    pipelined order is fixed and the dynamic schedule is bit-identical to its static hand-over)."""
-    root = tmp_path_factory.mktemp("golden")
-    with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(run, name, root / name) for name in RUNS}
-    return {name: future.exception() or future.result() for name, future in futures.items()}
-
-
-@pytest.mark.timeout(1200)  # the first test waits for all four runs
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(RUNS))
-def test_golden_run_is_unchanged(name, runs):
-    got = runs[name]
-    if isinstance(got, BaseException):
-        raise got
+def test_golden_run_is_unchanged(name, tmp_path):
+    got = run(name, tmp_path / name)  # one run a test: each is timed against the per-test budget on its own
     assert len(got["steps"]) == 6
-    if PATH in RECORDED:
-        expected = RECORDED[PATH]["runs"][name]
+    recorded = {path: r["runs"][name] for path, r in RECORDED.items() if name in r["runs"]}
+    assert recorded, f"{name}: no recording on any path; record it: python tests/golden/record.py {name}"
+    if PATH in recorded:
+        expected = recorded[PATH]
         _compare(name, PATH, expected["steps"], got["steps"], {k: 1e-6 for k in CROSS_PATH_TOL})
         assert got["weights"] == expected["weights"], f"{name}: exported weights differ from the recorded run ({PATH})"
         return
-    for path, recording in RECORDED.items():  # a kernel path not recorded yet: within what paths differ by
-        _compare(name, path, recording["runs"][name]["steps"], got["steps"], CROSS_PATH_TOL)
+    for path, recording in recorded.items():  # a kernel path not recorded yet: within what paths differ by
+        _compare(name, path, recording["steps"], got["steps"], CROSS_PATH_TOL)
 
 
 def _compare(name: str, path: str, expected: list[dict], got: list[dict], tolerance: dict[str, float]) -> None:
@@ -72,4 +61,4 @@ def test_the_kernel_path_names_the_cpu_capability_and_vendor():
 
     words = PATH.split()
     assert words[0] == torch.backends.cpu.get_cpu_capability() and len(words) >= 2
-    assert all(set(run) == set(RUNS) for run in (r["runs"] for r in RECORDED.values()))
+    assert all(set(r["runs"]) <= set(RUNS) for r in RECORDED.values())  # no recording of a run that is gone
