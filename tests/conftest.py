@@ -103,8 +103,24 @@ def _workers(config) -> int:
     return n if isinstance(n, int) and n > 0 else 1
 
 
+def host_lines() -> list[str]:
+    """The host first: the suite's time and which golden recording applies follow the CPU's kernels."""
+    from golden.record import kernel_path
+    from rlinf_like.utils.hardware import auto_precision, cpu_model, isa_flags
+
+    precision, why = auto_precision(torch.device("cpu"))
+    return [f"host: {cpu_model()}, {os.cpu_count()} cores; ISA flags: {isa_flags()}; load average "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+            f"actor.precision=auto picks {precision} here ({why}); golden kernel path: {kernel_path()}",
+            f"budget: {TEST_BUDGET_S:g} s a test, {SUITE_BUDGET_S:g} s wall in all (README's command)"]
+
+
 def pytest_sessionstart(session):
     _STARTED.append(time.monotonic())
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not _is_xdist_worker(session.config):  # shown under -q too, unlike a report header
+        for line in host_lines():
+            reporter.write_line(line)
 
 
 def pytest_runtest_logreport(report):

@@ -121,7 +121,7 @@ def verifiers_config(out):
     cfg = small_reasoning_config(out, samples_per_prompt=2)
     cfg.agent.env, cfg.agent.max_turns, cfg.agent.max_total_tokens = "verifiers", 2, 96
     cfg.data.source, cfg.data.name, cfg.data.options = "verifiers", ENV, {"limit": 12}
-    cfg.data.test_problems, cfg.data.sft_problems = 1, 600
+    cfg.data.test_problems, cfg.data.sft_problems = 1, 20
     cfg.data.chat_template = str(ROOT / "examples/agentic/chat_template.jinja")
     cfg.runner.prompts_per_step, cfg.runner.max_new_tokens, cfg.runner.eval_every = 1, 16, 100
     cfg.model.max_positions = 320
