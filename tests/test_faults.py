@@ -177,7 +177,7 @@ def test_a_wrongly_typed_value_is_named():
      r"cpu device\(s\) \(valid: 0-1\)"),
     ({"actor": "0", "rollout,reward": "1"}, ["algorithm.advantage=gae"],
      r"places no \['critic'\] \(critic: with algorithm.advantage=gae\)"),
-    (None, ["runner.prompts_per_step=3", "algorithm.samples_per_prompt=1"],
+    (None, ["runner.prompts_per_step=1", "algorithm.samples_per_prompt=3"],
      r"= 3 rows per step do not divide by actor ranks \(2\) x actor.loop.mini_batches \(1\)"),
 ])
 def test_impossible_placements_and_batch_splits_fail_before_any_worker_starts(cluster, tmp_path, placement,
