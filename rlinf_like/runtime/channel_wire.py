@@ -15,7 +15,10 @@ import threading
 import uuid
 from multiprocessing.connection import Client, Connection
 
-from rlinf_like.runtime.serialization import OwnedBuffer, Packed
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlinf_like.runtime.serialization import Packed
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "rlinf-channel-"
@@ -58,6 +61,8 @@ def write_shm(packed: Packed) -> tuple:
 
 
 def read_shm(entry: tuple) -> Packed:
+    # imported here: the channel's store process imports this module and needs no torch (its start-up is faster)
+    from rlinf_like.runtime.serialization import OwnedBuffer, Packed
     """Read a shm entry's buffers into memory this process owns, and unlink its file."""
     _, path, data, sizes = entry
     buffers = []
