@@ -250,11 +250,12 @@ def check_context(cfg: ReasoningConfig, longest_prompt: int | None) -> None:
     context, new = context_tokens(cfg), cfg.runner.max_new_tokens
     if longest_prompt + new > context:
         key = "rollout.max_context" if cfg.rollout.max_context else (
-            "the model's max_position_embeddings" if cfg.model.path else "model.max_positions")
+            "model.path's max_position_embeddings" if cfg.model.path else "model.max_positions")
+        raise_it = "" if cfg.model.path and not cfg.rollout.max_context else \
+            f"raise {key} to at least {longest_prompt + new}, or "
         raise ValueError(f"the longest prompt ({longest_prompt} tokens) plus runner.max_new_tokens={new} does not "
-                         f"fit the rollout's context of {context} tokens ({key}): responses would be cut short. "
-                         f"Raise {key} to at least {longest_prompt + new}, or lower runner.max_new_tokens to at "
-                         f"most {max(0, context - longest_prompt)}")
+                         f"fit the rollout's context of {context} tokens ({key}): responses would be cut short; "
+                         f"{raise_it}lower runner.max_new_tokens to at most {max(0, context - longest_prompt)}")
 
 
 def check_checkpoint_tensors(path: str, hf: dict, key: str) -> None:

@@ -23,10 +23,9 @@ from rlinf_like.data.sources import Tasks, load_tasks
 from rlinf_like.models import load_tokenizer
 from rlinf_like.models.export import complete_export
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.reasoning.checks import check_config, check_finite
+from rlinf_like.runners.reasoning.checks import check_config, check_context, check_finite
 from rlinf_like.runners.common import plot_series
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.runners.reasoning.checks import check_context
 from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start
 from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
