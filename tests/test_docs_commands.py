@@ -108,15 +108,14 @@ def cut(command: str) -> str:
 
 def golden_run(command: str) -> str | None:
     """The golden run (tests/test_golden_runs.py) that runs this command's preset, if any."""
-    from golden.record import RUNS
+    from golden.record import IN_PROCESS, RUNS
 
     words = command.split()
     if _script(command) != "examples/reasoning/main_grpo.py":
         return None
     preset = ["--config-name", "grpo_collocated"] if len(words) == 2 else words[2:]
-    # a golden run in process (`cluster.backend=local`) runs the preset's numbers, which Ray's equal
-    return next((name for name, args in RUNS.items() if [a for a in args if a != "cluster.backend=local"] == preset),
-                None)
+    # a golden run in process runs the preset's numbers, which Ray's equal
+    return next((name for name, args in RUNS.items() if [a for a in args if a != IN_PROCESS] == preset), None)
 
 
 COMMANDS = doc_commands()

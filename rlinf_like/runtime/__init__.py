@@ -32,8 +32,4 @@ def __dir__():
     return sorted(set(globals()) | set(_MODULE_OF))
 
 
-__all__ = [
-    "Channel", "ChannelClosed", "ChannelTimeout", "Cluster", "ClusterConfig", "Device", "devices_of", "GroupResult",
-    "GroupTimeoutError", "NodeInfo", "PeerGroup", "Placement", "PlacementError", "PlacementMode", "Worker",
-    "WorkerDiedError", "WorkerError", "WorkerGroup", "connect_groups", "control", "plan_placement", "wait_all",
-]
+__all__ = sorted(_MODULE_OF)

@@ -14,7 +14,6 @@ import os
 import threading
 import uuid
 from multiprocessing.connection import Client, Connection
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -61,9 +60,10 @@ def write_shm(packed: Packed) -> tuple:
 
 
 def read_shm(entry: tuple) -> Packed:
+    """Read a shm entry's buffers into memory this process owns, and unlink its file."""
     # imported here: the channel's store process imports this module and needs no torch (its start-up is faster)
     from rlinf_like.runtime.serialization import OwnedBuffer, Packed
-    """Read a shm entry's buffers into memory this process owns, and unlink its file."""
+
     _, path, data, sizes = entry
     buffers = []
     with open(path, "rb", buffering=0) as f:

@@ -30,12 +30,13 @@ COMMON = ["runner.seed=0", "runner.sft_steps=20", "runner.max_steps=6", "runner.
 # (`cluster.backend=local`, one rank a group: the pipelined preset as it is, PPO with its critic), which starts no
 # Ray and no worker process (~18 s a run here against ~37 s on Ray). The in-process backend gives Ray's bits
 # (tests/test_local_backend.py), so what these two pin is the schedule's and the critic's arithmetic.
+IN_PROCESS = "cluster.backend=local"
 RUNS = {
     "collocated": ["--config-name", "grpo_collocated"],
-    "pipelined": ["--config-name", "grpo_pipelined", "cluster.backend=local"],
+    "pipelined": ["--config-name", "grpo_pipelined", IN_PROCESS],
     "dynamic": ["--config-name", "grpo_collocated", "runner.schedule=dynamic", "runner.migrate_at=0.5",
                 "rollout.logprobs=rescored"],
-    "gae": ["--config-name", "grpo_collocated", "algorithm.advantage=gae", "cluster.backend=local",
+    "gae": ["--config-name", "grpo_collocated", "algorithm.advantage=gae", IN_PROCESS,
             "cluster.component_placement.actor=0", "cluster.component_placement.rollout=0",
             "cluster.component_placement.critic=0"],
 }
