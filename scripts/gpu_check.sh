@@ -71,7 +71,8 @@ gpu_run() {
   local start=$SECONDS
   timeout 420 "$PY" "$script" cluster.num_cpus=8 cluster.num_gpus=1 \
     cluster.component_placement.actor=0 cluster.component_placement.rollout=0 \
-    cluster.component_placement.critic=0 "runner.output_dir=$run_dir" "$@" 2>&1 | tee "$OUT/$name.log"
+    cluster.component_placement.critic=0 cluster.component_placement.teacher=0 cluster.component_placement.judge=0 \
+    "runner.output_dir=$run_dir" "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}; status=$((status | rc)); record "$name" $((SECONDS - start)) "$rc"
   cp "$run_dir/curves.png" "$OUT/$name.png" 2>/dev/null || true
 }

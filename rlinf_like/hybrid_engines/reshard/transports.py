@@ -13,8 +13,10 @@ instance of it, so per-endpoint state (shared-memory handles) lives with the tra
 from __future__ import annotations
 
 import datetime
+import os
 import pickle
 import socket
+import weakref
 from collections.abc import Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 
@@ -78,15 +80,16 @@ class IpcTransport(Transport):
         buffer = sender.buffer(bucket, device)
         if self._handles.get(bucket.tag, (None,))[0] is not buffer:
             self._handles[bucket.tag] = (buffer, share(buffer))
+            _SHARED_HERE[self._handles[bucket.tag][1]] = buffer
         for t, offset in zip(bucket.transfers, bucket.offsets):
             sender.copy_in(buffer, offset, t, tensors)
 
     def send(self, sender, version, buckets, tensors, timeout_s):
         for bucket in buckets:
             self._pack(sender, bucket, tensors)
-        host, store = socket.gethostname(), sender.group.store
+        where, store = (socket.gethostname(), os.getpid()), sender.group.store
         for bucket in buckets:
-            store.set(handle_key(sender.plan, version, bucket), pickle.dumps((host, self._handles[bucket.tag][1])))
+            store.set(handle_key(sender.plan, version, bucket), pickle.dumps((where, self._handles[bucket.tag][1])))
         sender.wait_all([sender.group.post_barrier()], f"version {version} over ipc", timeout_s)
         for bucket in buckets:
             store.delete_key(handle_key(sender.plan, version, bucket))
@@ -98,13 +101,15 @@ class IpcTransport(Transport):
         except RuntimeError as err:
             raise WeightSyncError(f"peer group {receiver.group.name!r}: bucket {bucket.tag} of version {version} "
                                   f"was not shared in time: {err}") from err
-        host, handle = pickle.loads(receiver.group.store.get(key))
+        (host, pid), handle = pickle.loads(receiver.group.store.get(key))
         if host != socket.gethostname():
             raise WeightSyncError(f"transport 'ipc' needs one node: actor rank {bucket.src_rank} is on {host!r}, "
                                   f"rollout rank {receiver.rank} on {socket.gethostname()!r}; use transport 'group'")
         cached = self._opened.get(bucket.tag)
         if cached is None or cached[0] != handle:  # the sender reuses its buffers: open each once
-            self._opened[bucket.tag] = (handle, pickle.loads(handle))
+            # CUDA refuses to open an IPC handle in the process that made it (the in-process backend)
+            mine = _SHARED_HERE.get(handle) if pid == os.getpid() else None
+            self._opened[bucket.tag] = (handle, mine if mine is not None else pickle.loads(handle))
         return self._opened[bucket.tag][1]
 
     def receive(self, receiver, version, buckets, timeout_s):
@@ -112,6 +117,10 @@ class IpcTransport(Transport):
 
     def received(self, receiver, version, timeout_s):
         receiver.wait_all([receiver.group.post_barrier()], f"version {version} over ipc", timeout_s)
+
+
+# handle -> the buffer it shares, for receivers in the sending process (weak: a dropped buffer leaves no entry)
+_SHARED_HERE: weakref.WeakValueDictionary[bytes, torch.Tensor] = weakref.WeakValueDictionary()
 
 
 def handle_key(plan, version: int, bucket) -> str:
