@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from golden.record import check_test_run
 
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.schedules import dynamic
@@ -137,3 +138,6 @@ def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
     assert any(not torch.equal(final["static"][k], init[k]) for k in init if k in final["static"])
     saved = json.loads((tmp_path / "dynamic" / "checkpoint" / "runner.json").read_text())
     assert saved["step"] == STEPS
+    # ... and what both compute is pinned: every step's reward, loss and grad norm and the exported weights against
+    # the recording for this kernel path (tests/golden/dynamic_schedule.json), as the golden runs pin the presets
+    check_test_run("dynamic_schedule", dynamic["history"], tmp_path / "dynamic" / "final_model")
