@@ -74,15 +74,3 @@ def test_demo_rejects_a_misspelled_override(tmp_path):
     assert "unknown config key 'demo.num_itmes'" in out.stderr and "did you mean 'demo.num_items'" in out.stderr
 
 
-@pytest.mark.slow
-def test_demo_runs_end_to_end_collocated(tmp_path, cluster):
-    # The session cluster holds the Ray instance of this process; the demo starts its own in a
-    # subprocess. Collocated: both groups share the two slots.
-    out = _run_demo("demo.num_items=12", "demo.item_mib=0.25", "cluster.num_cpus=2",
-                    "cluster.component_placement={producer:'0-1',consumer:'0-1'}", tmp_path=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "placement mode: collocated" in out.stdout
-    table = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.startswith("  ") and len(line.split()) >= 2)
-    assert table["items"].strip() == "12" and table["exact"].strip() == "12"
-    assert sorted(eval(table["per_consumer"])) and sum(eval(table["per_consumer"])) == 12
-    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())

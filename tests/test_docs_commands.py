@@ -300,9 +300,16 @@ def results(scratch):
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first test waits for all of them
 @pytest.mark.parametrize("where,command", LAUNCH, ids=[c for _, c in LAUNCH])
-def test_one_command_per_script_runs(where, command, results):
-    result = results[LAUNCH.index((where, command))]
+def test_one_command_per_script_runs(where, command, results, scratch):
+    index = LAUNCH.index((where, command))
+    result = results[index]
     assert result.returncode == 0, f"{where}: {command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    if _script(command) == "examples/channel_demo.py":  # its closing table: every item arrived, bit-exact
+        table = dict(line.split(None, 1) for line in result.stdout.splitlines()
+                     if line.startswith("  ") and len(line.split()) >= 2)
+        assert table["items"].strip() == table["exact"].strip() == "4", result.stdout[-2000:]
+        assert sum(eval(table["per_consumer"])) == 4
+        assert any(p.name.startswith("events.out.tfevents") for p in (scratch / f"out{index}" / "tb").iterdir())
 
 
 @pytest.mark.slow
