@@ -115,11 +115,26 @@ def host_lines() -> list[str]:
             f"budget: {TEST_BUDGET_S:g} s a test, {SUITE_BUDGET_S:g} s wall in all (README's command)"]
 
 
+def speed_probe(seconds: float = 0.3) -> str:
+    """How fast this host runs one thread now: the same machine kind's speed moves by a third between quarter-hours
+    (docs/benchmarks.md, "Test timings"), so the suite prints it at its start and end beside its time."""
+    a = torch.randn(256, 256)
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        a @ a
+        n += 1
+    gflops = n * 2 * 256**3 / (time.perf_counter() - start) / 1e9
+    start, x = time.perf_counter(), 0
+    for i in range(1_000_000):
+        x += i
+    return f"fp32 matmul {gflops:.1f} GFLOP/s, Python {1.0 / (time.perf_counter() - start):.1f} M adds/s (one thread)"
+
+
 def pytest_sessionstart(session):
     _STARTED.append(time.monotonic())
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not _is_xdist_worker(session.config):  # shown under -q too, unlike a report header
-        for line in host_lines():
+        for line in [*host_lines(), f"speed probe at the start: {speed_probe()}"]:
             reporter.write_line(line)
 
 
@@ -162,6 +177,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         files[node.split("::")[0]] = files.get(node.split("::")[0], 0.0) + seconds
     heaviest = sorted(files.items(), key=lambda kv: -kv[1])[:10]
     terminalreporter.write_line("by file: " + ", ".join(f"{Path(f).stem} {s:.0f} s" for f, s in heaviest))
+    terminalreporter.write_line(f"speed probe at the end: {speed_probe()}")
     for node, seconds in _over_budget(config):
         terminalreporter.write_line(f"FAILED (time budget): {node} took {seconds:.1f} s, over its budget: share its "
                                     f"workers, run it in process (cluster.backend=local) or cut it down")
