@@ -127,7 +127,14 @@ def speed_probe(seconds: float = 0.3) -> str:
     start, x = time.perf_counter(), 0
     for i in range(1_000_000):
         x += i
-    return f"fp32 matmul {gflops:.1f} GFLOP/s, Python {1.0 / (time.perf_counter() - start):.1f} M adds/s (one thread)"
+    adds = 1.0 / (time.perf_counter() - start)
+    src, dst = torch.ones(2**24), torch.empty(2**24)  # 64 MiB each: past the caches, so memory bandwidth
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        dst.copy_(src)
+        n += 1
+    copy = n * 2 * src.nbytes / (time.perf_counter() - start) / 2**30
+    return f"fp32 matmul {gflops:.1f} GFLOP/s, Python {adds:.1f} M adds/s, copy {copy:.1f} GiB/s (one thread)"
 
 
 def pytest_sessionstart(session):
