@@ -131,7 +131,7 @@ def weight_digests(model_dir: Path) -> dict[str, str]:
 def main() -> None:
     import tempfile
 
-    only = sys.argv[1:] or list(RUNS)  # record some runs: their names (the path's other recordings are kept)
+    only = sys.argv[1:] or [*RUNS, *TEST_RUNS]  # some runs: their names (the path's other recordings are kept)
     for name in set(only) & set(TEST_RUNS):  # its test runs it, recording instead of checking
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", TEST_RUNS[name]], cwd=ROOT, check=True,
                        env={**os.environ, RECORD_ENV: name})
