@@ -1,7 +1,8 @@
 """Golden runs: the reasoning runner's behaviour, pinned. `examples/reasoning/main_grpo.py` with a fixed seed,
 20 SFT steps and 6 GRPO steps, on the collocated preset on Ray, the pipelined preset and PPO (gae, a critic) in process
-(`golden/record.py` says why). The dynamic schedule is pinned through the collocated one: tests/test_dynamic_schedule.py
-checks that it gives the static schedule's metrics and weights bit for bit.
+(`golden/record.py` says why). The dynamic schedule has no golden run here: tests/test_dynamic_schedule.py checks
+that it gives the static hand-over's metrics and weights bit for bit, and pins that run against its own recording
+(golden/dynamic_schedule.json).
 
 The recordings in golden/reasoning_runs.json are keyed by kernel path (`golden.record.kernel_path`: torch's CPU
 capability, the CPU vendor, bf16/AMX units), because MKL and oneDNN choose their kernels by them and the low bits

@@ -73,8 +73,12 @@ def run(name: str, out: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"golden run {name} failed:\n{proc.stderr[-4000:]}")
     history = json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
-    steps = [{k: h[k] for k in METRICS if k in h} for h in history if h["step"] > 0]
-    return {"steps": steps, "weights": weight_digests(out / "final_model")}
+    return {"steps": metric_steps(history), "weights": weight_digests(out / "final_model")}
+
+
+def metric_steps(history: list[dict]) -> list[dict]:
+    """What a recording keeps of a run's history: each GRPO step's METRICS."""
+    return [{k: h[k] for k in METRICS if k in h} for h in history if h["step"] > 0]
 
 
 def check(name: str, got: dict, recorded: dict[str, dict]) -> None:
@@ -103,8 +107,7 @@ def _compare(name: str, path: str, expected: list[dict], got: list[dict], tolera
 def check_test_run(name: str, history: list[dict], model_dir: Path) -> None:
     """A TEST_RUNS run (its history and exported model) against its recordings, or, under RLINF_GOLDEN_RECORD=name,
     recorded for this machine's kernel path."""
-    got = {"steps": [{k: h[k] for k in METRICS if k in h} for h in history if h["step"] > 0],
-           "weights": weight_digests(model_dir)}
+    got = {"steps": metric_steps(history), "weights": weight_digests(model_dir)}
     file = GOLDEN.with_name(f"{name}.json")
     golden = json.loads(file.read_text()) if file.exists() else {"paths": {}}
     if os.environ.get(RECORD_ENV) == name:
