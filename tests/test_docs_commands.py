@@ -22,8 +22,9 @@ Then one command per entry script really runs, as a shell would split it, with i
 interpreter and the overrides of `CUT` appended (hydra and argparse take the last value of a key), so each trains
 for one step on tiny batches and writes under the scratch directory (`test_one_command_per_script_runs`): the
 agentic and embodied scripts in process (cluster.backend=local), the channel demo on Ray, the behaviour-cloning
-warm start and the data writers, and README's in-process debugging command. The reasoning script's presets run on
-Ray in tests/test_golden_runs.py, cut to 6 steps with every step's metrics checked: they run there, not twice.
+warm start and the data writers. The reasoning script's commands run in tests/test_golden_runs.py instead, README's
+in-process debugging command and the pipelined preset among them, for 6 steps with every step's metrics checked:
+they run there, not twice.
 """
 
 import importlib.util
@@ -107,15 +108,17 @@ def cut(command: str) -> str:
 
 
 def golden_run(command: str) -> str | None:
-    """The golden run (tests/test_golden_runs.py) that runs this command's preset, if any."""
+    """The golden run (tests/test_golden_runs.py) that runs this command's preset and placement, if any."""
     from golden.record import IN_PROCESS, RUNS
 
-    words = command.split()
     if _script(command) != "examples/reasoning/main_grpo.py":
         return None
-    preset = ["--config-name", "grpo_collocated"] if len(words) == 2 else words[2:]
-    # a golden run in process runs the preset's numbers, which Ray's equal
-    return next((name for name, args in RUNS.items() if [a for a in args if a != IN_PROCESS] == preset), None)
+    args = command.split()[2:]
+    if "--config-name" not in args:
+        args = ["--config-name", "grpo_collocated", *args]
+    # a golden run in process runs the preset's numbers, which Ray's equal with the same placement
+    return next((name for name, run in RUNS.items() if sorted(a for a in run if a != IN_PROCESS)
+                 == sorted(a for a in args if a != IN_PROCESS)), None)
 
 
 COMMANDS = doc_commands()
@@ -124,15 +127,13 @@ DEBUG_MARK = "cluster.backend=local"  # README's "Debugging a run in one process
 
 
 def launched() -> list[tuple[str, str]]:
-    """The commands that really run: each entry script's first documented command (main_grpo.py's Ray runs are the
-    golden runs), README's in-process debugging command, and no `--help` or listing (checked in process)."""
+    """The commands that really run: each entry script's first documented command, except main_grpo.py's (its
+    presets are the golden runs, README's in-process debugging command among them, each with every step checked),
+    and no `--help` or listing (checked in process)."""
     first: dict[str, tuple[str, str]] = {}
     for where, command in CHECKED:
         script = _script(command)
-        if script == "examples/reasoning/main_grpo.py":
-            if DEBUG_MARK in command:
-                first.setdefault("debug", (where, command))
-        elif script != "rlinf_like.config.show" and "--help" not in command:
+        if script not in ("examples/reasoning/main_grpo.py", "rlinf_like.config.show") and "--help" not in command:
             first.setdefault(script, (where, command))
     return list(first.values())
 
@@ -147,11 +148,13 @@ def test_only_setup_cluster_and_viewer_commands_are_skipped():
     scripts = {_script(c) for _, c in CHECKED}
     assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
     assert len(CHECKED) >= 20
-    # the preset runs left to the golden test are exactly its collocated and pipelined runs
+    # the preset runs left to the golden test are exactly its collocated (README's in-process debugging command)
+    # and pipelined runs
     assert sorted({golden_run(c) for _, c in COMMANDS} - {None}) == ["collocated", "pipelined"]
-    # every entry script runs once (main_grpo.py on Ray in the golden runs, and in process here)
-    assert {_script(c) for _, c in LAUNCH} == set(CUT) - {"rlinf_like.config.show"}
-    assert sum(DEBUG_MARK in c for _, c in LAUNCH) == 1
+    assert [golden_run(c) for _, c in CHECKED if DEBUG_MARK in c and _script(c).endswith("main_grpo.py")][:1] \
+        == ["collocated"]
+    # every other entry script runs once here
+    assert {_script(c) for _, c in LAUNCH} == set(CUT) - {"rlinf_like.config.show", "examples/reasoning/main_grpo.py"}
 
 
 def test_readme_placement_overrides_compose_to_the_placement_they_describe():
@@ -282,9 +285,9 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
 
 
 # what a command takes, roughly (seconds on the 2-core VM, cut): the channel demo on Ray ~11, the agent preset ~9,
-# the in-process debugging run ~7, an embodied run ~5, the behaviour-cloning warm start ~3, the data writers <1
-COST = {"examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4, "examples/reasoning/main_grpo.py": 3,
-        "examples/embodied/main_embodied.py": 2, "examples/embodied/bc_warmstart.py": 1}
+# an embodied run ~5, the behaviour-cloning warm start ~3, the data writers <1
+COST = {"examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4, "examples/embodied/main_embodied.py": 2,
+        "examples/embodied/bc_warmstart.py": 1}
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """Golden runs: the reasoning runner's behaviour, pinned. `examples/reasoning/main_grpo.py` with a fixed seed,
-20 SFT steps and 6 GRPO steps, on the collocated preset on Ray, the pipelined preset and PPO (gae, a critic) in process
-(`golden/record.py` says why). The dynamic schedule has no golden run here: tests/test_dynamic_schedule.py checks
-that it gives the static hand-over's metrics and weights bit for bit, and pins that run against its own recording
+20 SFT steps and 6 GRPO steps, in process (`golden/record.py` says why): the collocated preset as README's debugging
+command places it (one rank a group), the pipelined preset, and PPO (gae, a critic). Several ranks on Ray are pinned by
+tests/test_dynamic_schedule.py: its static and dynamic hand-overs (an actor of 2 data-parallel ranks, 2 rollout
+replicas) must give each other's metrics and weights bit for bit, and that run is checked against its own recording
 (golden/dynamic_schedule.json).
 
 The recordings in golden/reasoning_runs.json are keyed by kernel path (`golden.record.kernel_path`: torch's CPU
@@ -11,12 +12,10 @@ to 1e-6 and the exported weights must be bit-identical. On a path not yet record
 `CROSS_PATH_TOL` of every recording, the gap measured between the paths we have (the weights' low bits differ
 there by construction); `python tests/golden/record.py` then records the new path.
 
-First recorded at commit fd38229 (before the runner rebuild of issue 15), again after the native engine's prefix
-cache, batched prefill and live-slot decode, and again after the sampler became an inverse-CDF draw (issue 34: every
-sampled token changed). Two paths are recorded: a Zen 4 host's (AVX-512 + bf16; its PPO run predates that run's move
-in process, so it has none) and an Intel Xeon's with AMX. Any other path (an AVX2 host) is checked against both
-within `CROSS_PATH_TOL` until `python tests/golden/record.py` records it. Each run's "commit" names the commit it
-was recorded at (the recording's, for runs recorded before runs had their own).
+Two paths are recorded: a Zen 4 host's (AVX-512 + bf16; only its pipelined run: the PPO and collocated runs moved in
+process after it was recorded) and an Intel Xeon's with AMX. A run on a path without its recording (an AVX2 host) is
+checked against the others within `CROSS_PATH_TOL` until `python tests/golden/record.py` records it. Each run's
+"commit" names the commit it was recorded at (the recording's, for runs recorded before runs had their own).
 """
 
 import json

@@ -28,17 +28,18 @@ GOLDEN = Path(__file__).with_name("reasoning_runs.json")
 COMMON = ["runner.seed=0", "runner.sft_steps=20", "runner.max_steps=6", "runner.prompts_per_step=8",
           "runner.eval_every=100", "runner.save_every=100", "data.test_problems=16",
           "actor.precision=fp32"]  # fp32: the pinned bits are those of the bit-identical mode
-# One run on Ray, where the process boundary and several ranks are the subject (the collocated preset's FSDP actor
-# and rollout on 2 ranks each), and two in process
-# (`cluster.backend=local`, one rank a group: the pipelined preset as it is, PPO with its critic), which starts no
-# Ray and no worker process (~18 s a run here against ~37 s on Ray). The in-process backend gives Ray's bits
-# (tests/test_local_backend.py), so what these two pin is the schedule's and the critic's arithmetic.
+# All three in process (`cluster.backend=local`, one rank a group), which starts no Ray and no worker process (~20
+# CPU-s a run here against ~55 on Ray, most of that five worker processes importing torch): the collocated preset
+# as README's in-process debugging command runs it, the pipelined preset as it is, and PPO with its critic. The
+# in-process backend gives Ray's bits (tests/test_local_backend.py), so what these pin is the schedules' and the
+# critic's arithmetic. Several ranks on Ray are pinned by the dynamic schedule's run (`TEST_RUNS`): its static and
+# dynamic hand-overs train a data-parallel actor of 2 ranks beside 2 rollout replicas, bit for bit alike.
 IN_PROCESS = "cluster.backend=local"
+ONE_RANK = ["cluster.component_placement.actor=0", "cluster.component_placement.rollout=0"]
 RUNS = {
-    "collocated": ["--config-name", "grpo_collocated"],
+    "collocated": ["--config-name", "grpo_collocated", IN_PROCESS, *ONE_RANK],
     "pipelined": ["--config-name", "grpo_pipelined", IN_PROCESS],
-    "gae": ["--config-name", "grpo_collocated", "algorithm.advantage=gae", IN_PROCESS,
-            "cluster.component_placement.actor=0", "cluster.component_placement.rollout=0",
+    "gae": ["--config-name", "grpo_collocated", "algorithm.advantage=gae", IN_PROCESS, *ONE_RANK,
             "cluster.component_placement.critic=0"],
 }
 METRICS = ("reward", "loss", "grad_norm")
