@@ -26,8 +26,20 @@ def pytest_configure(config):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true",
+                     help="also run the `extended` tests: end-to-end variants (two Ray nodes, the verifiers and OpenEnv "
+                          "runners, the benchmarks' quick runs) whose parts the default suite tests; minutes more")
+
+
 def pytest_collection_modifyitems(config, items):
     from rlinf_like.models.get import is_complete
+
+    if not config.getoption("extended"):  # README's command: the suite that holds its budget on 2 cores
+        deselected = [item for item in items if "extended" in item.keywords]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if "extended" not in item.keywords]
 
     if not is_complete(REAL_MODEL):
         skip_real = pytest.mark.skip(reason=f"needs {REAL_MODEL}: run `{REAL_MODEL_COMMAND}` in the repository root")

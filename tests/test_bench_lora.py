@@ -1,9 +1,11 @@
 """`bench/lora.py --quick` runs end to end (a tiny random model, one repetition per side) and its last line
 is the benchmark's JSON object."""
 
+import pytest
 from quick_bench import run_quick
 
 
+@pytest.mark.extended  # the LoRA path's exactness and its delta sync are tests/test_lora.py's, in the default suite
 def test_quick_run_ends_with_the_json_line():
     _, result = run_quick("lora.py")
     assert set(result) == {"bench", "step_time_ratio", "sync_bytes_ratio", "memory_ratio"}

@@ -1,9 +1,9 @@
 """Multi-node on one machine: two Ray nodes on loopback started the way a SLURM job starts them
 (`ray_launch.sh start slurm` once per "node", with a simulated allocation), then a pipelined PPO
 run (KL, a critic, a token budget with streamed groups) placed across both through
-`cluster.address` and `cluster.num_nodes`. That one run is also the pipelined PPO end-to-end test
-(it used to run again on one node in test_reasoning_runner.py: the same placement slots, one more
-Ray startup and run)."""
+`cluster.address` and `cluster.num_nodes`: in the `extended` tier (`pytest --extended`), ~90 s of two Ray nodes
+and five worker processes. The default suite runs the same PPO run in process and checks it the same way; the
+launcher's start, join, missing-node error and stop are tests/test_ray_launch.py's."""
 
 import json
 import os
@@ -79,6 +79,18 @@ def check_pipelined_ppo(stdout: str, out: Path) -> None:
     assert gaps[0] < 1e-3 and all(g > 10 * gaps[0] for g in gaps[1:]), gaps
 
 
+def test_pipelined_ppo_streams_groups_under_a_token_budget_with_kl_and_a_checkpointed_critic(tmp_path):
+    """The two-node run's PPO, in process (one rank a group, no Ray): what `check_pipelined_ppo` asserts is the
+    schedule's, the critic's and the reference's, not the nodes'."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), *PIPELINED_PPO, "cluster.backend=local",
+         f"runner.output_dir={tmp_path / 'run'}"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    check_pipelined_ppo(run.stdout, tmp_path / "run")
+
+
+@pytest.mark.extended
 @pytest.mark.timeout(600)  # two Ray node startups and a 3-step PPO run; the bound is for a heavily shared machine
 def test_two_slurm_nodes_on_loopback_run_a_pipelined_ppo_job_across_both(tmp_path):
     with socket.socket() as s:

@@ -3,9 +3,12 @@
 local process, each episode its own WebSocket session, the trajectory exactly the engine's tokens, and a server
 that dies surfacing as the episodes' failure, naming them."""
 
+import importlib.util
+
 import pytest
 
-pytest.importorskip("openenv.core", reason="the [openenv] extra (scripts/setup.sh installs it)")
+if importlib.util.find_spec("openenv") is None:  # a lookup, not an import: the package pulls in ~8 s of web UI
+    pytest.skip("the [openenv] extra (scripts/setup.sh installs it)", allow_module_level=True)
 
 from rlinf_like.envs.text.config import AgentConfig, OpenEnvOptions  # noqa: E402
 from rlinf_like.envs.text.openenv_env import OpenEnvText, serve  # noqa: E402
@@ -70,7 +73,8 @@ def test_an_unknown_server_or_app_is_refused_by_key_and_a_dead_server_fails_the_
     assert [e.end_reason for e in results[0].episodes] == ["error", "error"]
 
 
-def test_grpo_on_the_openenv_example_runs_two_steps(tmp_path):
+@pytest.mark.extended  # the episodes over the served game are tested above; the runner's agentic path, resumed,
+def test_grpo_on_the_openenv_example_runs_two_steps(tmp_path):  # in tests/test_agentic_runner.py
     """The documented preset, cut small and in process: the SFT warm-start plays binary search against the server
     the driver serves, and two GRPO steps train on the game's reward. (A resumed run restores nothing of the
     environment's: its sessions live one episode; the calculator preset's resume test covers the episodes' runner.)"""

@@ -2,11 +2,13 @@
 GuessTheNumber-v0 to the end by binary search, each turn showing only what the game's log gained; then episodes of
 the tiny model over the native engine keep exactly the engine's tokens."""
 
+import importlib.util
 import re
 
 import pytest
 
-pytest.importorskip("textarena", reason="the [textarena] extra (scripts/setup.sh installs it)")
+if importlib.util.find_spec("textarena") is None:  # a lookup: importing it here would cost every pytest worker
+    pytest.skip("the [textarena] extra (scripts/setup.sh installs it)", allow_module_level=True)
 
 from rlinf_like.envs.text.config import AgentConfig, TextArenaOptions  # noqa: E402
 from rlinf_like.envs.text.textarena_env import TextArenaText  # noqa: E402

@@ -2,12 +2,14 @@
 own harness, tool server and rubric against our OpenAI-compatible endpoint; training reads the exact tokens
 the endpoint recorded. Failures are retried in a fresh session, then exclude the group, naming the episode."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verifiers.v1", reason="the [verifiers] extra (bash scripts/setup.sh installs it)")
+if importlib.util.find_spec("verifiers") is None:  # a lookup: importing it here would cost every pytest worker
+    pytest.skip("the [verifiers] extra (bash scripts/setup.sh installs it)", allow_module_level=True)
 
 from rlinf_like.envs.text.verifiers_env import VerifiersEnv, load  # noqa: E402
 from rlinf_like.models import load_tokenizer  # noqa: E402
@@ -136,7 +138,8 @@ def test_the_tasks_must_come_from_the_environment(tmp_path):
         check_config(cfg)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.extended  # ~8 CPU-s an episode (verifiers' tool server and harness processes); the episodes, retries
+@pytest.mark.timeout(300)  # and demonstrations are tested above, the agentic runner's resume in test_agentic_runner.py
 def test_a_two_step_grpo_run_on_the_example_environment_resumes_mid_run(tmp_path):
     """Step 1, a checkpoint, then the same run resumed for step 2: the history of step 1 is kept."""
     cfg = verifiers_config(tmp_path)

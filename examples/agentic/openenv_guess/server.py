@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 from uuid import uuid4
+
+# openenv-core imports its Gradio web UI with the package, ~8 s of CPU in every process that imports it; this server
+# serves no UI, and a UI that does not import is what openenv-core falls back to when gradio is absent
+sys.modules.setdefault("openenv.core.env_server.web_interface", None)
 
 from openenv.core import Action, Environment, Observation, State, create_fastapi_app
 from pydantic import Field
