@@ -78,6 +78,7 @@ def load(path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
+@pytest.mark.extended  # the Megatron manager's TP/PP/DP training and its exact sync: test_megatron_manager.py
 @needs_megatron
 def test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights(cluster, tmp_path):
     from rlinf_like.hybrid_engines.megatron import MegatronConfig

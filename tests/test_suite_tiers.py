@@ -1,0 +1,35 @@
+"""The `extended` tier (`pytest --extended`; tests/conftest.py): README's test command leaves these out to hold its
+15-minute budget on 2 cores. Each is an end-to-end variant whose parts the default suite tests, and none is one of the
+exactness guarantees (golden runs, exact resume, the SIGKILL fault test, reshard bit-exactness, in-process == Ray,
+real-model tests): what moves into the tier is named here, so it cannot grow unseen."""
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+EXTENDED = {
+    "test_multinode.py::test_two_slurm_nodes_on_loopback_run_a_pipelined_ppo_job_across_both",
+    "test_verifiers.py::test_a_two_step_grpo_run_on_the_example_environment_resumes_mid_run",
+    "test_openenv.py::test_grpo_on_the_openenv_example_runs_two_steps",
+    "test_bench_lora.py::test_quick_run_ends_with_the_json_line",
+    "test_actor_megatron.py::test_megatron_tp2_actor_steps_like_fsdp_and_syncs_its_exported_weights",
+}
+# the files that hold the guarantees: none of their tests may be extended
+GUARANTEES = ("test_golden_runs.py", "test_faults.py", "test_local_backend.py", "test_dynamic_schedule.py",
+              "test_weight_sync.py", "test_real_model.py", "test_reasoning_runner.py", "test_megatron_manager.py")
+
+
+def marked(mark: str) -> set[str]:
+    """`file::test` of every test function carrying @pytest.mark.<mark>."""
+    found = set()
+    for path in sorted(TESTS.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and any(
+                    ast.unparse(d).split("(")[0] == f"pytest.mark.{mark}" for d in node.decorator_list):
+                found.add(f"{path.name}::{node.name}")
+    return found
+
+
+def test_the_extended_tier_is_the_listed_tests_and_no_guarantee():
+    assert marked("extended") == EXTENDED
+    assert not [t for t in EXTENDED if t.split("::")[0] in GUARANTEES]
