@@ -28,8 +28,8 @@ def pytest_configure(config):
 
 def pytest_addoption(parser):
     parser.addoption("--extended", action="store_true",
-                     help="also run the `extended` tests: end-to-end variants (two Ray nodes, the verifiers and OpenEnv "
-                          "runners, the benchmarks' quick runs) whose parts the default suite tests; minutes more")
+                     help="also run the `extended` tests (tests/test_suite_tiers.py lists them): end-to-end variants "
+                          "whose parts the default suite tests; minutes more")
 
 
 def pytest_collection_modifyitems(config, items):
