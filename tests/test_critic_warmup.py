@@ -1,5 +1,6 @@
 """Critic warmup: during the first `critic.warmup_steps` steps only the value model
-trains. Real actor and critic worker groups driven by the runner's own update step."""
+trains. Real actor and critic worker groups driven by the runner's own update step, in process (one rank each: the
+subject is the update step, not the process boundary)."""
 
 import pytest
 import torch
@@ -30,7 +31,14 @@ def toy_batch(rows=4):
 
 
 @pytest.fixture()
-def runner_with_workers(cluster, tmp_path):
+def runner_with_workers(tmp_path):
+    from rlinf_like.runtime import Cluster, ClusterConfig
+
+    with Cluster(ClusterConfig(backend="local", num_cpus=1)) as cluster:
+        yield from _runner_with_workers(cluster, tmp_path)
+
+
+def _runner_with_workers(cluster, tmp_path):
     path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
     loop = LoopConfig(mini_batches=1, micro_batch_size=None, epochs=2)  # None: the 4 rows in one pass
     placement = cluster.place({"actor": "0", "critic": "0"})
