@@ -35,25 +35,21 @@ def runner_with_workers(tmp_path):
     from rlinf_like.runtime import Cluster, ClusterConfig
 
     with Cluster(ClusterConfig(backend="local", num_cpus=1)) as cluster:
-        yield from _runner_with_workers(cluster, tmp_path)
-
-
-def _runner_with_workers(cluster, tmp_path):
-    path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
-    loop = LoopConfig(mini_batches=1, micro_batch_size=None, epochs=2)  # None: the 4 rows in one pass
-    placement = cluster.place({"actor": "0", "critic": "0"})
-    actor = ActorWorker.create_group(ActorConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=1e-2)), loop=loop)).launch(
-        cluster, placement, "actor")
-    critic = CriticWorker.create_group(CriticConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
-                                                    loop=loop, value_clip=None)).launch(cluster, placement, "critic")
-    cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae"), critic=CriticSection(warmup_steps=WARMUP),
-                          runner=RunnerConfig(output_dir=str(tmp_path / "run")))
-    check_config(cfg)
-    workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(timeout=60),
-                      rollout=None, reward=None, critic=critic, collocated=False)
-    yield (cfg, workers), path, tmp_path
-    actor.shutdown()
-    critic.shutdown()
+        path = write_tiny_model(tmp_path / "model", TinyModelSpec(init_std=0.02))
+        loop = LoopConfig(mini_batches=1, micro_batch_size=None, epochs=2)  # None: the 4 rows in one pass
+        placement = cluster.place({"actor": "0", "critic": "0"})
+        actor = ActorWorker.create_group(ActorConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=1e-2)), loop=loop)).launch(
+            cluster, placement, "actor")
+        critic = CriticWorker.create_group(CriticConfig(model_path=str(path), fsdp=FSDPConfig(optim=OptimConfig(lr=3e-3, clip_grad=None)),
+                                                        loop=loop, value_clip=None)).launch(cluster, placement, "critic")
+        cfg = ReasoningConfig(algorithm=AlgorithmConfig(advantage="gae"), critic=CriticSection(warmup_steps=WARMUP),
+                              runner=RunnerConfig(output_dir=str(tmp_path / "run")))
+        check_config(cfg)
+        workers = Workers(placement=placement, actor=actor, actor_dp=actor.data_parallel().wait(timeout=60),
+                          rollout=None, reward=None, critic=critic, collocated=False)
+        yield (cfg, workers), path, tmp_path
+        actor.shutdown()
+        critic.shutdown()
 
 
 def actor_weights(runner, path):

@@ -47,15 +47,16 @@ SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": 
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
-_GENERATED = "data.sft_problems=8 data.test_problems=4"  # the generated data's sizes; files keep theirs
 # in process (no Ray start-up, one rank per group): the presets' Ray runs are tested in test_agentic_runner.py,
 # test_openenv.py and test_embodied.py; here the documented command line, its preset and its script are what is checked
 _LOCAL = "cluster.backend=local"
 _AGENT = f"{_REASONING} {_LOCAL} cluster.component_placement.actor=0 cluster.component_placement.rollout=0"
 _EMBODIED = (f"{_LOCAL} runner.total_env_steps=1 runner.steps_per_rollout=4 runner.stream_chunk_steps=2 env.num_envs=2 "
              "algorithm.ppo.epochs=1 algorithm.ppo.mini_batches=2 runner.save_every=1 runner.output_dir={out}")
-# script -> what makes its run one step long and writes under the scratch directory
-CUT = {"examples/reasoning/main_grpo.py": _REASONING, "examples/agentic/main_agent.py": _AGENT,
+# the reasoning script: its documented commands run as the golden runs (tests/test_golden_runs.py), not here
+GOLDEN_SCRIPT = "examples/reasoning/main_grpo.py"
+# every other script -> what makes its run one step long and writes under the scratch directory
+CUT = {"examples/agentic/main_agent.py": _AGENT,
        "examples/embodied/main_embodied.py": _EMBODIED,
        "examples/embodied/bc_warmstart.py": "--steps 2 --epochs 1 --num-envs 2 --batch 4",
        "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
@@ -102,16 +103,15 @@ def _script(command: str) -> str:
 
 
 def cut(command: str) -> str:
-    """The overrides that cut `command` down (`CUT`, plus the generated data's sizes unless it reads files)."""
-    extra = _GENERATED if _script(command).endswith("main_grpo.py") and "data.source=files" not in command else ""
-    return f"{CUT[_script(command)]} {extra}"
+    """The overrides that cut `command` down (`CUT`)."""
+    return CUT[_script(command)]
 
 
 def golden_run(command: str) -> str | None:
     """The golden run (tests/test_golden_runs.py) that runs this command's preset and placement, if any."""
     from golden.record import IN_PROCESS, RUNS
 
-    if _script(command) != "examples/reasoning/main_grpo.py":
+    if _script(command) != GOLDEN_SCRIPT:
         return None
     args = command.split()[2:]
     if "--config-name" not in args:
@@ -133,7 +133,7 @@ def launched() -> list[tuple[str, str]]:
     first: dict[str, tuple[str, str]] = {}
     for where, command in CHECKED:
         script = _script(command)
-        if script not in ("examples/reasoning/main_grpo.py", "rlinf_like.config.show") and "--help" not in command:
+        if script not in (GOLDEN_SCRIPT, "rlinf_like.config.show") and "--help" not in command:
             first.setdefault(script, (where, command))
     return list(first.values())
 
@@ -146,15 +146,14 @@ def test_only_setup_cluster_and_viewer_commands_are_skipped():
     assert [why for why, _ in skipped] == ["gemma3 install", "gpu", "multi-node driver", *["ray cluster"] * 5,
                                            "setup", "setup", "slurm", "viewer", "vllm install"], skipped
     scripts = {_script(c) for _, c in CHECKED}
-    assert scripts == set(CUT), f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
+    assert scripts == {*CUT, GOLDEN_SCRIPT}, f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
     assert len(CHECKED) >= 20
     # the preset runs left to the golden test are exactly its collocated (README's in-process debugging command)
     # and pipelined runs
     assert sorted({golden_run(c) for _, c in COMMANDS} - {None}) == ["collocated", "pipelined"]
-    assert [golden_run(c) for _, c in CHECKED if DEBUG_MARK in c and _script(c).endswith("main_grpo.py")][:1] \
-        == ["collocated"]
+    assert [golden_run(c) for _, c in CHECKED if DEBUG_MARK in c and _script(c) == GOLDEN_SCRIPT][:1] == ["collocated"]
     # every other entry script runs once here
-    assert {_script(c) for _, c in LAUNCH} == set(CUT) - {"rlinf_like.config.show", "examples/reasoning/main_grpo.py"}
+    assert {_script(c) for _, c in LAUNCH} == set(CUT) - {"rlinf_like.config.show"}
 
 
 def test_readme_placement_overrides_compose_to_the_placement_they_describe():

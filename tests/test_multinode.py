@@ -79,14 +79,20 @@ def check_pipelined_ppo(stdout: str, out: Path) -> None:
     assert gaps[0] < 1e-3 and all(g > 10 * gaps[0] for g in gaps[1:]), gaps
 
 
+def run_pipelined_ppo(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """The pipelined PPO run through the reasoning script, with `overrides` placing it."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), *PIPELINED_PPO, *overrides,
+         f"runner.output_dir={out}"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 def test_pipelined_ppo_streams_groups_under_a_token_budget_with_kl_and_a_checkpointed_critic(tmp_path):
     """The two-node run's PPO, in process (one rank a group, no Ray): what `check_pipelined_ppo` asserts is the
     schedule's, the critic's and the reference's, not the nodes'."""
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), *PIPELINED_PPO, "cluster.backend=local",
-         f"runner.output_dir={tmp_path / 'run'}"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_pipelined_ppo(tmp_path / "run", "cluster.backend=local")
     check_pipelined_ppo(run.stdout, tmp_path / "run")
 
 
@@ -107,11 +113,7 @@ def test_two_slurm_nodes_on_loopback_run_a_pipelined_ppo_job_across_both(tmp_pat
         assert "SLURM node 0 of 2" in head_out and "2 node(s) up" in head_out  # the head waited for the worker
         assert "SLURM node 1 of 2" in worker.stdout and "Ray worker up" in worker.stdout
 
-        run = subprocess.run(
-            [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), *PIPELINED_PPO,
-             f"cluster.address=127.0.0.1:{port}", "cluster.num_nodes=2", f"runner.output_dir={tmp_path / 'run'}"],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, cwd=ROOT)
-        assert run.returncode == 0, run.stderr[-3000:]
+        run = run_pipelined_ppo(tmp_path / "run", f"cluster.address=127.0.0.1:{port}", "cluster.num_nodes=2")
         # device i is CPU slot i, numbered node by node: actor on the head, rollout + reward on the worker
         assert re.search(r"actor: 1 ranks on cpu \[0\] of node\(s\) \[0\]", run.stdout), run.stdout
         assert re.search(r"rollout: 1 ranks on cpu \[1\] of node\(s\) \[1\]", run.stdout), run.stdout
