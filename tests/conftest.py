@@ -82,10 +82,12 @@ def gemma3_path() -> str:
 @pytest.fixture(scope="session")
 def cluster():
     """One real local Ray instance (2 CPU slots) for the whole session: starting Ray costs ~5 s. No GPUs, even on a
-    GPU host: the CPU tests' unprefixed placements ("0-1") would otherwise ask for GPUs there."""
+    GPU host: the CPU tests' unprefixed placements ("0-1") would otherwise ask for GPUs there. Its rank processes
+    are kept between tests (reuse_workers): a test's groups start on processes whose imports are done."""
     from rlinf_like.runtime import Cluster, ClusterConfig
 
-    c = Cluster(ClusterConfig(num_cpus=2, num_gpus=0, collective_timeout_s=60, reserve_timeout_s=20))
+    c = Cluster(ClusterConfig(num_cpus=2, num_gpus=0, collective_timeout_s=60, reserve_timeout_s=20,
+                              reuse_workers=True))
     yield c
     c.shutdown()
 

@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlinf_like.runtime import comm
 from rlinf_like.runtime.cluster import Cluster
 from rlinf_like.runtime.errors import GroupTimeoutError, WorkerDiedError, WorkerError
+from rlinf_like.runtime.host_pool import HostKey, HostPool
 from rlinf_like.runtime.local import LocalCallError, LocalHost
 from rlinf_like.runtime.placement import Placement
 from rlinf_like.runtime.process_memory import MemorySample, memory_kill_cause, read_memory
@@ -200,6 +202,8 @@ class WorkerGroup:
         self.memory: dict[int, MemorySample] = {}  # each rank's last measured memory (ranks on the driver's node)
         self._measured: set[int] = set()  # those ranks
         self.gpu_ranks: list[int] = []  # the ranks placed on a GPU (they answer `device_memory`)
+        self._pool: HostPool | None = None  # cluster.reuse_workers: where shutdown leaves the rank processes
+        self._keys: list[HostKey] = []
 
     # --- launch --------------------------------------------------------------------------------
     def launch(
@@ -224,13 +228,19 @@ class WorkerGroup:
         self.name, self.memory_advice = name, memory_advice
         self._ranks = list(range(component.world_size))
         self.gpu_ranks = [rp.rank for rp in component.ranks if rp.device.kind == "gpu"]
+        self._pool = cluster.host_pool
+        binds = []  # kept processes taking this group's ranks
         for rp in component.ranks:
             ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s,
                                 in_process=cluster.in_process)
-            self._hosts.append(self._start_host(cluster, rp, ctx))
+            host, bind = self._start_host(cluster, rp, ctx)
+            self._hosts.append(host)
+            binds += [(rp.rank, bind)] if bind is not None else []
         if cluster.in_process:
             cluster.adopt(self)
         try:
+            if binds:
+                GroupResult(name, "bind", [r for r, _ in binds], [b for _, b in binds], self).wait(timeout)
             info = self._call_hosts("node_info", self._ranks).wait(timeout)
             self.node_ips = [ip for ip, _ in info]
             self.pids = [pid for _, pid in info]
@@ -246,24 +256,32 @@ class WorkerGroup:
             self._call_hosts("construct", self._ranks).wait(timeout)
             self.sample_memory(*self._ranks)
         except BaseException:
-            self.shutdown()
+            self._end(keep=False)  # a failed launch's processes may not even have started: none is kept
             raise
         return self
 
     def _start_host(self, cluster: Cluster, rp, ctx: WorkerContext):
-        """One rank's host: a Ray actor on the rank's reserved device, or threads of this process."""
+        """One rank's host: a Ray actor on the rank's reserved device (a kept one when the cluster reuses them,
+        returned with its pending `bind`), or threads of this process."""
         if cluster.in_process:
-            return LocalHost(_WorkerHost, self.worker_cls, ctx, self._args, self._kwargs)
+            return LocalHost(_WorkerHost, self.worker_cls, ctx, self._args, self._kwargs), None
+        key = HostKey(rp.device.kind, rp.device.index, rp.share)
+        self._keys.append(key)
+        name = f"{self.name}-{rp.rank}"
+        if self._pool is not None and rp.device.kind == "cpu":
+            if (host := self._pool.take(key)) is not None:
+                return host, host.bind.remote(self.worker_cls, ctx, self._args, self._kwargs)
+            name += f"-{uuid.uuid4().hex[:6]}"  # a kept process keeps its first name: a later one needs another
         resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
         return _RemoteHost.options(
-            name=cluster.scoped_name(f"{self.name}-{rp.rank}"),
+            name=cluster.scoped_name(name),
             namespace=cluster.config.namespace,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 cluster.reservation(rp.device), placement_group_bundle_index=0
             ),
             max_restarts=0,
             **resources,
-        ).remote(self.worker_cls, ctx, self._args, self._kwargs)
+        ).remote(self.worker_cls, ctx, self._args, self._kwargs), None
 
     # --- calls -----------------------------------------------------------------------------------
     @property
@@ -311,15 +329,23 @@ class WorkerGroup:
 
     # --- lifetime --------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Kill every rank's process (their device shares go back to Ray); in process, end its threads once
-        the calls already queued have run."""
+        """Kill every rank's process (their device shares go back to Ray), or empty it and keep it for the next
+        group where the cluster reuses them; in process, end its threads once the calls already queued have run."""
+        self._end(keep=True)
+
+    def _end(self, keep: bool) -> None:
+        kept = []
         for rank, handle in enumerate(self._hosts):
             if isinstance(handle, LocalHost):
                 if not handle.stop():
                     log.warning("worker group %r rank %d: a call was still running at shutdown", self.name, rank)
+            elif keep and self._pool is not None and self._keys[rank].kind == "cpu":
+                kept.append((self._keys[rank], handle))
             else:
                 ray.kill(handle, no_restart=True)
-        self._hosts = []
+        if kept:
+            self._pool.give_back(kept)
+        self._hosts, self._keys = [], []
 
     def actor_handles(self) -> list[ray.actor.ActorHandle]:
         return list(self._hosts)

@@ -3,7 +3,10 @@ both import it, neither imports the other through it)."""
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,12 @@ class _WorkerHost:
     def __init__(self, worker_cls: type, ctx: WorkerContext, args: tuple, kwargs: dict):
         limit_threads()
         setup_logging()  # a worker's log lines reach the driver's console through Ray, as its prints do
+        # what `release` restores for the next worker this process hosts (cluster.reuse_workers)
+        self._fresh = (dict(os.environ), list(sys.path), os.getcwd(), {id(t) for t in threading.enumerate()})
+        self.bind(worker_cls, ctx, args, kwargs)
+
+    def bind(self, worker_cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> None:
+        """Take one rank of a group: the context now, the Worker's own __init__ at `construct`."""
         if ctx.device.kind == "gpu":
             import torch
 
@@ -59,6 +68,45 @@ class _WorkerHost:
         self.worker._ctx = ctx
         self.worker._peer_groups = {}
         self._args, self._kwargs = args, kwargs
+
+    def release(self) -> str | None:
+        """Drop the worker, its process groups and what it changed in the process, so that this process can host a
+        rank of the next group launched on its device (cluster.reuse_workers): its imports are done, which is most
+        of a worker's start-up. Returns None when the process is as good as a new one, else why it is not (the
+        caller then ends it): a GPU rank (CUDA state), or a thread or child process the worker left running."""
+        if self._ctx.device.kind == "gpu":
+            return "a GPU rank"
+        import torch
+        import torch.distributed as dist
+
+        if (ps := sys.modules.get("megatron.core.parallel_state")) is not None and ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.worker = None
+        self._stores.clear()
+        gc.collect()
+        env, path, cwd, threads = self._fresh
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path[:] = path
+        os.chdir(cwd)
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.seed()  # a seed from the OS, as a new process's global generator starts from
+        limit_threads()
+        # threads Ray runs Python on (its concurrency groups) are "dummy" threads; a worker's own are not
+        left = [t.name for t in threading.enumerate()
+                if id(t) not in threads and t.is_alive() and not isinstance(t, threading._DummyThread)]
+        if left:
+            return f"threads left running: {left}"
+        try:
+            import psutil
+        except ImportError:
+            return "psutil is missing, so child processes cannot be seen"
+        if children := psutil.Process().children():
+            return f"child processes left running: {[c.pid for c in children]}"
+        return None
 
     def construct(self) -> None:
         self.worker.__init__(*self._args, **self._kwargs)
