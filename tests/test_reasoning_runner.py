@@ -103,6 +103,12 @@ def inspectable(out: Path, outputs: set[Path], rows: list[dict], stdout: str) ->
     assert events.Scalars("sft/loss")[-1].value == pytest.approx(rows[0]["sft_loss"])
     assert {"grpo/samples/train/text_summary", "grpo/samples/eval/text_summary"} <= set(events.Tags()["tensors"])
     assert [e.step for e in events.Scalars("grpo/memory/driver_gb")] == list(range(1, 16))  # TensorBoard only
+    # each phase's share of the measured matmul peak (a count or a peak that is off shows as a share above 1)
+    for phase in ("train", "rollout"):
+        mfu = [e.value for e in events.Scalars(f"grpo/perf/mfu_{phase}")]
+        assert len(mfu) == 15 and all(0 < v < 1 for v in mfu), (phase, mfu)
+        assert all(e.value > 0 for e in events.Scalars(f"grpo/perf/tflops_{phase}"))
+    assert "matmul peak" in log and "MFU" in log.split("best held-out")[-1]  # the first lines, the closing ones
     new = {"reward_std", "reward_min", "reward_max", "advantage_std", "advantage_min", "advantage_max",
            "response_tokens_max", "truncated_rate", "step_s"}
     assert all(new <= set(h) for h in rows[1:]), new - set(rows[1])

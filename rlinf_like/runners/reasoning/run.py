@@ -26,7 +26,8 @@ from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
 from rlinf_like.runners.reasoning.checks import check_config, check_context, check_finite
 from rlinf_like.runners.common import plot_series
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start
+from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start, precision_choice
+from rlinf_like.runners.reasoning.perf import StepPerf
 from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
 from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
 from rlinf_like.runners.run_record import CHECKPOINT, RunRecord
@@ -138,6 +139,7 @@ class ReasoningRun(RunRecord):
         try:
             self.workers = launch_workers(self.cfg, self.cluster, self.model_path, self.estimator, self.out,
                                           self.actor_worker, self.check_placement, longest)
+            self.perf = self._measure_limit()
             if self.can_resume(self.cfg.runner.resume):
                 self._restore()
             else:
@@ -159,6 +161,15 @@ class ReasoningRun(RunRecord):
             self.cluster.__exit__(*exc)
         finally:
             self._close_files()
+
+    def _measure_limit(self) -> StepPerf:
+        """What each step's MFU is measured against: the host's matmul peak in the actor's precision."""
+        w = self.workers
+        kind = w.placement["actor"].device_kind
+        perf = StepPerf.of_run(self.cfg, self.model_path, precision_choice(self.cfg, kind)[0], kind,
+                               w.actor.world_size, w.rollout.world_size)
+        log.info(perf.peak.describe() if perf.peak else "no matmul peak for these devices: MFU is not reported")
+        return perf
 
     def _close_files(self) -> None:
         self.close_trackers()
@@ -255,7 +266,9 @@ class ReasoningRun(RunRecord):
             metrics.update(self.last_eval)
         # memory goes to the trackers only: like timings it differs between runs, and the history is compared across
         # runs (backends, schedules, resumes) key by key
-        self.record("step", self.step, metrics, "grpo", self.step, memory_metrics(self.workers.all_groups()))
+        perf = {} if generated is None else self.perf.step(generated.results, metrics.get("train_s"),
+                                                            metrics.get("rollout_s"))
+        self.record("step", self.step, metrics, "grpo", self.step, {**memory_metrics(self.workers.all_groups()), **perf})
         self._bar.set_postfix(progress_postfix(metrics, self.last_eval))
         if self.step % r.save_every == 0 or self.step == r.max_steps:
             self._checkpoint()
@@ -309,7 +322,8 @@ class ReasoningRun(RunRecord):
                  f"{FINAL_MODEL}/ is step {self.step}"
                  + (f", and the one checkpoint kept is {CHECKPOINT}/{kept}" if kept else "")
                  + f"\nplot: {self.out / 'curves.png'}   TensorBoard: tensorboard --logdir {self.out / 'tensorboard'}"
-                 f"   samples: {self.out / 'samples.jsonl'}   log: {self.run_log.path}")
+                 f"   samples: {self.out / 'samples.jsonl'}   log: {self.run_log.path}"
+                 + (f"\n{self.perf.summary()}" if self.perf.seen else ""))
         return RunResult(summary=summary, history=self.history, extras=extras)
 
 
