@@ -56,6 +56,7 @@ class Fp16Trainer(Worker):
         return metrics, changed
 
 
+@pytest.mark.extended
 def test_fsdp_fp16_manager_skips_overflow_on_every_rank(cluster):
     group = Fp16Trainer.create_group().launch(cluster, cluster.place({"fp16": "0-1"}), "fp16")
     try:

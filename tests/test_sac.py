@@ -105,6 +105,7 @@ def test_replay_ring_overwrites_and_samples_stored_rows():
     assert torch.allclose(batch["next_obs"], batch["obs"] + 1) and torch.all(batch["discount"] == 0.9)
 
 
+@pytest.mark.extended
 def test_sac_learns_pendulum():
     """From ~-1200 (random) to above -400 mean return over the last 5 episodes, in one process. Seeds 0-4 on an Intel
     Xeon (AVX-512, AMX): first 2 episodes -1741 to -1110, last 5 -202 to -129: each bound ~200 from the nearest."""

@@ -138,8 +138,8 @@ def test_the_tasks_must_come_from_the_environment(tmp_path):
         check_config(cfg)
 
 
-@pytest.mark.extended  # ~8 CPU-s an episode (verifiers' tool server and harness processes); the episodes, retries
-@pytest.mark.timeout(300)  # and demonstrations are tested above, the agentic runner's resume in test_agentic_runner.py
+@pytest.mark.extended  # ~8 CPU-s an episode (verifiers' tool server and harness processes); the episodes and
+@pytest.mark.timeout(300)  # retries are tested above, the agentic runner's resume in test_agentic_runner.py
 def test_a_two_step_grpo_run_on_the_example_environment_resumes_mid_run(tmp_path):
     """Step 1, a checkpoint, then the same run resumed for step 2: the history of step 1 is kept."""
     cfg = verifiers_config(tmp_path)
@@ -151,6 +151,7 @@ def test_a_two_step_grpo_run_on_the_example_environment_resumes_mid_run(tmp_path
     for h in (h for h in resumed if "reward" in h):  # the rubric's functions, per step; no episode excluded
         assert {"reward/correct", "reward/used_calculator"} <= set(h) and h["agent/excluded_groups"] == 0
 
+@pytest.mark.extended
 def test_demonstrations_play_through_the_environment(tokenizer):
     """The warm start's rows are episodes the environment itself played with a scripted model: its tool list in
     the prompt, the tool server's real answer in the target (mask 0), the demonstration's turns (mask 1)."""
