@@ -3,8 +3,6 @@ static schedule for the same seed, bit for bit, while unfinished requests migrat
 the devices go to the actor replica by replica."""
 
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -92,20 +90,18 @@ def test_bad_schedule_values_are_refused_by_name(tmp_path):
         check_dynamic(cfg)
 
 
-def run_schedule(root: Path, handover: str) -> dict:
-    """One hand-over in a spawned process: each run owns its Ray, which the test session's shared Ray would
-    refuse. Returns what the test compares (the scheduler's record, not the scheduler)."""
-    result = dynamic.train(small_config(root / handover, "dynamic"), handover=handover)
+def run_schedule(root: Path, handover: str, cluster) -> dict:
+    """One hand-over on the test session's Ray (`cluster=`: the run launches its workers there and ends them at its
+    end). Returns what the test compares (the scheduler's record, not the scheduler)."""
+    result = dynamic.train(small_config(root / handover, "dynamic"), handover=handover, cluster=cluster)
     scheduler = result.extras["scheduler"]
     return {"history": result.history, "dp_sizes": [scheduler.dp_sizes(step) for step in range(STEPS)],
             "events": [(e.step, e.kind, e.detail) for e in scheduler.events]}
 
 
-@pytest.mark.timeout(600)  # two runs side by side, each with its own Ray, in child processes
-def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path):
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {h: pool.submit(run_schedule, tmp_path, h) for h in ("static", "dynamic")}
-        runs = {h: f.result() for h, f in futures.items()}
+@pytest.mark.timeout(600)  # two runs, one after the other
+def test_dynamic_schedule_equals_static_bit_for_bit(tmp_path, cluster):
+    runs = {h: run_schedule(tmp_path, h, cluster) for h in ("static", "dynamic")}
     static, dynamic = runs["static"], runs["dynamic"]
 
     # the migration and hand-over happened: under dynamic, half-way through every step both replicas

@@ -181,29 +181,25 @@ def _final_weights(out: Path) -> str:
     return hashlib.sha256(b"".join(tensors[k].numpy().tobytes() for k in sorted(tensors))).hexdigest()
 
 
-def _grpo(out: Path, backend: str) -> list[dict]:
+def _grpo(out: Path, backend: str, cluster: Cluster | None = None) -> list[dict]:
     from rlinf_like.runners.reasoning import train
 
     cfg = small_reasoning_config(out, max_steps=2)
     cfg.cluster.backend = backend
     cfg.cluster.component_placement = {"actor,rollout": "0", "reward": "1"}
     cfg.reward.fn = "user_rewards:digits"  # rewards that differ within a group: the weights move
-    return train(cfg).history
+    return train(cfg, cluster=cluster).history
 
 
 TIMINGS = ("_s", "per_s", "elapsed")
 
 
 @pytest.fixture(scope="module")
-def ray_sides(tmp_path_factory):
-    """The Ray runs the equality tests compare with, both started at once, each in a spawned process (this one may
-    hold the session's Ray, the `cluster` fixture), while the in-process sides run here."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
+def ray_sides(tmp_path_factory, cluster):
+    """The Ray runs the equality tests compare with, on the test session's Ray (`cluster=`: each run launches its
+    workers there, on kept worker processes, and ends them at its end)."""
     root = tmp_path_factory.mktemp("ray_sides")
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield {"grpo": pool.submit(_grpo, root / "grpo", "ray"), "sac": pool.submit(_sac, root / "sac", "ray")}, root
+    return {"grpo": _grpo(root / "grpo", "ray", cluster), "sac": _sac(root / "sac", "ray", cluster)}, root
 
 
 @pytest.mark.slow
@@ -211,8 +207,8 @@ def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path, ray_sides):
     """Two GRPO steps (SFT-free, a reward that moves the weights) with one seed: every metric and every exported
     weight bit the same on both backends."""
     local_run = _grpo(tmp_path / "local", "local")
-    futures, root = ray_sides
-    ray_run = futures["grpo"].result()
+    runs, root = ray_sides
+    ray_run = runs["grpo"]
 
     def numbers(history):
         return [{k: v for k, v in h.items() if not any(t in k for t in TIMINGS)} for h in history]
@@ -224,14 +220,14 @@ def test_collocated_grpo_on_local_equals_ray_bit_for_bit(tmp_path, ray_sides):
     assert _final_weights(tmp_path / "local") == _final_weights(root / "grpo")
 
 
-def _sac(out: Path, backend: str) -> list[dict]:
+def _sac(out: Path, backend: str, cluster: Cluster | None = None) -> list[dict]:
     from test_embodied_sac import history, sac_config
 
     from rlinf_like.runners.embodied.sac import EmbodiedSACRunner
 
     cfg = sac_config(out)
     cfg.cluster.backend = backend
-    runner = EmbodiedSACRunner(cfg)
+    runner = EmbodiedSACRunner(cfg, cluster=cluster)
     runner.run()
     return history(runner.history)
 
@@ -241,6 +237,6 @@ def test_embodied_sac_on_local_equals_ray(tmp_path, ray_sides):
     """SAC's rollout and learner sample side by side; each from its own generator, so the in-process run draws
     what the Ray run draws: every round's metrics the same."""
     local_rounds = _sac(tmp_path / "local", "local")
-    ray_rounds = ray_sides[0]["sac"].result()
+    ray_rounds = ray_sides[0]["sac"]
     assert len(local_rounds) == 4 and "q_loss" in local_rounds[-1]
     assert local_rounds == ray_rounds

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -76,3 +77,28 @@ def test_a_process_left_with_a_running_thread_is_ended_not_kept(cluster):
         assert second.pid().wait() != [pid]
     finally:
         second.shutdown()
+
+
+def test_a_run_on_a_borrowed_cluster_ends_its_groups_and_channels_and_leaves_ray_up(cluster):
+    import ray
+
+    from rlinf_like.runtime import Channel
+
+    view = cluster.scope()
+    assert view.run_id != cluster.run_id and view.devices == cluster.devices
+    group = Fresh.create_group().launch(view, view.place({"run": "0-1"}), "run")
+    name = view.scoped_name("results")
+    channel = Channel.create(name, dict)  # held here, so only a destroy ends its store
+    with view:  # what a run does at its end
+        pass
+    with pytest.raises(RuntimeError, match="not launched"):
+        group.state()
+    with pytest.raises(KeyError):
+        Channel.connect(name)
+    del channel
+    assert ray.is_initialized()
+    again = Fresh.create_group().launch(cluster, cluster.place({"next": "0-1"}), "next")  # the devices came back
+    try:
+        assert again.state().wait()[0]["world"] == 2
+    finally:
+        again.shutdown()

@@ -292,3 +292,13 @@ def _inline(item: Any) -> tuple:
 
 def _actor_name(name: str) -> str:
     return f"channel:{name}"
+
+
+def destroy_named(name: str, namespace: str | None = None) -> None:
+    """Destroy channel `name` if it exists (a run on a borrowed cluster, at its end): its queued items' files and its
+    store, as `Channel.destroy` does, and returns once the store is gone."""
+    try:
+        channel = Channel.connect(name, namespace)
+    except (KeyError, ray.exceptions.RayActorError):  # none, or already ending
+        return
+    channel.destroy()

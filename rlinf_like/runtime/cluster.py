@@ -11,6 +11,7 @@ that steps through a whole run and for tests that need no worker processes.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -114,6 +115,8 @@ class Cluster:
         self._reservations: dict[tuple[str, int], PlacementGroup] = {}
         self.run_id = uuid.uuid4().hex[:8]
         self.host_pool = HostPool() if self.config.reuse_workers and not self.in_process else None
+        self._parent: Cluster | None = None  # set on a `scope()` view: the cluster it borrows
+        self._names: list[str] = []  # a view's scoped names (its channels' among them), ended with it
         if self.in_process:
             self._start_in_process()
             return
@@ -167,8 +170,20 @@ class Cluster:
         log.info("cluster: in process (cluster.backend=local), %s", self.describe())
 
     def adopt(self, group) -> None:
-        """A worker group launched in process: the cluster ends its threads at shutdown, as ray.shutdown would."""
-        self._groups.append(group)
+        """A worker group launched in process, or through a `scope()` view: the cluster ends it at shutdown, as
+        ray.shutdown would."""
+        if self.in_process or self._parent is not None:
+            self._groups.append(group)
+
+    def scope(self) -> Cluster:
+        """A view of this cluster for one run on it (`train(cfg, cluster=...)`, a sweep's runs one after another):
+        the same Ray connection, devices, reservations and kept worker processes, names of its own; its `shutdown`
+        ends what was launched through it (worker groups, channels) and leaves Ray running."""
+        if self.in_process:
+            raise ValueError("cluster.backend=local holds one run at a time: start the run without a cluster")
+        view = copy.copy(self)
+        view.run_id, view._parent, view._groups, view._names = uuid.uuid4().hex[:8], self, [], []
+        return view
 
     # --- topology -------------------------------------------------------------------------
     def _wait_for_nodes(self) -> list[NodeInfo]:
@@ -249,7 +264,10 @@ class Cluster:
     def scoped_name(self, name: str) -> str:
         """`name` made unique to this run, for the Ray actors (workers, channels) it names in the
         namespace that other runs on the same Ray cluster share."""
-        return f"{name}-{self.run_id}"
+        scoped = f"{name}-{self.run_id}"
+        if self._parent is not None:
+            self._names.append(scoped)
+        return scoped
 
     # --- device reservations --------------------------------------------------------------
     def reservation(self, device: Device) -> PlacementGroup:
@@ -283,6 +301,9 @@ class Cluster:
 
     # --- lifetime ---------------------------------------------------------------------------
     def shutdown(self) -> None:
+        if self._parent is not None:
+            self._end_view()
+            return
         if self.in_process:
             if local.owner() is self:
                 for group in self._groups:
@@ -295,6 +316,16 @@ class Cluster:
             return
         self.release_reservations()
         ray.shutdown()
+
+    def _end_view(self) -> None:
+        from rlinf_like.runtime.channel import destroy_named
+
+        for group in self._groups:
+            group.shutdown()
+        self._groups.clear()
+        for name in self._names:  # the channels among them; the others are worker names
+            destroy_named(name, self.config.namespace)
+        self._names.clear()
 
     def __enter__(self) -> Cluster:
         return self

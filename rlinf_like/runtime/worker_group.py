@@ -236,8 +236,7 @@ class WorkerGroup:
             host, bind = self._start_host(cluster, rp, ctx)
             self._hosts.append(host)
             binds += [(rp.rank, bind)] if bind is not None else []
-        if cluster.in_process:
-            cluster.adopt(self)
+        cluster.adopt(self)
         try:
             if binds:
                 GroupResult(name, "bind", [r for r, _ in binds], [b for _, b in binds], self).wait(timeout)

@@ -113,9 +113,12 @@ class EmbodiedRunner(RunRecord):
     """A run object, as the reasoning runner's `ReasoningRun` is: its history, clock, trackers, checkpoints and
     summary.json are a `RunRecord`'s; `_launch` and `_iterate` are its phases, `_loop` the one loop."""
 
-    def __init__(self, cfg: EmbodiedConfig):
+    def __init__(self, cfg: EmbodiedConfig, cluster: Cluster | None = None):
+        """`cluster`: a running one to launch on (its Ray stays up; the run ends its own workers and channels);
+        None starts one from `cfg.cluster`."""
         check_config(cfg)
         super().__init__(cfg, Path(cfg.runner.output_dir))
+        self._borrowed = cluster
         self.iteration, self.env_steps, self.version = 0, 0, 0
 
     # --- setup ------------------------------------------------------------------------------------
@@ -211,7 +214,7 @@ class EmbodiedRunner(RunRecord):
         resume = self.can_resume(r.resume)
         path, state = self.latest() if resume else (None, {})
         workers = self._saved_workers(path) if resume else None
-        with Cluster(self.cfg.cluster) as cluster:
+        with (self._borrowed.scope() if self._borrowed else Cluster(self.cfg.cluster)) as cluster:
             # without saved env state, a resumed run's envs start fresh episodes from other seeds
             self._launch(cluster, r.seed + (0 if workers or not resume else 100_003 * state["iteration"]))
             if resume:

@@ -18,6 +18,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.data.sources import load_tasks
 from rlinf_like.runners.reasoning.run import RunResult
 from rlinf_like.runners.reasoning.schedules import SCHEDULES, STATIC
+from rlinf_like.runtime import Cluster
 from rlinf_like.runtime.placement import share_devices
 
 __all__ = ["check_batch_split", "check_config", "check_finite", "load_tasks", "schedule_of", "train"]
@@ -31,6 +32,8 @@ def schedule_of(cfg: ReasoningConfig) -> str:
     return "collocated" if share_devices(cfg.cluster.component_placement, "actor", "rollout") else "pipelined"
 
 
-def train(cfg: ReasoningConfig) -> RunResult:
+def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
+    """Run `cfg` to its end. `cluster`: a running one to launch on (e.g. one cluster for a sweep's runs, one after
+    another); its Ray stays up, and each run ends its own workers and channels. None: the run starts its own."""
     check_config(cfg)
-    return SCHEDULES.get(schedule_of(cfg)).train(cfg)
+    return SCHEDULES.get(schedule_of(cfg)).train(cfg, **({"cluster": cluster} if cluster is not None else {}))

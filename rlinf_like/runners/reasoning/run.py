@@ -80,9 +80,11 @@ class ReasoningRun(RunRecord):
     `RunRecord`'s, as the embodied runner's are."""
 
     def __init__(self, cfg: ReasoningConfig, actor_worker: type[ActorWorker] = ActorWorker,
-                 check_placement: Callable[[Placement], None] | None = None):
+                 check_placement: Callable[[Placement], None] | None = None, cluster: Cluster | None = None):
         """`actor_worker` and `check_placement` are a schedule's: its actor class, and what it needs of the
-        placement (checked before any worker starts)."""
+        placement (checked before any worker starts). `cluster`: a running one to launch on (its Ray stays up after
+        the run, which ends only its own workers and channels); None starts one from `cfg.cluster`."""
+        self._borrowed = cluster
         check_config(cfg)
         super().__init__(cfg, Path(cfg.runner.output_dir))
         self.run_log = RunLog(self.out)  # the driver's log lines, until __exit__
@@ -132,7 +134,7 @@ class ReasoningRun(RunRecord):
         self.open_trackers()
         self.samples = SampleLog(self.out, self.trackers, lambda ids: self.tokenizer.decode(ids))
         try:
-            self.cluster = Cluster(self.cfg.cluster).__enter__()
+            self.cluster = (self._borrowed.scope() if self._borrowed else Cluster(self.cfg.cluster)).__enter__()
         except BaseException:
             self._close_files()
             raise

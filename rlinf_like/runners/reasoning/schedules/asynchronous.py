@@ -23,7 +23,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
-from rlinf_like.runtime import Channel, GroupResult, WorkerGroup, wait_all
+from rlinf_like.runtime import Channel, Cluster, GroupResult, WorkerGroup, wait_all
 from rlinf_like.workers.rollout import RolloutResult
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 
@@ -36,8 +36,8 @@ def check(cfg: ReasoningConfig) -> None:
     check_serves_continuously(cfg.rollout, "runner.schedule=async")
 
 
-def train(cfg: ReasoningConfig) -> RunResult:
-    with ReasoningRun(cfg) as run:
+def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
+    with ReasoningRun(cfg, cluster=cluster) as run:
         w, r = run.workers, cfg.runner
         channel = Channel.create(run.cluster.scoped_name("async-groups"), RolloutResult)
         serving = w.rollout.serve(channel.name)  # runs until close_serving

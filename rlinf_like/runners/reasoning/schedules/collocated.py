@@ -13,12 +13,12 @@ from rlinf_like.runners.reasoning.phases import batch_metrics, make_requests, pr
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.runtime import wait_all
+from rlinf_like.runtime import Cluster, wait_all
 from rlinf_like.workers.rollout.worker import gather_results
 
 
-def train(cfg: ReasoningConfig) -> RunResult:
-    with ReasoningRun(cfg) as run:
+def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
+    with ReasoningRun(cfg, cluster=cluster) as run:
         for step in run.steps():
             run_step(run, step)
         return run.finish()

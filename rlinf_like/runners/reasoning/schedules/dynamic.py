@@ -32,7 +32,7 @@ from rlinf_like.runners.reasoning.phases import advantages, extra_metrics, make_
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
 from rlinf_like.runners.reasoning.schedules.elastic_rollout import ElasticRollout
-from rlinf_like.runtime import Channel, Placement, PlacementMode
+from rlinf_like.runtime import Channel, Cluster, Placement, PlacementMode
 from rlinf_like.runners.reasoning.schedules.device_handover import DeviceScheduler, check_handover
 from rlinf_like.workers.actor.elastic import ElasticActorWorker, mean_block_metrics
 from rlinf_like.workers.actor.backends import backend_class, backends_with
@@ -63,12 +63,12 @@ def check(cfg: ReasoningConfig) -> None:
                          f"got {cfg.actor.backend!r}")
 
 
-def train(cfg: ReasoningConfig, handover: str = "dynamic") -> RunResult:
+def train(cfg: ReasoningConfig, handover: str = "dynamic", cluster: Cluster | None = None) -> RunResult:
     """`handover="static"` gives the devices to the actor only once the whole rollout is done, and never
     migrates: the reference a dynamic run must equal."""
     handover = check_handover(handover)
     migrate_at = cfg.runner.migrate_at if handover == "dynamic" else 0.0
-    with ReasoningRun(cfg, actor_worker=ElasticActorWorker, check_placement=rank_by_rank) as run:
+    with ReasoningRun(cfg, actor_worker=ElasticActorWorker, check_placement=rank_by_rank, cluster=cluster) as run:
         w = run.workers
         tp = cfg.rollout.tp_size or w.placement["rollout"].world_size
         units = [list(range(j, j + tp)) for j in range(0, w.placement["rollout"].world_size, tp)]

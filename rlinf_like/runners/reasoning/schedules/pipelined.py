@@ -21,7 +21,7 @@ from rlinf_like.runners.reasoning.worker_set import Workers
 from rlinf_like.runners.reasoning.phases import RankPlan, batch_metrics, make_requests, prepare, score, update
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
 from rlinf_like.runners.reasoning.run_files import Generated
-from rlinf_like.runtime import Channel, GroupResult
+from rlinf_like.runtime import Channel, Cluster, GroupResult
 from rlinf_like.training.loop import plan_steps
 from rlinf_like.workers.actor.worker import loss_weigh
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
@@ -30,8 +30,8 @@ from rlinf_like.workers.rollout.worker import gather_results
 log = logging.getLogger(__name__)
 
 
-def train(cfg: ReasoningConfig) -> RunResult:
-    with ReasoningRun(cfg) as run:
+def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
+    with ReasoningRun(cfg, cluster=cluster) as run:
         w, r = run.workers, cfg.runner
         streaming = cfg.actor.loop.max_tokens_per_micro_batch is not None  # groups stream; the driver plans micro-batches
         ahead = Generations(w, stream=run.cluster.scoped_name("rollout-results") if streaming else None)
