@@ -294,11 +294,16 @@ def _actor_name(name: str) -> str:
     return f"channel:{name}"
 
 
-def destroy_named(name: str, namespace: str | None = None) -> None:
-    """Destroy channel `name` if it exists (a run on a borrowed cluster, at its end): its queued items' files and its
-    store, as `Channel.destroy` does, and returns once the store is gone."""
-    try:
-        channel = Channel.connect(name, namespace)
-    except (KeyError, ray.exceptions.RayActorError):  # none, or already ending
-        return
-    channel.destroy()
+def destroy_scoped(suffix: str) -> None:
+    """Destroy every channel of the current Ray namespace whose name ends with `suffix` (a run on a borrowed cluster,
+    at its end: its scoped names end with its run id), as `Channel.destroy` does: queued items' files, then the
+    store; returns once each store is gone."""
+    prefix = _actor_name("")
+    for actor in ray.util.list_named_actors():
+        if not (actor.startswith(prefix) and actor.endswith(suffix)):
+            continue
+        try:
+            channel = Channel.connect(actor[len(prefix):])
+        except (KeyError, ray.exceptions.RayActorError):  # already ending
+            continue
+        channel.destroy()

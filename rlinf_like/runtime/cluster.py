@@ -116,7 +116,6 @@ class Cluster:
         self.run_id = uuid.uuid4().hex[:8]
         self.host_pool = HostPool() if self.config.reuse_workers and not self.in_process else None
         self._parent: Cluster | None = None  # set on a `scope()` view: the cluster it borrows
-        self._names: list[str] = []  # a view's scoped names (its channels' among them), ended with it
         if self.in_process:
             self._start_in_process()
             return
@@ -182,7 +181,7 @@ class Cluster:
         if self.in_process:
             raise ValueError("cluster.backend=local holds one run at a time: start the run without a cluster")
         view = copy.copy(self)
-        view.run_id, view._parent, view._groups, view._names = uuid.uuid4().hex[:8], self, [], []
+        view.run_id, view._parent, view._groups = uuid.uuid4().hex[:8], self, []
         return view
 
     # --- topology -------------------------------------------------------------------------
@@ -264,10 +263,7 @@ class Cluster:
     def scoped_name(self, name: str) -> str:
         """`name` made unique to this run, for the Ray actors (workers, channels) it names in the
         namespace that other runs on the same Ray cluster share."""
-        scoped = f"{name}-{self.run_id}"
-        if self._parent is not None:
-            self._names.append(scoped)
-        return scoped
+        return f"{name}-{self.run_id}"
 
     # --- device reservations --------------------------------------------------------------
     def reservation(self, device: Device) -> PlacementGroup:
@@ -318,14 +314,12 @@ class Cluster:
         ray.shutdown()
 
     def _end_view(self) -> None:
-        from rlinf_like.runtime.channel import destroy_named
+        from rlinf_like.runtime.channel import destroy_scoped
 
         for group in self._groups:
             group.shutdown()
         self._groups.clear()
-        for name in self._names:  # the channels among them; the others are worker names
-            destroy_named(name, self.config.namespace)
-        self._names.clear()
+        destroy_scoped(self.scoped_name(""))  # the channels the run named through this view
 
     def __enter__(self) -> Cluster:
         return self

@@ -32,13 +32,11 @@ class HostKey:
 class HostPool:
     def __init__(self) -> None:
         self._idle: dict[HostKey, list[ray.actor.ActorHandle]] = {}
-        self.reused = 0  # processes handed to a later group (for the log and the tests)
 
     def take(self, key: HostKey) -> ray.actor.ActorHandle | None:
         """A kept process for `key`; None if there is none, after ending those kept on the same device with
         another share (they hold the device's resources the new process needs)."""
         if self._idle.get(key):
-            self.reused += 1
             return self._idle[key].pop()
         for other in [k for k in self._idle if (k.kind, k.index) == (key.kind, key.index)]:
             for handle in self._idle.pop(other):
@@ -68,6 +66,3 @@ class HostPool:
             for handle in handles:
                 ray.kill(handle, no_restart=True)
         self._idle.clear()
-
-    def __len__(self) -> int:
-        return sum(len(h) for h in self._idle.values())
