@@ -6,6 +6,7 @@ so precision is chosen from the flags at run time, never assumed, and every figu
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -42,10 +43,35 @@ def isa_flags() -> str:
     flags = _cpuinfo()[1]
     if not flags:
         return "unknown"
-    return " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ",".join(ISA_FLAGS)
+    named = " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + ",".join(ISA_FLAGS)
+    cap = isa_cap()
+    return f"{named} (capped: {cap})" if cap else named
+
+
+# oneDNN's ISA levels in order (its ONEDNN_MAX_CPU_ISA values); bf16 dot products start at AVX512_CORE_BF16.
+_ONEDNN_ISA = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX",
+               "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT")
+_ATEN_BELOW_AVX512 = ("default", "avx2")
+
+
+def isa_cap() -> str | None:
+    """The cap a user set on the kernels' instruction sets, if it rules out the bf16 units: oneDNN's
+    `ONEDNN_MAX_CPU_ISA` below AVX512_CORE_BF16, or ATen's `ATEN_CPU_CAPABILITY` below avx512. Set with
+    `MKL_ENABLE_INSTRUCTIONS=AVX2`, these run an AVX-512/AMX host on the kernels of an AVX2-only one."""
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if onednn in _ONEDNN_ISA and _ONEDNN_ISA.index(onednn) < _ONEDNN_ISA.index("AVX512_CORE_BF16"):
+        return f"ONEDNN_MAX_CPU_ISA={onednn}"
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if aten in _ATEN_BELOW_AVX512:
+        return f"ATEN_CPU_CAPABILITY={aten}"
+    return None
 
 
 def cpu_bf16_units() -> list[str]:
+    """The CPU's bf16 units that the kernels may use: none where `isa_cap()` rules them out."""
+    if isa_cap():
+        return []
     return [f for f in BF16_UNITS if f in _cpuinfo()[1]]
 
 
@@ -59,4 +85,7 @@ def auto_precision(device: "torch.device") -> tuple[str, str]:
     units = cpu_bf16_units()
     if units:
         return "bf16", f"CPU has {'+'.join(units)}"
+    cap = isa_cap()
+    if cap:
+        return "fp32", f"{cap} rules out the CPU's bf16 units"
     return "fp32", f"CPU has no bf16 units ({isa_flags()})"

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlinf_like.utils import hardware
+
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
 GOLDEN = Path(__file__).with_name("reasoning_runs.json")
@@ -61,8 +63,7 @@ def kernel_path() -> str:
 
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     vendor = next((line.split(":")[1].strip() for line in info.splitlines() if line.startswith("vendor_id")), "unknown")
-    flags = next((set(line.split(":")[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
-    units = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    units = hardware.cpu_bf16_units()  # none where ONEDNN_MAX_CPU_ISA/ATEN_CPU_CAPABILITY caps the kernels
     return " ".join([torch.backends.cpu.get_cpu_capability(), vendor, *units])
 
 
