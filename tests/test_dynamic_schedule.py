@@ -41,6 +41,7 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     cfg.rollout.dtype = "float32"  # a migrated sample recomputes its keys/values: the same bits in float32 only
     cfg.algorithm.samples_per_prompt, cfg.actor.loop.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
     cfg.actor.loss.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
+    cfg.actor.loop.share_prompt = "false"  # rows one by one, as golden/dynamic_schedule.json recorded them
     return cfg
 
 

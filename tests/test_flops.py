@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from rlinf_like.utils.flops import ModelShape, rollout_flops, train_flops
+from rlinf_like.utils.flops import ModelShape, rollout_flops, shared_forward, train_flops
 from rlinf_like.utils.peak import matmul_peak
 
 CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
@@ -81,3 +81,14 @@ def test_the_peak_is_measured_once_per_machine_and_precision(tmp_path, monkeypat
     assert "1 thread(s)" in first.where and "fp32" in first.describe()
     assert not matmul_peak("bf16").cached  # another precision is another measurement
     assert (tmp_path / "matmul_peak.json").exists()
+
+
+def test_a_shared_prompt_is_counted_once_per_group():
+    shape = ModelShape(layers=2, hidden=64, heads=4, head_dim=16, kv_heads=2, intermediate=128, vocab=100)
+    prompt, responses = 36, [28, 20, 5, 28]
+    rows = train_flops(shape, [(prompt, r) for r in responses], updates=0, forwards=1)
+    shared = shared_forward(shape, [(prompt, responses)])
+    # the rows' forward less the prompt's repeats: a response attending to the prompt costs what it does in a row
+    assert shared == pytest.approx(rows - (len(responses) - 1) * shape.forward(prompt, head_positions=0))
+    assert shared_forward(shape, [(prompt, [28])]) == pytest.approx(train_flops(shape, [(prompt, 28)], updates=0,
+                                                                                forwards=1))

@@ -116,6 +116,8 @@ def _check(tp: Any, value: Any, path: str) -> Any:
                 errors.append(str(err))
         raise ConfigError(errors[0] if len(errors) == 1 else f"'{path}': {value!r} fits none of {args}")
     if origin is typing.Literal:
+        if value not in args and str(value).lower() in args and str(value).lower() in ("true", "false"):
+            value = str(value).lower()  # hydra reads `key=true` as a bool, which a str field stores as 'True'
         if value not in args:
             raise ConfigError(f"{path}={value!r} is not one of {list(args)}")
         return value

@@ -7,6 +7,8 @@ per-token tensors aligned to `token_logprobs` (position t holds the prediction o
     batch["response_mask"]  [N, L-1]   1 where the predicted token is a response token
     batch["old_logprobs"]   [N, L-1]   the rollout's logprobs of those tokens (0 elsewhere)
     batch["advantages"]     [N, L-1]   the sequence's advantage on its response tokens
+    batch["prompt_lengths"] [N]        the prompt's tokens (rows with equal prompts can share them in training:
+                                       hybrid_engines/prompt_sharing.py)
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def build_rl_batch(
         old[i, p - 1 : p + r - 1] = torch.tensor(lp, dtype=torch.float32)
         adv[i, p - 1 : p + r - 1] = a
     return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
-            "old_logprobs": old, "advantages": adv}
+            "old_logprobs": old, "advantages": adv,
+            "prompt_lengths": torch.tensor([len(p) for p in prompts], dtype=torch.long)}
 
 
 def build_sft_batch(prompts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_id: int = 0,

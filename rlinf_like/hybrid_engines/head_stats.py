@@ -79,14 +79,17 @@ def chunked_stats(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, 
 
 
 def _stand_in(head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor, temperature: float, entropy: str,
-              rows: int):
+              rows: int, sources: torch.Tensor | None = None):
     """The output layer's forward for one pass: hidden states [B, T, H] to [B, T, 2] (logprob of the next token,
-    entropy; 0 at the last position and wherever `positions` [B, T-1] is False)."""
+    entropy; 0 at the last position and wherever `positions` [B, T-1] is False). With `sources` (shared prompts,
+    hybrid_engines/prompt_sharing.py) the hidden states are the laid-out groups' and each read position's comes from
+    its flat index there; the result is still the rows' [B, T, 2]."""
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         where = positions.nonzero(as_tuple=True)
-        lp, ent = chunked_stats(hidden[:, :-1][where], head, targets[where], temperature, entropy, rows)
-        out = torch.zeros(*hidden.shape[:2], 2, dtype=torch.float32, device=hidden.device)
+        picked = hidden[:, :-1][where] if sources is None else hidden.reshape(-1, hidden.shape[-1])[sources]
+        lp, ent = chunked_stats(picked, head, targets[where], temperature, entropy, rows)
+        out = torch.zeros(positions.shape[0], positions.shape[1] + 1, 2, dtype=torch.float32, device=hidden.device)
         stacked = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
         return out.index_put(where, stacked)
 
@@ -95,10 +98,11 @@ def _stand_in(head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor, t
 
 @contextlib.contextmanager
 def stats_head(model: nn.Module, head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor,
-               temperature: float, entropy: str, rows: int) -> Iterator[None]:
+               temperature: float, entropy: str, rows: int, sources: torch.Tensor | None = None) -> Iterator[None]:
     """Inside: `model`'s output layer computes (logprob, entropy) per position instead of logits. The layer's
     own forward is swapped on the instance, so its parameters (tied, sharded, wrapped) stay where they are."""
-    head.forward = _stand_in(head, targets, positions, temperature, entropy, rows)  # type: ignore[method-assign]
+    head.forward = _stand_in(head, targets, positions, temperature, entropy, rows,  # type: ignore[method-assign]
+                             sources)
     try:
         yield
     finally:

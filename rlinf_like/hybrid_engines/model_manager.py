@@ -29,6 +29,7 @@ from rlinf_like.data.batch import read_mask, shard_rows
 from rlinf_like.hybrid_engines import head_stats
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
+from rlinf_like.hybrid_engines.prompt_sharing import share_batch
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout
 from rlinf_like.hybrid_engines.residency import PARTS, MoveStats, ResidencyManager
 
@@ -86,6 +87,8 @@ def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0, entrop
     positions a loss reads (`response_mask`, else `loss_mask`, else the non-padding tokens), `chunk_bytes` of
     logits at a time (hybrid_engines/head_stats.py); the other positions are 0. Smaller batches take one plain
     pass over every position."""
+    if batch.get("shared_prompts") is not None:
+        return _shared_token_stats(model, batch, temperature, entropy_grad, chunk_bytes)
     packing = batch.get("packing")
     ids = batch["input_ids"] if packing is None else packing.input_ids
     head = head_stats.output_head(model)
@@ -127,6 +130,28 @@ def _chunked_token_stats(model: nn.Module, batch: Batch, head: nn.Linear, temper
         logprobs = packing.unpack_next(logprobs)
         ent = None if ent is None else packing.unpack_next(ent)
     return logprobs, ent
+
+
+def _shared_token_stats(model: nn.Module, batch: Batch, temperature: float, entropy_grad: bool | None,
+                        chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_stats` over the batch's groups laid out with one prompt each (hybrid_engines/prompt_sharing.py): the
+    output layer runs at the positions a loss reads only, taken from the laid-out hidden states."""
+    shared = batch["shared_prompts"]
+    head = head_stats.output_head(model)
+    if head is None:
+        raise ValueError("shared prompts need an HF causal LM with a plain linear output layer")
+    entropy = "none" if entropy_grad is None else ("grad" if entropy_grad else "value")
+    ids, mask = batch["input_ids"], read_mask(batch)
+    positions = (torch.ones_like(ids[:, 1:], dtype=torch.bool) if mask is None else mask.bool()).to(ids.device)
+    positions = positions & (shared.source[:, 1:] >= 0)  # a read position's next token is in the row
+    rows = head_stats.chunk_rows(head.out_features, chunk_bytes)
+    dtype = next(model.parameters()).dtype
+    with head_stats.stats_head(model, head, ids[:, 1:], positions, temperature, entropy, rows,
+                               shared.sources(positions)):
+        out = model(input_ids=shared.input_ids, position_ids=shared.position_ids,
+                    attention_mask=shared.attention_mask(model, dtype), use_cache=False)
+    stats = out.logits if hasattr(out, "logits") else out
+    return stats[:, :-1, 0], (stats[:, :-1, 1] if entropy != "none" else None)
 
 
 def token_logprobs(model: nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
@@ -242,15 +267,18 @@ class ModelManager(ABC):
         return DataParallelRank(self.rank, self.world_size)
 
     def replica_logprobs(self, batch: Batch, temperature: float = 1.0, pack: bool = False,
-                         max_batch_seqlen: int | None = None, by_length: bool = False) -> torch.Tensor:
-        """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`, or
-        `by_length`: see `logprobs_by_length`). The replica's other ranks return no rows, so concatenating
-        every rank's answer in rank order gives each row once, in batch order."""
+                         max_batch_seqlen: int | None = None, by_length: bool = False,
+                         share: bool = False) -> torch.Tensor:
+        """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`, with shared
+        prompts if `share`, or `by_length`: see `logprobs_by_length`). The replica's other ranks return no rows, so
+        concatenating every rank's answer in rank order gives each row once, in batch order."""
         dp = self.data_parallel()
         mine = shard_rows(batch, dp.rank, dp.size)
         if by_length:
             logprobs = logprobs_by_length(lambda b: self.compute_logprobs(b, temperature), mine,
                                           batch["attention_mask"].sum(1).unique().tolist())
+        elif share:
+            logprobs = self.compute_logprobs(share_batch(mine), temperature)
         else:
             logprobs = self.compute_logprobs(pack_batch(mine, max_batch_seqlen) if pack else mine, temperature)
         return logprobs if dp.first else logprobs[:0]

@@ -12,7 +12,8 @@ that of the whole mini-batch in one pass. `pack_sequences` runs every micro-batc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 
@@ -20,6 +21,7 @@ from rlinf_like.config.validate import bounded
 from rlinf_like.data.batch import Batch, read_mask, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
 from rlinf_like.hybrid_engines.packing import pack_batch
+from rlinf_like.hybrid_engines.prompt_sharing import group_ids, share_batch, unsupported
 from rlinf_like.training.micro_batching import sequence_lengths, token_budget_plan, trim_padding
 
 
@@ -38,6 +40,10 @@ class LoopConfig:
     max_batch_seqlen: int | None = bounded(None, gt=0)  # packed row length; null: each micro-batch's longest sequence
     # token-budget micro-batches (per rank), balanced over the ranks, instead of micro_batch_size
     max_tokens_per_micro_batch: int | None = bounded(None, gt=0)
+    # the rows of a micro-batch that share a prompt run it once, as [prompt, r1, ..., rn] with a mask that keeps each
+    # response to the prompt and its own past (hybrid_engines/prompt_sharing.py); micro-batches then hold whole groups.
+    # auto: on for an FSDP actor on an HF causal LM when a prompt has several samples; the critic does not share yet
+    share_prompt: Literal["auto", "true", "false"] = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +64,11 @@ def check_loop(loop: LoopConfig, owner: str = "loop") -> None:
             raise ValueError(f"{owner}.{key} must be >= 1 or null, got {value}")
     if loop.max_batch_seqlen is not None and not loop.pack_sequences:
         raise ValueError(f"{owner}.max_batch_seqlen={loop.max_batch_seqlen} needs {owner}.pack_sequences=true")
+    if loop.share_prompt == "true" and (loop.pack_sequences or loop.max_tokens_per_micro_batch is not None):
+        other = "pack_sequences=true" if loop.pack_sequences else \
+            f"max_tokens_per_micro_batch={loop.max_tokens_per_micro_batch}"
+        raise ValueError(f"{owner}.share_prompt=true does not combine with {owner}.{other} (micro-batches of shared "
+                         f"prompts are whole groups, unpacked): set one of them off, or share_prompt=auto")
     if (loop.pack_sequences and loop.max_tokens_per_micro_batch is not None and loop.max_batch_seqlen is not None
             and loop.max_batch_seqlen > loop.max_tokens_per_micro_batch):
         raise ValueError(f"{owner}.max_batch_seqlen={loop.max_batch_seqlen} exceeds "
@@ -93,13 +104,75 @@ def micro_rows(batch: Batch, loop: LoopConfig, tokens: int | None = None) -> int
     return max(1, min(AUTO_ROWS_CAP, tokens // length))
 
 
+def resolve_share_prompt(loop: LoopConfig, model: torch.nn.Module, owner: str = "actor.loop") -> LoopConfig:
+    """`loop` with `share_prompt` decided for `model`: auto turns it on where the model supports it and the
+    micro-batches are plain rows; true where the model does not is refused, naming why."""
+    if loop.share_prompt == "false":
+        return loop
+    why = unsupported(model)
+    if why is None and not loop.pack_sequences and loop.max_tokens_per_micro_batch is None:
+        return replace(loop, share_prompt="true")
+    if loop.share_prompt == "true":
+        raise ValueError(f"{owner}.share_prompt=true: {why}; set it to auto or false")
+    return replace(loop, share_prompt="false")
+
+
+def sharing(loop: LoopConfig, batch: Batch) -> bool:
+    """Whether `batch`'s micro-batches run with shared prompts: `share_prompt` resolved to true (a worker resolves
+    auto by what its model supports) and rows that say where their prompt ends (RL batches; not SFT ones)."""
+    return loop.share_prompt == "true" and "prompt_lengths" in batch
+
+
 def _prepare(micro: Batch, loop: LoopConfig) -> Batch:
+    if sharing(loop, micro):
+        return share_batch(micro)
     return pack_batch(micro, loop.max_batch_seqlen) if loop.pack_sequences else micro
+
+
+def _group_micros(groups: torch.Tensor, order: torch.Tensor, loop: LoopConfig, rows: int | None) -> list[list[list[int]]]:
+    """Per mini-batch: micro-batches of whole groups (rows of `groups` [B] in the shuffled group `order`), each
+    filled up to `rows` rows (at least one group)."""
+    members = [(groups == g).nonzero()[:, 0].tolist() for g in range(int(groups.max()) + 1)] if len(groups) else []
+    steps = []
+    for mini in order.tensor_split(loop.mini_batches):
+        micros: list[list[int]] = []
+        for g in mini.tolist():
+            if not micros or (rows is not None and len(micros[-1]) + len(members[g]) > rows):
+                micros.append([])
+            micros[-1].extend(members[g])
+        steps.append(micros)
+    return steps
+
+
+def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, tokens: int | None,
+               generator) -> list[list[tuple[Batch, float]]] | None:
+    """`_by_rows` with groups (rows sharing a prompt) as the unit of the shuffle and of micro-batches, so that a
+    micro-batch holds whole groups. None when the ranks would run different numbers of micro-batches (groups of
+    unequal sizes), which FSDP's collectives cannot: the caller then plans by rows."""
+    state = generator.get_state()
+    plans = []
+    for r in range(world_size):  # every rank holds the whole batch, so each checks every rank's plan
+        generator.set_state(state)
+        mine = shard_rows(batch, r, world_size)
+        groups = group_ids(mine)
+        order = torch.randperm(int(groups.max()) + 1 if len(groups) else 0, generator=generator)
+        plans.append((mine, _group_micros(groups, order, loop, micro_rows(mine, loop, tokens))))
+    if len({tuple(len(micros) for micros in steps) for _, steps in plans}) > 1 or \
+            any(not micros for _, steps in plans for micros in steps):
+        generator.set_state(state)
+        return None
+    mine, steps = plans[rank]
+    return [[(_prepare(select_rows(mine, torch.tensor(rows)), loop), 1 / len(micros)) for rows in micros]
+            for micros in steps]
 
 
 def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, tokens: int | None,
              generator) -> list[list[tuple[Batch, float]]]:
     """Per optimizer step: this rank's (micro-batch, loss scale) pairs, `micro_rows` rows each."""
+    if sharing(loop, batch):
+        steps = _by_groups(batch, rank, world_size, loop, tokens, generator)
+        if steps is not None:
+            return steps
     mine = shard_rows(batch, rank, world_size)
     order = torch.randperm(num_rows(mine), generator=generator)
     steps = []

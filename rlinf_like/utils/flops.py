@@ -70,6 +70,14 @@ def train_flops(shape: ModelShape, rows: Sequence[tuple[int, int]], *, updates: 
     return forward * (updates * (1.0 + backward) + forwards)
 
 
+def shared_forward(shape: ModelShape, requests: Sequence[tuple[int, Sequence[int]]]) -> float:
+    """One training forward over every sample of `requests` (prompt tokens, each sample's response tokens) with
+    each request's prompt run once and its samples after it (`actor.loop.share_prompt`): a response attends to the
+    prompt and its own past, and the output layer runs at its tokens' positions only."""
+    return sum(shape.forward(p, head_positions=0) + sum(shape.forward(r, head_positions=r, context=p) for r in rs)
+               for p, rs in requests)
+
+
 def rollout_flops(shape: ModelShape, requests: Sequence[tuple[int, Sequence[int]]], *, shared_prompt: bool) -> float:
     """The engine's work for `requests` of (prompt tokens, each sample's response tokens): the prompt's prefill
     (once a request when its samples share it through the prefix cache, else once a sample), then a decode step for

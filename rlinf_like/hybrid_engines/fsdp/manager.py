@@ -61,6 +61,7 @@ from rlinf_like.hybrid_engines.model_manager import (
     token_nll_loss,
 )
 from rlinf_like.hybrid_engines.packing import Packing
+from rlinf_like.hybrid_engines.prompt_sharing import SharedPrompts
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated
 from rlinf_like.hybrid_engines.reshard.sync import dtensor_layout
 from rlinf_like.hybrid_engines.residency import PARTS, MoveStats, ResidencyManager
@@ -169,7 +170,8 @@ class FSDPModelManager(ModelManager):
 
     # --- training ---------------------------------------------------------------------------------
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device) if isinstance(v, (torch.Tensor, Packing)) else v for k, v in batch.items()}
+        return {k: v.to(self.device) if isinstance(v, (torch.Tensor, Packing, SharedPrompts)) else v
+                for k, v in batch.items()}
 
     def forward_backward(
         self, batch: Batch, loss_fn: LossFn | None = None, *, loss_scale: float = 1.0, sync_gradients: bool = True

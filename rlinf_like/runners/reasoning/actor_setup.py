@@ -4,15 +4,17 @@ parallel sizes, and the checks that refuse by name what the Megatron path cannot
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.megatron import MegatronConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.worker_configs import loop_terms, loss_terms
+from rlinf_like.training.loop import LoopConfig
 from rlinf_like.utils.extras import require
 from rlinf_like.workers.actor.backends import backend_class, backends_with
-from rlinf_like.workers.actor.worker import ActorConfig, check_lora_support
+from rlinf_like.workers.actor.worker import ActorConfig, check_lora_support, check_share_support
 
 
 def check_actor_section(cfg: ReasoningConfig) -> None:
@@ -28,6 +30,7 @@ def check_actor_section(cfg: ReasoningConfig) -> None:
         raise ValueError(f"actor.loop.pack_sequences=true needs actor.pp_size=1 with actor.backend={act.backend} "
                          f"(pipeline stages exchange fixed shapes), got actor.pp_size={act.pp_size}")
     check_lora_support(act.backend, act.lora)
+    check_share_support(act.backend, act.loop)
     if cfg.algorithm.recompute_by_length and act.precision == "bf16":
         raise ValueError("algorithm.recompute_by_length=true reproduces the rollout's fp32 logprobs bit for bit and "
                          "needs actor.precision=fp32 (or auto), got actor.precision=bf16")
@@ -66,9 +69,18 @@ def actor_config(cfg: ReasoningConfig, model_path: str, micro_batch_tokens: int 
     return ActorConfig(model_path=model_path, fsdp=FSDPConfig(optim=optim, lora=cfg.actor.lora,
                                                               precision=actor_precision(cfg),
                                                               lean=lean),
-                       loss=cfg.actor.loss, loss_terms=loss_terms(cfg), loop=cfg.actor.loop,
+                       loss=cfg.actor.loss, loss_terms=loss_terms(cfg), loop=actor_loop(cfg),
                        loop_terms=loop_terms(cfg, micro_batch_tokens), backend=cfg.actor.backend,
                        megatron=megatron)
+
+
+def actor_loop(cfg: ReasoningConfig) -> LoopConfig:
+    """`actor.loop`, with `share_prompt: auto` off where no prompt has several samples (nothing to share); the
+    worker decides the rest of auto by what its model supports."""
+    loop = cfg.actor.loop
+    if loop.share_prompt == "auto" and cfg.algorithm.samples_per_prompt == 1:
+        return replace(loop, share_prompt="false")
+    return loop
 
 
 def actor_precision(cfg: ReasoningConfig) -> str:

@@ -16,7 +16,8 @@ from rlinf_like.hybrid_engines.fsdp import FSDPConfig
 from rlinf_like.hybrid_engines.fsdp.lora import check_targets_of
 from rlinf_like.hybrid_engines.model_manager import OptimConfig
 from rlinf_like.runners.reasoning import memory
-from rlinf_like.runners.reasoning.actor_setup import actor_config, actor_precision, actor_replicas, reference_in_actor
+from rlinf_like.runners.reasoning.actor_setup import (actor_config, actor_loop, actor_precision, actor_replicas,
+                                                       reference_in_actor)
 from rlinf_like.runners.reasoning.agent_format import chat_template_text
 from rlinf_like.runners.reasoning.checks import check_batch_split
 from rlinf_like.runners.common import connect_weight_sync, write_worker_pids
@@ -203,9 +204,10 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
 def frozen_model(cfg: ReasoningConfig, model_path: str, megatron=None):
     """A frozen model that scores the actor's batches (the KL reference, the distillation teacher) with the
     actor's numerics: its rows per forward, packing, precision and the sampling temperature."""
-    loop = cfg.actor.loop
+    loop = actor_loop(cfg)
     return InferenceWorker.create_group(model_path, loop.micro_batch_size or AUTO_ROWS_CAP, cfg.runner.temperature,
-                                        loop.pack_sequences, loop.max_batch_seqlen, megatron, actor_precision(cfg))
+                                        loop.pack_sequences, loop.max_batch_seqlen, megatron, actor_precision(cfg),
+                                        loop.share_prompt)
 
 
 def agent_setup(cfg: ReasoningConfig) -> AgentSetup | None:

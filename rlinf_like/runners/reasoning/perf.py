@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.utils.flops import ModelShape, rollout_flops, train_flops
+from rlinf_like.utils.flops import ModelShape, rollout_flops, shared_forward, train_flops
 from rlinf_like.utils.peak import Peak, matmul_peak
 from rlinf_like.workers.rollout import RolloutResult
 
@@ -25,15 +25,18 @@ class StepPerf:
     actor_ranks: int
     rollout_ranks: int
     updates: int  # forward-backward passes over each row: the actor's epochs
-    forwards: int  # forward-only passes in the training phase: the reference's, a recomputation of pi_old's
+    forwards: int  # the actor's forward-only passes in the training phase: a recomputation of pi_old's, the
+    # reference's under LoRA (the base with adapters disabled)
     frozen_base: bool  # LoRA: no weight gradients for the base
+    reference: bool  # a separate reference worker runs one forward over the batch
+    shared_train: bool  # the actor runs each prompt once for all its samples (actor.loop.share_prompt)
     shared_prompt: bool  # the engine prefills a request's prompt once for all its samples (its prefix cache)
     rescored: bool  # the engine runs one more pass over prompt + response for the logprobs
     seen: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def of_run(cls, cfg: ReasoningConfig, model_path: str, precision: str, device_kind: str, actor_ranks: int,
-               rollout_ranks: int) -> StepPerf:
+               rollout_ranks: int, shared_train: bool = False, reference_in_actor: bool = False) -> StepPerf:
         peak = None
         if device_kind == "cpu":
             peak = matmul_peak(precision, "cpu", int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -44,15 +47,21 @@ class StepPerf:
                 peak = matmul_peak(precision, "cuda:0")
         reference = cfg.algorithm.kl_beta > 0
         return cls(ModelShape.from_path(model_path), peak, actor_ranks, rollout_ranks,
-                   updates=cfg.actor.loop.epochs, forwards=int(reference) + int(cfg.algorithm.recompute_logprobs),
-                   frozen_base=cfg.actor.lora.rank > 0, shared_prompt=cfg.rollout.prefix_cache,
+                   updates=cfg.actor.loop.epochs,
+                   forwards=int(reference and reference_in_actor) + int(cfg.algorithm.recompute_logprobs),
+                   frozen_base=cfg.actor.lora.rank > 0, reference=reference and not reference_in_actor,
+                   shared_train=shared_train, shared_prompt=cfg.rollout.prefix_cache,
                    rescored=cfg.rollout.logprobs == "rescored")
 
     def step(self, results: Sequence[RolloutResult], train_s: float | None, rollout_s: float | None) -> dict:
         """`perf/tflops_{train,rollout}` (model TFLOP/s) and `perf/mfu_{train,rollout}` (their share of the peak)."""
         rows = [(len(r.prompt_ids), len(ids)) for r in results for ids in r.response_ids]
-        work = {"train": (train_flops(self.shape, rows, updates=self.updates, forwards=self.forwards,
-                                      frozen_base=self.frozen_base), train_s, self.actor_ranks),
+        requests = [(len(r.prompt_ids), [len(i) for i in r.response_ids]) for r in results]
+        row_forward = train_flops(self.shape, rows, updates=0, forwards=1)
+        actor_forward = shared_forward(self.shape, requests) if self.shared_train else row_forward
+        passes = self.updates * (2.0 if self.frozen_base else 3.0) + self.forwards
+        # a reference worker lays out shared prompts when the actor does (the same model and loop settings)
+        work = {"train": (actor_forward * (passes + self.reference), train_s, self.actor_ranks),
                 "rollout": (rollout_flops(self.shape, [(len(r.prompt_ids), [len(i) for i in r.response_ids])
                                                        for r in results], shared_prompt=self.shared_prompt)
                             + (train_flops(self.shape, rows, updates=0, forwards=1) if self.rescored else 0.0),

@@ -169,7 +169,9 @@ class ReasoningRun(RunRecord):
         w = self.workers
         kind = w.placement["actor"].device_kind
         perf = StepPerf.of_run(self.cfg, self.model_path, precision_choice(self.cfg, kind)[0], kind,
-                               w.actor.world_size, w.rollout.world_size)
+                               w.actor.world_size, w.rollout.world_size,
+                               shared_train=w.actor.on_ranks(0).shares_prompts().wait()[0],
+                               reference_in_actor=w.reference_in_actor)
         log.info(perf.peak.describe() if perf.peak else "no matmul peak for these devices: MFU is not reported")
         return perf
 

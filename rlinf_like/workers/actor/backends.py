@@ -19,6 +19,7 @@ class TrainingBackend:
     supports_tp = False  # tensor parallelism inside a replica
     supports_pp = False  # pipeline parallelism inside a replica
     supports_lora = False  # LoRA adapters (actor.lora.rank > 0)
+    supports_shared_prompts = False  # actor.loop.share_prompt (hybrid_engines/prompt_sharing.py)
     elastic = False  # trains data parallel over a changing set of ranks (the dynamic schedule's elastic actor)
     # the KL reference (an inference worker) is split over the actor's tensor / pipeline layout, not replicated
     reference_parallel = False
@@ -42,6 +43,7 @@ BACKEND_REGISTRY: Registry[type[TrainingBackend]] = Registry("training backend",
 class FSDPBackend(TrainingBackend):
     elastic = True
     supports_lora = True
+    supports_shared_prompts = True
 
     @classmethod
     def build_manager(cls, config: ActorConfig) -> ModelManager:

@@ -9,6 +9,8 @@ every algorithm, role and backend.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from rlinf_like.data.batch import Batch
@@ -18,7 +20,8 @@ from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, b
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.trained import TrainedWorker
-from rlinf_like.training.loop import check_loop, loss_tokens, num_rows, run_steps, train_epochs
+from rlinf_like.training.loop import (LoopConfig, check_loop, loss_tokens, num_rows, resolve_share_prompt, run_steps,
+                                     sharing, train_epochs)
 
 __all__ = ["ActorConfig", "ActorWorker", "build_manager", "check_actor_config", "loss_weigh"]
 
@@ -29,7 +32,15 @@ def check_actor_config(config: ActorConfig, owner: str = "actor") -> None:
         raise ValueError(f"{owner}.backend={config.backend!r} is not one of {BACKEND_REGISTRY.names()}")
     check_loop(config.loop, f"{owner}.loop")
     check_lora_support(config.backend, config.fsdp.lora, owner)
+    check_share_support(config.backend, config.loop, owner)
     backend_class(config.backend).check(config, owner)
+
+
+def check_share_support(backend: str, loop: LoopConfig, owner: str = "actor") -> None:
+    """`loop.share_prompt=true` on a backend that does not declare `supports_shared_prompts` is refused by name."""
+    if loop.share_prompt == "true" and not backend_class(backend).supports_shared_prompts:
+        raise ValueError(f"{owner}.loop.share_prompt=true: {owner}.backend={backend} does not lay out shared prompts "
+                         f"(backends that do: {backends_with('supports_shared_prompts')})")
 
 
 def check_lora_support(backend: str, config: LoraConfig, owner: str = "actor") -> None:
@@ -55,9 +66,13 @@ class ActorWorker(TrainedWorker):
     def __init__(self, config: ActorConfig):
         check_actor_config(config)
         torch.manual_seed(config.loop_terms.seed)
-        self.config = config
         self.manager = build_manager(config)
+        self.config = replace(config, loop=resolve_share_prompt(config.loop, self.manager.model))
         self._loss = rl_loss(config.loss, config.loss_terms)
+
+    def shares_prompts(self) -> bool:
+        """Whether RL batches train with each prompt run once for its samples (`loop.share_prompt`, auto resolved)."""
+        return self.config.loop.share_prompt == "true"
 
     def data_parallel(self) -> DataParallelRank:
         """Which rows this rank trains on (a driver that plans micro-batches per rank asks this)."""
@@ -100,4 +115,5 @@ class ActorWorker(TrainedWorker):
         forward per row length (`algorithm.recompute_by_length`)."""
         loop = self.config.loop
         return self.manager.replica_logprobs(batch, self.config.loss_terms.temperature, loop.pack_sequences,
-                                             loop.max_batch_seqlen, by_length=by_length)
+                                             loop.max_batch_seqlen, by_length=by_length,
+                                             share=sharing(loop, batch))

@@ -14,18 +14,21 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
+from rlinf_like.hybrid_engines.prompt_sharing import share_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager, turn_moves
 from rlinf_like.runtime import Worker
-from rlinf_like.training.loop import micro_batches
+from rlinf_like.training.loop import LoopConfig, micro_batches, resolve_share_prompt
 from rlinf_like.utils import hardware
 
 
 class InferenceWorker(Worker):
     def __init__(self, model_path: str, micro_batch_size: int | None = 64, temperature: float = 1.0,
                  pack_sequences: bool = False, max_batch_seqlen: int | None = None,
-                 megatron: MegatronConfig | None = None, precision: str = "fp32"):
+                 megatron: MegatronConfig | None = None, precision: str = "fp32", share_prompt: str = "false"):
         """`precision`: the actor's (auto | bf16 | fp32), so a KL reference shares its numerics: bf16 runs the
-        forward under autocast, as the CPU actor does (utils/hardware.py decides auto)."""
+        forward under autocast, as the CPU actor does (utils/hardware.py decides auto). `share_prompt`: the
+        actor's `loop.share_prompt`; rows of one prompt in a micro-batch then run it once (auto: where the model
+        can, hybrid_engines/prompt_sharing.py)."""
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         if precision == "auto":
             precision = hardware.auto_precision(torch.device(self.torch_device))[0]
@@ -43,6 +46,9 @@ class InferenceWorker(Worker):
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.torch_device).eval()
         self.model.requires_grad_(False)
         self.residency = ResidencyManager(self.model)
+        loop = resolve_share_prompt(LoopConfig(share_prompt=share_prompt, pack_sequences=pack_sequences,
+                                               max_batch_seqlen=max_batch_seqlen), self.model)
+        self.share = loop.share_prompt == "true"
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.manager is not None:  # megatron's schedules run under no_grad, not inference mode
@@ -55,7 +61,9 @@ class InferenceWorker(Worker):
         parts = []
         for micro in micro_batches(mine, self.micro_batch_size):  # None: the shard in one pass
             micro = {k: v.to(self.torch_device) for k, v in micro.items()}
-            if self.pack_sequences:  # no compute on padding; logprobs come back padded
+            if self.share and "prompt_lengths" in micro:  # each prompt once for its rows in this micro-batch
+                micro = share_batch(micro)
+            elif self.pack_sequences:  # no compute on padding; logprobs come back padded
                 micro = pack_batch(micro, self.max_batch_seqlen)
             with torch.autocast(torch.device(self.torch_device).type, dtype=torch.bfloat16, enabled=self.autocast):
                 parts.append(token_logprobs(self.model, micro, self.temperature).cpu())

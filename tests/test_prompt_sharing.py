@@ -1,0 +1,169 @@
+"""Shared prompts in training (`actor.loop.share_prompt`, hybrid_engines/prompt_sharing.py): each group laid out as
+[prompt, r1, ..., rn] gives every row's logprobs, entropy and gradient as the rows one by one do, a response sees
+the prompt and its own past only, micro-batches hold whole groups, and what cannot share is refused by name."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlinf_like.data.batch import build_rl_batch
+from rlinf_like.hybrid_engines.model_manager import token_stats
+from rlinf_like.hybrid_engines.prompt_sharing import SharedPrompts, share_batch, unsupported
+from rlinf_like.training.loop import LoopConfig, check_loop, plan_steps, resolve_share_prompt
+from small_runs import in_process, small_reasoning_config
+
+# (prompt tokens, samples) per group: groups of several samples, and one of a single sample
+GROUPS = [(7, 3), (5, 1), (9, 4)]
+
+
+def tiny_llama(attention: str = "sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+    cfg._attn_implementation = attention
+    return LlamaForCausalLM(cfg).float()
+
+
+def grouped_batch(seed: int = 1) -> dict:
+    """GRPO-shaped rows whose groups are shuffled among each other (sharing must not need them adjacent)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for length, samples in GROUPS:
+        prompt = torch.randint(4, 64, (length,), generator=g).tolist()
+        for _ in range(samples):
+            prompts.append(prompt)
+            responses.append(torch.randint(4, 64, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist())
+    order = torch.randperm(len(prompts), generator=g).tolist()
+    prompts, responses = [prompts[i] for i in order], [responses[i] for i in order]
+    advantages = torch.randn(len(prompts), generator=g).tolist()
+    return build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], advantages)
+
+
+def stats_and_grads(model, batch):
+    model.zero_grad()
+    logprobs, entropy = token_stats(model, batch, 0.7, entropy_grad=True)
+    mask = batch["response_mask"]
+    ((logprobs * batch["advantages"] + 0.1 * entropy) * mask).sum().backward()
+    return logprobs.detach() * mask, entropy.detach() * mask, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_each_prompt_runs_once_and_every_row_gets_its_own_logprobs_entropy_and_gradient(attention):
+    model, batch = tiny_llama(attention), grouped_batch()
+    shared = share_batch(batch)
+    plan = shared["shared_prompts"]
+    rows = int(batch["attention_mask"].sum())
+    saved = sum(p * (n - 1) for p, n in GROUPS)
+    assert plan.input_ids.shape[0] == len(GROUPS) and plan.tokens == rows - saved  # each prompt laid out once
+
+    lp, ent, grads = stats_and_grads(model, batch)
+    lp_s, ent_s, grads_s = stats_and_grads(model, shared)
+    assert (lp - lp_s).abs().max() <= 1e-6 * lp.abs().max()
+    assert (ent - ent_s).abs().max() <= 1e-6 * ent.abs().max()
+    norm = torch.sqrt(sum((a ** 2).sum() for a in grads))
+    diff = torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(grads, grads_s)))
+    assert 0 < diff / norm <= 1e-5 or diff == 0
+
+
+def test_a_response_sees_the_prompt_and_its_own_past_only():
+    model, batch = tiny_llama(), grouped_batch()
+    prompts = batch["prompt_lengths"]
+    lengths = batch["attention_mask"].sum(1)
+    group = [b for b in range(len(prompts)) if int(prompts[b]) == GROUPS[2][0]]  # the 4-sample group
+    with torch.no_grad():
+        before = token_stats(model, share_batch(batch))[0]
+        for victim in (group[0], group[-1]):  # the first laid out and the last: no response sees another, either way
+            changed = {k: v.clone() for k, v in batch.items()}
+            p, n = int(prompts[victim]), int(lengths[victim])
+            changed["input_ids"][victim, p:n] = (changed["input_ids"][victim, p:n] + 1) % 60 + 4
+            after = token_stats(model, share_batch(changed))[0]
+            others = [b for b in range(len(prompts)) if b != victim]
+            assert torch.equal(after[others], before[others]), f"changing row {victim}'s response moved another row"
+            assert not torch.equal(after[victim], before[victim])
+    mask = SharedPrompts.plan(batch["input_ids"], batch["attention_mask"], prompts).mask
+    assert bool(mask.any(-1).all())  # no query row without a key: SDPA would give NaN there
+
+
+def test_micro_batches_hold_whole_groups_and_cover_every_row_once():
+    batch = grouped_batch()
+    loop = LoopConfig(micro_batch_size=4, mini_batches=1, share_prompt="true")
+    steps = list(plan_steps(batch, 0, 1, loop, step=0))
+    micros = [m for step in steps for m, _ in step]
+    assert all("shared_prompts" in m for m in micros)
+    seen = []
+    for m in micros:
+        keys = {tuple(m["input_ids"][b, : int(m["prompt_lengths"][b])].tolist()) for b in range(len(m["input_ids"]))}
+        assert m["shared_prompts"].input_ids.shape[0] == len(keys)  # one laid-out row per group in it
+        seen += [tuple(r.tolist()) for r in m["input_ids"]]
+    assert sorted(seen) == sorted(tuple(r.tolist()) for r in batch["input_ids"])
+    # a group is the unit: none is split over two micro-batches, each filled up to 4 rows (3 + 1, then 4)
+    home = {}
+    for i, m in enumerate(micros):
+        for b in range(len(m["input_ids"])):
+            assert home.setdefault(tuple(m["input_ids"][b, : int(m["prompt_lengths"][b])].tolist()), i) == i
+    assert sorted(len(m["input_ids"]) for m in micros) == [4, 4]
+    assert all(abs(scale - 1 / len(micros)) < 1e-12 for step in steps for _, scale in step)
+    # SFT rows carry no prompt lengths: they run as rows
+    sft = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    assert all("shared_prompts" not in m for step in plan_steps(sft, 0, 1, loop, step=0) for m, _ in step)
+
+
+def test_share_prompt_true_is_refused_where_it_cannot_run(monkeypatch):
+    with pytest.raises(ValueError, match=r"actor.loop.share_prompt=true does not combine with "
+                                         r"actor.loop.pack_sequences=true"):
+        check_loop(LoopConfig(share_prompt="true", pack_sequences=True), "actor.loop")
+    plain = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+    assert unsupported(plain) and unsupported(tiny_llama("flex_attention"))
+    with pytest.raises(ValueError, match=r"^actor.loop.share_prompt=true: attention 'flex_attention'"):
+        resolve_share_prompt(LoopConfig(share_prompt="true"), tiny_llama("flex_attention"))
+    assert resolve_share_prompt(LoopConfig(), tiny_llama("flex_attention")).share_prompt == "false"  # auto: off
+    assert resolve_share_prompt(LoopConfig(), tiny_llama()).share_prompt == "true"  # auto: on where it can
+    assert resolve_share_prompt(LoopConfig(pack_sequences=True), tiny_llama()).share_prompt == "false"
+
+    from rlinf_like.config import cli
+    from rlinf_like.runners.reasoning.checks import check_config
+    from rlinf_like.runners.reasoning.config import ReasoningConfig
+
+    from hydra.core.config_store import ConfigStore
+
+    from rlinf_like.config.schema import hydra_schema
+
+    ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
+    monkeypatch.setattr(cli, "_USER_KEYS", None)  # what a command line recorded stays with its test
+    monkeypatch.setattr(cli, "_SET_KEYS", None)
+    main = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "main_grpo.py"
+
+    def composed(*argv):
+        prepared = cli.prepare_command_line(ReasoningConfig, list(argv), main, "grpo_collocated")
+        return cli.composed(ReasoningConfig, main.parent / "config", "grpo_collocated", prepared)
+
+    assert composed("actor.loop.share_prompt=true").actor.loop.share_prompt == "true"  # hydra reads a bool
+    assert composed().actor.loop.share_prompt == "auto"
+    with pytest.raises(ValueError, match=r"actor.loop.share_prompt=true: actor.backend=megatron does not lay out "
+                                         r"shared prompts \(backends that do: \['fsdp'\]\)"):
+        check_config(composed("actor.loop.share_prompt=true", "actor.backend=megatron"))
+
+
+def test_a_run_that_shares_prompts_trains_like_one_that_does_not(tmp_path):
+    """One step of the small run in one micro-batch, with a KL reference, sharing and not: the same loss, entropy,
+    KL and gradient norm (the same sums in another order)."""
+    from rlinf_like.runners.reasoning import train
+
+    got = {}
+    for share in ("false", "true"):
+        cfg = in_process(small_reasoning_config(tmp_path / share, max_steps=1),
+                         {"actor,rollout": "0", "reward": "1", "reference": "1"})
+        cfg.actor.loop = replace(cfg.actor.loop, share_prompt=share, micro_batch_size=16)
+        cfg.actor.loss.entropy_coef = 0.01  # a loss with a gradient even when every reward is equal
+        cfg.algorithm.kl_beta = 0.05  # and a reference worker, which shares prompts as the actor does
+        cfg.actor.precision = "fp32"
+        train(cfg)
+        got[share] = json.loads((tmp_path / share / "checkpoint" / "runner.json").read_text())["history"][1]
+    for key in ("loss", "entropy", "grad_norm", "kl"):
+        assert got["true"][key] == pytest.approx(got["false"][key], rel=1e-5, abs=1e-7), key
+    assert got["true"]["grad_norm"] > 0
