@@ -42,6 +42,9 @@ def small_config(out: Path, schedule: str) -> ReasoningConfig:
     cfg.algorithm.samples_per_prompt, cfg.actor.loop.mini_batches, cfg.algorithm.lr = 4, 4, 1e-3
     cfg.actor.loss.entropy_coef = 0.01  # a gradient every step even where a group's rewards are all equal
     cfg.actor.loop.share_prompt = "false"  # rows one by one, as golden/dynamic_schedule.json recorded them
+    # fp32 on every host, as the golden runs: auto trains bf16 where the CPU has bf16 units and fp32 elsewhere, and a
+    # host's recording is checked against the others' within the tolerance measured between fp32 paths
+    cfg.actor.precision = "fp32"
     return cfg
 
 
