@@ -167,3 +167,23 @@ def test_a_run_that_shares_prompts_trains_like_one_that_does_not(tmp_path):
     for key in ("loss", "entropy", "grad_norm", "kl"):
         assert got["true"][key] == pytest.approx(got["false"][key], rel=1e-5, abs=1e-7), key
     assert got["true"]["grad_norm"] > 0
+
+
+def test_a_group_is_laid_out_shared_only_where_its_dense_mask_costs_less_than_its_rows():
+    from rlinf_like.utils.flops import ModelShape, shares
+
+    smollm2 = ModelShape(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152)
+    cost = smollm2.pair_cost
+    assert 3e-4 < cost < 4e-4
+
+    def group(prompt: int, responses: list[int]) -> dict:
+        return build_rl_batch([list(range(4, 4 + prompt))] * len(responses), [[5] * r for r in responses],
+                              [[0.0] * r for r in responses], [0.0] * len(responses))
+
+    # the default preset's shapes: a 36-token prompt, 8 answers of up to 28 tokens -> about half the work
+    short = group(36, [28] * 8)
+    assert "shared_prompts" in share_batch(short, cost) and shares(smollm2, 36, [28] * 8)
+    # GSM8K-like: 8 answers of 600 tokens after a 100-token prompt; the dense 4,900-position mask costs more
+    long = group(100, [600] * 8)
+    assert "shared_prompts" not in share_batch(long, cost) and not shares(smollm2, 100, [600] * 8)
+    assert "shared_prompts" in share_batch(long, 0.0)  # no cost given: always shared

@@ -268,17 +268,18 @@ class ModelManager(ABC):
 
     def replica_logprobs(self, batch: Batch, temperature: float = 1.0, pack: bool = False,
                          max_batch_seqlen: int | None = None, by_length: bool = False,
-                         share: bool = False) -> torch.Tensor:
+                         share_pairs: float | None = None) -> torch.Tensor:
         """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`, with shared
-        prompts if `share`, or `by_length`: see `logprobs_by_length`). The replica's other ranks return no rows, so
-        concatenating every rank's answer in rank order gives each row once, in batch order."""
+        prompts unless `share_pairs` is None (a `prompt_sharing.pair_cost`), or `by_length`: see
+        `logprobs_by_length`). The replica's other ranks return no rows, so concatenating every rank's answer in
+        rank order gives each row once, in batch order."""
         dp = self.data_parallel()
         mine = shard_rows(batch, dp.rank, dp.size)
         if by_length:
             logprobs = logprobs_by_length(lambda b: self.compute_logprobs(b, temperature), mine,
                                           batch["attention_mask"].sum(1).unique().tolist())
-        elif share:
-            logprobs = self.compute_logprobs(share_batch(mine), temperature)
+        elif share_pairs is not None:
+            logprobs = self.compute_logprobs(share_batch(mine, share_pairs), temperature)
         else:
             logprobs = self.compute_logprobs(pack_batch(mine, max_batch_seqlen) if pack else mine, temperature)
         return logprobs if dp.first else logprobs[:0]

@@ -117,9 +117,28 @@ def unsupported(model: nn.Module) -> str | None:
     return None
 
 
-def share_batch(batch: dict) -> dict:
-    """The batch plus its shared layout under "shared_prompts" (per-token tensors stay in the row layout)."""
+def pair_cost(model: nn.Module) -> float:
+    """`model`'s attention FLOPs per query-key pair over its other FLOPs per token (`utils/flops.py`): what a dense
+    mask's extra pairs cost against the tokens sharing saves. 0 where the model has no HF config."""
+    from rlinf_like.utils.flops import ModelShape
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return 0.0
+    return ModelShape.from_hf_config(config.to_dict()).pair_cost
+
+
+def share_batch(batch: dict, pairs: float = 0.0) -> dict:
+    """The batch plus its shared layout under "shared_prompts" (per-token tensors stay in the row layout), where
+    that is the cheaper forward. SDPA on CPU computes every pair a mask covers, allowed or not, so a group laid out
+    over S positions costs S + S^2 x `pairs` (a `pair_cost`) against T + T^2 x `pairs` for each of its padded rows:
+    long responses make S^2 outgrow what the prompt's repeats cost, and the rows are kept (`pairs` 0: always share)."""
     shared = SharedPrompts.plan(batch["input_ids"], batch.get("attention_mask"), batch["prompt_lengths"])
+    if pairs > 0:
+        rows, width = batch["input_ids"].shape
+        groups, span = shared.input_ids.shape
+        if groups * (span + span * span * pairs) >= rows * (width + width * width * pairs):
+            return batch
     return {**batch, "shared_prompts": shared}
 
 

@@ -54,6 +54,9 @@ class LoopTerms:
     # micro_batch_size is null (the runner derives it from the model and the actor's memory:
     # runners/reasoning/memory.py); None: a mini-batch in one pass
     micro_batch_tokens: int | None = None
+    # with shared prompts: the model's attention FLOPs per query-key pair over its other FLOPs per token
+    # (prompt_sharing.pair_cost); a micro-batch is laid out shared only where that is the cheaper forward (0: always)
+    share_pair_cost: float = 0.0
 
 
 def check_loop(loop: LoopConfig, owner: str = "loop") -> None:
@@ -123,9 +126,9 @@ def sharing(loop: LoopConfig, batch: Batch) -> bool:
     return loop.share_prompt == "true" and "prompt_lengths" in batch
 
 
-def _prepare(micro: Batch, loop: LoopConfig) -> Batch:
+def _prepare(micro: Batch, loop: LoopConfig, terms: LoopTerms = LoopTerms()) -> Batch:
     if sharing(loop, micro):
-        return share_batch(micro)
+        return share_batch(micro, terms.share_pair_cost)
     return pack_batch(micro, loop.max_batch_seqlen) if loop.pack_sequences else micro
 
 
@@ -144,7 +147,7 @@ def _group_micros(groups: torch.Tensor, order: torch.Tensor, loop: LoopConfig, r
     return steps
 
 
-def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, tokens: int | None,
+def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, terms: LoopTerms,
                generator) -> list[list[tuple[Batch, float]]] | None:
     """`_by_rows` with groups (rows sharing a prompt) as the unit of the shuffle and of micro-batches, so that a
     micro-batch holds whole groups. None when the ranks would run different numbers of micro-batches (groups of
@@ -156,21 +159,22 @@ def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, token
         mine = shard_rows(batch, r, world_size)
         groups = group_ids(mine)
         order = torch.randperm(int(groups.max()) + 1 if len(groups) else 0, generator=generator)
-        plans.append((mine, _group_micros(groups, order, loop, micro_rows(mine, loop, tokens))))
+        plans.append((mine, _group_micros(groups, order, loop, micro_rows(mine, loop, terms.micro_batch_tokens))))
     if len({tuple(len(micros) for micros in steps) for _, steps in plans}) > 1 or \
             any(not micros for _, steps in plans for micros in steps):
         generator.set_state(state)
         return None
     mine, steps = plans[rank]
-    return [[(_prepare(select_rows(mine, torch.tensor(rows)), loop), 1 / len(micros)) for rows in micros]
+    return [[(_prepare(select_rows(mine, torch.tensor(rows)), loop, terms), 1 / len(micros)) for rows in micros]
             for micros in steps]
 
 
-def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, tokens: int | None,
+def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, terms: LoopTerms,
              generator) -> list[list[tuple[Batch, float]]]:
     """Per optimizer step: this rank's (micro-batch, loss scale) pairs, `micro_rows` rows each."""
+    tokens = terms.micro_batch_tokens
     if sharing(loop, batch):
-        steps = _by_groups(batch, rank, world_size, loop, tokens, generator)
+        steps = _by_groups(batch, rank, world_size, loop, terms, generator)
         if steps is not None:
             return steps
     mine = shard_rows(batch, rank, world_size)
@@ -178,7 +182,7 @@ def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, tokens:
     steps = []
     for mini in order.tensor_split(loop.mini_batches):  # always that many pieces (chunk may give fewer)
         micros = micro_batches(select_rows(mine, mini), micro_rows(mine, loop, tokens))
-        steps.append([(_prepare(m, loop), 1 / len(micros)) for m in micros])
+        steps.append([(_prepare(m, loop, terms), 1 / len(micros)) for m in micros])
     return steps
 
 
@@ -206,7 +210,7 @@ def plan_steps(batch: Batch, rank: int, world_size: int, loop: LoopConfig, step:
     generator = torch.Generator().manual_seed(terms.seed * 1000 + step)
     for _ in range(loop.epochs if epochs is None else epochs):
         if loop.max_tokens_per_micro_batch is None:
-            yield from _by_rows(batch, rank, world_size, loop, terms.micro_batch_tokens, generator)
+            yield from _by_rows(batch, rank, world_size, loop, terms, generator)
         else:
             yield from token_budget_steps(batch, rank, world_size, loop, generator, weigh)
 

@@ -50,6 +50,11 @@ class ModelShape:
         return self.layers * (attn + 3 * self.hidden * self.intermediate)
 
     @property
+    def pair_cost(self) -> float:
+        """Attention FLOPs per query-key pair over the body's FLOPs per token."""
+        return 4.0 * self.layers * self.heads * self.head_dim / (2.0 * self.body_params)
+
+    @property
     def head_params(self) -> int:
         return self.hidden * self.vocab
 
@@ -76,6 +81,13 @@ def shared_forward(shape: ModelShape, requests: Sequence[tuple[int, Sequence[int
     prompt and its own past, and the output layer runs at its tokens' positions only."""
     return sum(shape.forward(p, head_positions=0) + sum(shape.forward(r, head_positions=r, context=p) for r in rs)
                for p, rs in requests)
+
+
+def shares(shape: ModelShape, prompt: int, responses: Sequence[int]) -> bool:
+    """Whether one group is cheaper laid out shared than as rows (`prompt_sharing.share_batch`'s rule, for a
+    micro-batch of this group alone): a dense mask over the laid-out positions against the padded rows."""
+    span, width = prompt + sum(responses), prompt + max(responses, default=0)
+    return span + span * span * shape.pair_cost < len(responses) * (width + width * width * shape.pair_cost)
 
 
 def rollout_flops(shape: ModelShape, requests: Sequence[tuple[int, Sequence[int]]], *, shared_prompt: bool) -> float:

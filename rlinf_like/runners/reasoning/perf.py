@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlinf_like.runners.reasoning.config import ReasoningConfig
-from rlinf_like.utils.flops import ModelShape, rollout_flops, shared_forward, train_flops
+from rlinf_like.utils.flops import ModelShape, rollout_flops, shared_forward, shares, train_flops
 from rlinf_like.utils.peak import Peak, matmul_peak
 from rlinf_like.workers.rollout import RolloutResult
 
@@ -58,7 +58,11 @@ class StepPerf:
         rows = [(len(r.prompt_ids), len(ids)) for r in results for ids in r.response_ids]
         requests = [(len(r.prompt_ids), [len(i) for i in r.response_ids]) for r in results]
         row_forward = train_flops(self.shape, rows, updates=0, forwards=1)
-        actor_forward = shared_forward(self.shape, requests) if self.shared_train else row_forward
+        actor_forward = row_forward
+        if self.shared_train:  # each group as the actor lays it out: shared where that is the cheaper forward
+            actor_forward = sum(shared_forward(self.shape, [(p, rs)]) if shares(self.shape, p, rs) else
+                                train_flops(self.shape, [(p, r) for r in rs], updates=0, forwards=1)
+                                for p, rs in requests)
         passes = self.updates * (2.0 if self.frozen_base else 3.0) + self.forwards
         # a reference worker lays out shared prompts when the actor does (the same model and loop settings)
         work = {"train": (actor_forward * (passes + self.reference), train_s, self.actor_ranks),

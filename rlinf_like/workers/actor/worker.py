@@ -16,6 +16,7 @@ import torch
 from rlinf_like.data.batch import Batch
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig, check_lora
+from rlinf_like.hybrid_engines.prompt_sharing import pair_cost
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, backends_with
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
@@ -67,7 +68,10 @@ class ActorWorker(TrainedWorker):
         check_actor_config(config)
         torch.manual_seed(config.loop_terms.seed)
         self.manager = build_manager(config)
-        self.config = replace(config, loop=resolve_share_prompt(config.loop, self.manager.model))
+        loop = resolve_share_prompt(config.loop, self.manager.model)
+        terms = replace(config.loop_terms, share_pair_cost=pair_cost(self.manager.model)) \
+            if loop.share_prompt == "true" else config.loop_terms
+        self.config = replace(config, loop=loop, loop_terms=terms)
         self._loss = rl_loss(config.loss, config.loss_terms)
 
     def shares_prompts(self) -> bool:
@@ -116,4 +120,5 @@ class ActorWorker(TrainedWorker):
         loop = self.config.loop
         return self.manager.replica_logprobs(batch, self.config.loss_terms.temperature, loop.pack_sequences,
                                              loop.max_batch_seqlen, by_length=by_length,
-                                             share=sharing(loop, batch))
+                                             share_pairs=(self.config.loop_terms.share_pair_cost
+                                                          if sharing(loop, batch) else None))

@@ -14,7 +14,7 @@ from rlinf_like.data.batch import Batch, shard_rows
 from rlinf_like.hybrid_engines.megatron import MegatronConfig  # the config only: megatron is imported lazily
 from rlinf_like.hybrid_engines.model_manager import token_logprobs
 from rlinf_like.hybrid_engines.packing import pack_batch
-from rlinf_like.hybrid_engines.prompt_sharing import share_batch
+from rlinf_like.hybrid_engines.prompt_sharing import pair_cost, share_batch
 from rlinf_like.hybrid_engines.residency import ResidencyManager, turn_moves
 from rlinf_like.runtime import Worker
 from rlinf_like.training.loop import LoopConfig, micro_batches, resolve_share_prompt
@@ -48,7 +48,7 @@ class InferenceWorker(Worker):
         self.residency = ResidencyManager(self.model)
         loop = resolve_share_prompt(LoopConfig(share_prompt=share_prompt, pack_sequences=pack_sequences,
                                                max_batch_seqlen=max_batch_seqlen), self.model)
-        self.share = loop.share_prompt == "true"
+        self.share_pairs = pair_cost(self.model) if loop.share_prompt == "true" else None
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.manager is not None:  # megatron's schedules run under no_grad, not inference mode
@@ -61,8 +61,8 @@ class InferenceWorker(Worker):
         parts = []
         for micro in micro_batches(mine, self.micro_batch_size):  # None: the shard in one pass
             micro = {k: v.to(self.torch_device) for k, v in micro.items()}
-            if self.share and "prompt_lengths" in micro:  # each prompt once for its rows in this micro-batch
-                micro = share_batch(micro)
+            if self.share_pairs is not None and "prompt_lengths" in micro:  # each prompt once for its rows here
+                micro = share_batch(micro, self.share_pairs)
             elif self.pack_sequences:  # no compute on padding; logprobs come back padded
                 micro = pack_batch(micro, self.max_batch_seqlen)
             with torch.autocast(torch.device(self.torch_device).type, dtype=torch.bfloat16, enabled=self.autocast):
