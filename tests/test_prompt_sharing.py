@@ -12,7 +12,7 @@ import torch
 from rlinf_like.data.batch import build_rl_batch
 from rlinf_like.hybrid_engines.model_manager import token_stats
 from rlinf_like.hybrid_engines.prompt_sharing import SharedPrompts, share_batch, unsupported
-from rlinf_like.training.loop import LoopConfig, check_loop, plan_steps, resolve_share_prompt
+from rlinf_like.training.loop import LoopConfig, LoopTerms, check_loop, plan_steps, resolve_share_prompt
 from small_runs import in_process, small_reasoning_config
 
 # (prompt tokens, samples) per group: groups of several samples, and one of a single sample
@@ -111,6 +111,30 @@ def test_micro_batches_hold_whole_groups_and_cover_every_row_once():
     # SFT rows carry no prompt lengths: they run as rows
     sft = {k: batch[k] for k in ("input_ids", "attention_mask")}
     assert all("shared_prompts" not in m for step in plan_steps(sft, 0, 1, loop, step=0) for m, _ in step)
+
+
+def test_a_memory_budget_fills_micro_batches_with_laid_out_positions_and_every_rank_runs_as_many():
+    """Without actor.loop.micro_batch_size the memory budget (tokens) sizes micro-batches: shared groups count their
+    laid-out positions, not their rows x padded length; ranks whose groups fill fewer micro-batches split theirs."""
+    g = torch.Generator().manual_seed(3)
+    prompts, responses = [], []
+    for k in range(8):  # 8 groups of 4 rows, 10 prompt tokens, answers of 3: 22 positions laid out, rows of 13
+        prompt = torch.randint(4, 64, (10,), generator=g).tolist()
+        prompts += [prompt] * 4
+        responses += [[5] * 3] * 4
+    batch = build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], [1.0] * len(prompts))
+    loop, budget = LoopConfig(share_prompt="true"), 60
+    plans = [list(plan_steps(batch, r, 2, loop, step=0, terms=LoopTerms(micro_batch_tokens=budget))) for r in (0, 1)]
+    for plan in plans:  # 2 groups (44 positions) a micro-batch; by rows 60 // 13 = 4 rows, one group
+        micros = [m for step in plan for m, _ in step]
+        assert [m["shared_prompts"].input_ids.shape for m in micros] == [(2, 22), (2, 22)]
+        assert sum(len(m["input_ids"]) for m in micros) == 16
+
+    from rlinf_like.training.loop import _split_to
+
+    assert _split_to([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]  # the fullest halves: less memory each
+    assert _split_to([[0, 1, 2, 3]], 3) == [[0], [1], [2, 3]]
+    assert _split_to([[0], [1]], 3) is None  # nothing left to split: that step is planned by rows
 
 
 def test_share_prompt_true_is_refused_where_it_cannot_run(monkeypatch):

@@ -132,41 +132,76 @@ def _prepare(micro: Batch, loop: LoopConfig, terms: LoopTerms = LoopTerms()) -> 
     return pack_batch(micro, loop.max_batch_seqlen) if loop.pack_sequences else micro
 
 
-def _group_micros(groups: torch.Tensor, order: torch.Tensor, loop: LoopConfig, rows: int | None) -> list[list[list[int]]]:
-    """Per mini-batch: micro-batches of whole groups (rows of `groups` [B] in the shuffled group `order`), each
-    filled up to `rows` rows (at least one group)."""
-    members = [(groups == g).nonzero()[:, 0].tolist() for g in range(int(groups.max()) + 1)] if len(groups) else []
+def _group_micros(members: list[list[int]], spans: list[int], order: torch.Tensor, loop: LoopConfig,
+                  rows: int | None, tokens: int | None) -> list[list[list[int]]]:
+    """Per mini-batch: micro-batches as lists of groups (indices into `members`, each group's rows), in the shuffled
+    group `order`, each filled up to `rows` rows (actor.loop.micro_batch_size) or, without it, up to `tokens` laid-out
+    positions (the memory budget: a micro-batch of shared groups holds n groups of the longest one's `spans`), and
+    at least one group."""
     steps = []
     for mini in order.tensor_split(loop.mini_batches):
         micros: list[list[int]] = []
         for g in mini.tolist():
-            if not micros or (rows is not None and len(micros[-1]) + len(members[g]) > rows):
-                micros.append([])
-            micros[-1].extend(members[g])
+            if micros:
+                held = micros[-1]
+                if rows is not None:
+                    fits = sum(len(members[h]) for h in held) + len(members[g]) <= rows
+                elif tokens is not None:
+                    fits = (len(held) + 1) * max(spans[g], *(spans[h] for h in held)) <= tokens
+                else:  # no size given: the mini-batch in one pass
+                    fits = True
+                if fits:
+                    held.append(g)
+                    continue
+            micros.append([g])
         steps.append(micros)
     return steps
+
+
+def _split_to(micros: list[list[int]], count: int) -> list[list[int]] | None:
+    """`micros` cut into `count` micro-batches by halving the one of most groups (each then needs less memory);
+    None where no micro-batch has two groups left to split."""
+    micros = [list(m) for m in micros]
+    while len(micros) < count:
+        widest = max(range(len(micros)), key=lambda i: len(micros[i]), default=None)
+        if widest is None or len(micros[widest]) < 2:
+            return None
+        held = micros.pop(widest)
+        micros[widest:widest] = [held[: len(held) // 2], held[len(held) // 2:]]
+    return micros
 
 
 def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, terms: LoopTerms,
                generator) -> list[list[tuple[Batch, float]]] | None:
     """`_by_rows` with groups (rows sharing a prompt) as the unit of the shuffle and of micro-batches, so that a
-    micro-batch holds whole groups. None when the ranks would run different numbers of micro-batches (groups of
-    unequal sizes), which FSDP's collectives cannot: the caller then plans by rows."""
+    micro-batch holds whole groups, sized by the laid-out positions it holds when the memory budget sizes it. Every
+    rank must run as many micro-batches as the others (FSDP's collectives): a rank with fewer splits its fullest
+    ones; None where it cannot (the caller then plans by rows)."""
     state = generator.get_state()
     plans = []
-    for r in range(world_size):  # every rank holds the whole batch, so each checks every rank's plan
+    for r in range(world_size):  # every rank holds the whole batch, so each plans every rank's micro-batches
         generator.set_state(state)
         mine = shard_rows(batch, r, world_size)
         groups = group_ids(mine)
-        order = torch.randperm(int(groups.max()) + 1 if len(groups) else 0, generator=generator)
-        plans.append((mine, _group_micros(groups, order, loop, micro_rows(mine, loop, terms.micro_batch_tokens))))
-    if len({tuple(len(micros) for micros in steps) for _, steps in plans}) > 1 or \
-            any(not micros for _, steps in plans for micros in steps):
-        generator.set_state(state)
-        return None
-    mine, steps = plans[rank]
-    return [[(_prepare(select_rows(mine, torch.tensor(rows)), loop, terms), 1 / len(micros)) for rows in micros]
-            for micros in steps]
+        members = [(groups == g).nonzero()[:, 0].tolist() for g in range(int(groups.max()) + 1)] if len(groups) else []
+        lengths = (mine["attention_mask"].sum(1) if "attention_mask" in mine
+                   else torch.full((len(groups),), mine["input_ids"].shape[1])).tolist()
+        prompts = mine["prompt_lengths"].tolist()
+        spans = [prompts[m[0]] + sum(lengths[b] - prompts[b] for b in m) for m in members]
+        order = torch.randperm(len(members), generator=generator)
+        tokens = terms.micro_batch_tokens if loop.micro_batch_size is None else None
+        rows = None if tokens is not None else micro_rows(mine, loop, None)
+        plans.append((mine, members, _group_micros(members, spans, order, loop, rows, tokens)))
+    for m in range(loop.mini_batches):
+        count = max(len(steps[m]) for _, _, steps in plans)
+        for _, _, steps in plans:
+            steps[m] = _split_to(steps[m], count)
+            if not steps[m]:
+                generator.set_state(state)
+                return None
+    mine, members, steps = plans[rank]
+    return [[(_prepare(select_rows(mine, torch.tensor([b for g in micro for b in members[g]])), loop, terms),
+              1 / len(micros)) for micro in micros] for micros in steps]
 
 
 def _by_rows(batch: Batch, rank: int, world_size: int, loop: LoopConfig, terms: LoopTerms,
