@@ -66,6 +66,7 @@ BENCHES = (
           quick=("--quick", "--which", "tiny"),  # one vLLM start-up (70-170 s each) in a quick run
           unavailable=missing_vllm),  # optional: vLLM in this interpreter or $VLLM_PYTHON
     Bench(name="packing", script="packing.py"),
+    Bench(name="share_prompt", script="share_prompt.py"),
     Bench(name="logprob_head", script="logprob_head.py"),
     Bench(name="agentic", script="agentic.py"),
     Bench(name="judge_agreement", script="judge_agreement.py", args=("--problems", "64"), quick=("--problems", "8")),
@@ -100,6 +101,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "rollout_vs_vllm": {"ratio_real_bf16_bound": (">=", 1.2), "ratio_real_bf16": None, "ratio_real_fp32": None,
                         "ratio_real_fp32_onednn": None, "ratio_tiny": None},
     "packing": {"speedup": (">=", 1.5)},
+    # the main job's training step, each prompt once per group against rows (issue 49: the step <= 0.65x)
+    "share_prompt": {"train_ratio": ("<=", 0.65), "step_ratio": ("<=", 0.65)},
     "logprob_head": {"fp32_memory_chunked_over_full": ("<=", 1.0), "bf16_memory_chunked_over_full": ("<=", 1.0),
                      "fp32_time_chunked_over_full": ("<=", 1.1), "bf16_time_chunked_over_full": ("<=", 1.1),
                      "time_bf16_over_fp32_chunked": None},
