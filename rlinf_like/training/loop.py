@@ -136,8 +136,8 @@ def _group_micros(members: list[list[int]], spans: list[int], order: torch.Tenso
                   rows: int | None, tokens: int | None) -> list[list[list[int]]]:
     """Per mini-batch: micro-batches as lists of groups (indices into `members`, each group's rows), in the shuffled
     group `order`, each filled up to `rows` rows (actor.loop.micro_batch_size) or, without it, up to `tokens` laid-out
-    positions (the memory budget: a micro-batch of shared groups holds n groups of the longest one's `spans`), and
-    at least one group."""
+    positions (the memory budget: a micro-batch of shared groups holds n groups of the longest one's `spans`) and
+    AUTO_ROWS_CAP rows, and at least one group."""
     steps = []
     for mini in order.tensor_split(loop.mini_batches):
         micros: list[list[int]] = []
@@ -146,8 +146,9 @@ def _group_micros(members: list[list[int]], spans: list[int], order: torch.Tenso
                 held = micros[-1]
                 if rows is not None:
                     fits = sum(len(members[h]) for h in held) + len(members[g]) <= rows
-                elif tokens is not None:
-                    fits = (len(held) + 1) * max(spans[g], *(spans[h] for h in held)) <= tokens
+                elif tokens is not None:  # and at most AUTO_ROWS_CAP rows, as micro_rows caps a rows plan
+                    fits = ((len(held) + 1) * max(spans[g], *(spans[h] for h in held)) <= tokens
+                            and sum(len(members[h]) for h in held) + len(members[g]) <= AUTO_ROWS_CAP)
                 else:  # no size given: the mini-batch in one pass
                     fits = True
                 if fits:
