@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
+from rlinf_like.utils.flops import ModelShape, cheaper_shared
+
 # attention implementations that take a custom 4-D mask: SDPA (a boolean mask) and eager (an additive one)
 MASKED_ATTENTION = ("sdpa", "eager")
 
@@ -43,10 +45,7 @@ class SharedPrompts:
         lengths = (attention_mask.detach().cpu().long().sum(1) if attention_mask is not None
                    else torch.full((rows,), width))
         prompts = prompt_lengths.detach().cpu().long()
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for b in range(rows):
-            groups.setdefault(tuple(ids[b, : int(prompts[b])].tolist()), []).append(b)
-        members = list(groups.values())
+        members = group_members(group_ids({"input_ids": ids, "prompt_lengths": prompts}))
         spans = [int(prompts[g[0]]) + sum(int(lengths[b] - prompts[b]) for b in g) for g in members]
         span = max(spans, default=1)
         laid = torch.zeros(len(members), span, dtype=ids.dtype)
@@ -120,8 +119,6 @@ def unsupported(model: nn.Module) -> str | None:
 def pair_cost(model: nn.Module) -> float:
     """`model`'s attention FLOPs per query-key pair over its other FLOPs per token (`utils/flops.py`): what a dense
     mask's extra pairs cost against the tokens sharing saves. 0 where the model has no HF config."""
-    from rlinf_like.utils.flops import ModelShape
-
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return 0.0
@@ -134,11 +131,8 @@ def share_batch(batch: dict, pairs: float = 0.0) -> dict:
     over S positions costs S + S^2 x `pairs` (a `pair_cost`) against T + T^2 x `pairs` for each of its padded rows:
     long responses make S^2 outgrow what the prompt's repeats cost, and the rows are kept (`pairs` 0: always share)."""
     shared = SharedPrompts.plan(batch["input_ids"], batch.get("attention_mask"), batch["prompt_lengths"])
-    if pairs > 0:
-        rows, width = batch["input_ids"].shape
-        groups, span = shared.input_ids.shape
-        if groups * (span + span * span * pairs) >= rows * (width + width * width * pairs):
-            return batch
+    if pairs > 0 and not cheaper_shared(*shared.input_ids.shape, *batch["input_ids"].shape, pairs):
+        return batch
     return {**batch, "shared_prompts": shared}
 
 
@@ -148,3 +142,8 @@ def group_ids(batch: dict) -> torch.Tensor:
     seen: dict[tuple[int, ...], int] = {}
     return torch.tensor([seen.setdefault(tuple(ids[b, : int(prompts[b])].tolist()), len(seen))
                          for b in range(ids.shape[0])], dtype=torch.long)
+
+
+def group_members(groups: torch.Tensor) -> list[list[int]]:
+    """`group_ids`' answer as each group's rows, groups in order of first appearance."""
+    return [(groups == g).nonzero()[:, 0].tolist() for g in range(int(groups.max()) + 1)] if len(groups) else []

@@ -21,7 +21,7 @@ from rlinf_like.config.validate import bounded
 from rlinf_like.data.batch import Batch, read_mask, select_rows, shard_rows
 from rlinf_like.hybrid_engines.model_manager import LossFn, ModelManager
 from rlinf_like.hybrid_engines.packing import pack_batch
-from rlinf_like.hybrid_engines.prompt_sharing import group_ids, share_batch, unsupported
+from rlinf_like.hybrid_engines.prompt_sharing import group_ids, group_members, share_batch, unsupported
 from rlinf_like.training.micro_batching import sequence_lengths, token_budget_plan, trim_padding
 
 
@@ -184,7 +184,7 @@ def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, terms
         generator.set_state(state)
         mine = shard_rows(batch, r, world_size)
         groups = group_ids(mine)
-        members = [(groups == g).nonzero()[:, 0].tolist() for g in range(int(groups.max()) + 1)] if len(groups) else []
+        members = group_members(groups)
         lengths = (mine["attention_mask"].sum(1) if "attention_mask" in mine
                    else torch.full((len(groups),), mine["input_ids"].shape[1])).tolist()
         prompts = mine["prompt_lengths"].tolist()

@@ -83,11 +83,17 @@ def shared_forward(shape: ModelShape, requests: Sequence[tuple[int, Sequence[int
                for p, rs in requests)
 
 
+def cheaper_shared(groups: int, span: int, rows: int, width: int, pair_cost: float) -> bool:
+    """Whether `groups` laid-out rows of `span` positions under a dense mask cost less than `rows` padded rows of
+    `width`: each position's body, plus `pair_cost` for every query-key pair the mask covers."""
+    return groups * (span + span * span * pair_cost) < rows * (width + width * width * pair_cost)
+
+
 def shares(shape: ModelShape, prompt: int, responses: Sequence[int]) -> bool:
     """Whether one group is cheaper laid out shared than as rows (`prompt_sharing.share_batch`'s rule, for a
-    micro-batch of this group alone): a dense mask over the laid-out positions against the padded rows."""
-    span, width = prompt + sum(responses), prompt + max(responses, default=0)
-    return span + span * span * shape.pair_cost < len(responses) * (width + width * width * shape.pair_cost)
+    micro-batch of this group alone)."""
+    return cheaper_shared(1, prompt + sum(responses), len(responses), prompt + max(responses, default=0),
+                          shape.pair_cost)
 
 
 def rollout_flops(shape: ModelShape, requests: Sequence[tuple[int, Sequence[int]]], *, shared_prompt: bool) -> float:
