@@ -67,6 +67,7 @@ BENCHES = (
           unavailable=missing_vllm),  # optional: vLLM in this interpreter or $VLLM_PYTHON
     Bench(name="packing", script="packing.py"),
     Bench(name="share_prompt", script="share_prompt.py"),
+    Bench(name="cpu_attention", script="cpu_attention.py"),
     Bench(name="logprob_head", script="logprob_head.py"),
     Bench(name="agentic", script="agentic.py"),
     Bench(name="judge_agreement", script="judge_agreement.py", args=("--problems", "64"), quick=("--problems", "8")),
@@ -103,6 +104,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "packing": {"speedup": (">=", 1.5)},
     # the main job's training step, each prompt once per group against rows (issue 49: the step <= 0.65x)
     "share_prompt": {"train_ratio": ("<=", 0.65), "step_ratio": ("<=", 0.65)},
+    # a CPU bf16 training pass with short sequences' attention in float32, against transformers' bf16 SDPA
+    "cpu_attention": {"ratio": ("<=", 0.9), "pass_s_sdpa_bf16": None, "pass_s_fp32_short": None},
     "logprob_head": {"fp32_memory_chunked_over_full": ("<=", 1.0), "bf16_memory_chunked_over_full": ("<=", 1.0),
                      "fp32_time_chunked_over_full": ("<=", 1.1), "bf16_time_chunked_over_full": ("<=", 1.1),
                      "time_bf16_over_fp32_chunked": None},

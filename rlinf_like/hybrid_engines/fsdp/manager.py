@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from rlinf_like.hybrid_engines import grad_scaling
+from rlinf_like.hybrid_engines import cpu_attention, grad_scaling
 from rlinf_like.hybrid_engines.fsdp import lora
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
@@ -124,6 +124,8 @@ class FSDPModelManager(ModelManager):
         on_gpu = self.device.type == "cuda"
         # CPU bf16: fp32 weights, the forward under autocast (see the module docstring)
         self.autocast = precision == "bf16" and not on_gpu
+        if self.autocast and self.is_hf:  # short sequences' attention in float32 (cpu_attention.py: 1.5-10x faster)
+            cpu_attention.install()
         # else a plain module (see the module docstring)
         self.sharded = mesh is not None or self.world_size > 1 or (precision != "fp32" and not self.autocast)
         # On CPU, gloo's all-gathers go over loopback TCP: a step's micro-batches keep the weights gathered from the
