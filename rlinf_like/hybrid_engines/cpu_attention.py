@@ -27,8 +27,6 @@ import torch
 # moves it for another host's crossover, and 0 turns the routing off (bench/cpu_attention.py compares the two)
 FP32_BELOW = int(os.environ.get("RLINF_ATTENTION_FP32_BELOW", "448"))
 
-_installed = False
-
 
 def _wrap(sdpa):
     def sdpa_forward(module, query, key, value, attention_mask, *args, **kwargs):
@@ -49,10 +47,8 @@ def install() -> None:
     """Route transformers' "sdpa" attention through the float32 choice above, once per process. Process-wide on
     purpose: every HF model a trainer builds reads the same registry, and the wrapper changes nothing for inference
     or off CPU."""
-    global _installed
-    if _installed:
-        return
     from transformers.modeling_utils import AttentionInterface
 
-    AttentionInterface.register("sdpa", _wrap(AttentionInterface._global_mapping["sdpa"]))
-    _installed = True
+    current = AttentionInterface._global_mapping["sdpa"]
+    if not hasattr(current, "wrapped"):  # the registry itself says whether this process installed it
+        AttentionInterface.register("sdpa", _wrap(current))
