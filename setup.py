@@ -7,7 +7,9 @@ setup(
     version="0.1.0",
     description="Reinforcement-learning post-training for LLMs and embodied policies on Ray",
     packages=find_packages(include=["rlinf_like", "rlinf_like.*"]),
-    package_data={"rlinf_like.envs.tools": ["data/*.jsonl"]},  # the search tool's shipped corpus
+    # the search tool's shipped corpus; the IFEval prompts, their license and the Punkt parameters
+    package_data={"rlinf_like.envs.tools": ["data/*.jsonl"],
+                  "rlinf_like.data": ["ifeval_data/*", "ifeval_data/nltk/tokenizers/punkt_tab/english/*"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",
@@ -54,6 +56,9 @@ setup(
         # agent.env=verifiers: Prime Intellect's verifiers (v1) environments; it pins openai 2.x, which our
         # endpoint's tests and examples also run on
         "verifiers": ["verifiers==0.4.0"],
+        # data.source=ifeval_train, reward.fn=ifeval and `python -m rlinf_like.eval.ifeval`: IFEval's official
+        # checkers as lm-eval ships them (it pulls evaluate, sacrebleu, scikit-learn, ...; 0.4.13 tested)
+        "ifeval": ["lm-eval==0.4.13", "langdetect>=1.0.9", "immutabledict>=4", "nltk>=3.9.1"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         # pytest-xdist: the suite runs on two workers (pyproject.toml); wandb: tests/test_tracking.py runs it offline

@@ -73,6 +73,7 @@ BENCHES = (
     Bench(name="judge_agreement", script="judge_agreement.py", args=("--problems", "64"), quick=("--problems", "8")),
     Bench(name="opd_vs_grpo", script="opd_vs_grpo.py", args=("--seeds", "0", "1", "2", "3", "--steps", "24"),
           quick=("--seeds", "0", "--steps", "2", "--test-problems", "8")),
+    Bench(name="ifeval_probe", script="ifeval_probe.py", needs=("lm_eval",)),
     Bench(name="lora", script="lora.py", needs=("peft",)),
     Bench(name="dynamic_schedule", script="dynamic_schedule.py"),
     Bench(name="async_rl", script="async_rl.py"),
@@ -110,6 +111,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
                      "fp32_time_chunked_over_full": ("<=", 1.1), "bf16_time_chunked_over_full": ("<=", 1.1),
                      "time_bf16_over_fp32_chunked": None},
     "agentic": {"throughput_ratio": (">=", 2.0)},
+    # the base model's pass@1 / pass@8 per IFEval constraint type on training prompts: a measurement, no target
+    "ifeval_probe": {"signal_types": None, "tokens_per_s": None},
     "lora": {"step_time_ratio": ("<=", 0.6), "memory_ratio": ("<=", 0.6), "sync_bytes_ratio": ("<=", 0.1)},
     "dynamic_schedule": {"speedup": None, "speedup_vs_collocated": None},  # no target set yet
     "async_rl": {"time_ratio": ("<=", 0.7)},

@@ -61,6 +61,7 @@ CUT = {"examples/agentic/main_agent.py": _AGENT,
        "examples/embodied/bc_warmstart.py": "--steps 2 --epochs 1 --num-envs 2 --batch 4",
        "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
        "rlinf_like.config.show": "",
+       "rlinf_like.eval.ifeval": "--limit 2 --max-new-tokens 8",  # IFEval on a checkpoint: two prompts, short
        # the agentic presets' data writers: they rewrite the shipped files, byte for byte the same
        "examples/agentic/data/make_calculator_tasks.py": "", "examples/agentic/data/make_search_tasks.py": "",
        "examples/agentic/data/make_guess_tasks.py": ""}
@@ -233,9 +234,12 @@ def check_in_process(command: str) -> str:
     from rlinf_like.runners.preflight import preflight
 
     words = shlex.split(command)[1:]
-    if words[0] == "-m":  # python -m rlinf_like.config.show ...
+    if words[0] == "-m" and words[1] == "rlinf_like.config.show":
         importlib.import_module(words[1]).main(words[2:])
         return "listing"
+    if words[0] == "-m":  # a module's argparse command (an evaluation): it runs in test_one_command_per_script_runs
+        assert (words[1], command) in {(_script(c), c) for _, c in LAUNCH}, f"{command} is neither checked nor run"
+        return "launched"
     script, argv = words[0], words[1:]
     source = (ROOT / script).read_text()
     if "@hydra.main" not in source:  # an argparse script: it runs in test_one_command_per_script_runs
@@ -286,7 +290,7 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
 # what a command takes, roughly (seconds on the 2-core VM, cut): the channel demo on Ray ~11, the agent preset ~9,
 # an embodied run ~5, the behaviour-cloning warm start ~3, the data writers <1
 COST = {"examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4, "examples/embodied/main_embodied.py": 2,
-        "examples/embodied/bc_warmstart.py": 1}
+        "rlinf_like.eval.ifeval": 2, "examples/embodied/bc_warmstart.py": 1}
 
 
 @pytest.fixture(scope="module")

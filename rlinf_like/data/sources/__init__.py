@@ -18,6 +18,7 @@ DATA_SOURCES: Registry[type[DataSource]] = Registry("data source", key="data.sou
 DATA_SOURCES.register("arithmetic", "rlinf_like.data.sources.arithmetic:ArithmeticSource")
 DATA_SOURCES.register("files", "rlinf_like.data.sources.files:FileSource")
 DATA_SOURCES.register("reasoning_gym", "rlinf_like.data.sources.reasoning_gym:ReasoningGymSource")
+DATA_SOURCES.register("ifeval_train", "rlinf_like.data.sources.ifeval_train:IFEvalTrainSource")  # IFEval-style constraints
 DATA_SOURCES.register("verifiers", "rlinf_like.data.sources.verifiers:VerifiersSource")  # a verifiers env's tasks
 
 

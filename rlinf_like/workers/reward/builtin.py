@@ -126,3 +126,26 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 def _tagged_answer(text: str) -> str | None:
     tagged = _ANSWER_TAG.findall(text)
     return tagged[-1].strip() if tagged else extract_final_answer(text)
+
+
+def ifeval_reward(response: str, answer: str, *, instruction_id_list: list[str] | None = None,
+                  kwargs: list[dict] | None = None, prompt: str = "", all_or_nothing: bool = False, **info) -> dict:
+    """`reward.fn=ifeval`: the share of the row's instructions the response follows, by IFEval's official checkers
+    (strict); `reward.fn=ifeval_all`: 1 only when it follows all of them. Correct means all followed under the loose
+    check, IFEval's prompt-level loose accuracy. The row comes from `data.source=ifeval_train` (its
+    `instruction_id_list` and `kwargs`). `answer` is unused."""
+    if instruction_id_list is None or kwargs is None:
+        raise ValueError("reward.fn=ifeval needs rows with instruction_id_list and kwargs (data.source=ifeval_train)")
+    from rlinf_like.data.ifeval_checks import check
+
+    verdict = check({"prompt": prompt, "instruction_id_list": instruction_id_list, "kwargs": kwargs}, response)
+    share = sum(verdict.strict) / len(verdict.strict)
+    return {"reward": float(verdict.prompt_strict) if all_or_nothing else share, "correct": verdict.prompt_loose,
+            "formatted": verdict.prompt_strict, "ifeval_strict_share": share,
+            "ifeval_prompt_strict": float(verdict.prompt_strict)}
+
+
+def ifeval_all_reward(response: str, answer: str, **info) -> dict:
+    """`reward.fn=ifeval_all`: `ifeval_reward`, all or nothing."""
+    info.pop("all_or_nothing", None)
+    return ifeval_reward(response, answer, all_or_nothing=True, **info)

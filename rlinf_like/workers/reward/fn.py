@@ -12,11 +12,11 @@ or a dict holding `"reward"` whose other numeric entries are kept per sample (`S
 and logged as metrics; `"correct"` and `"formatted"` in the dict fill those fields (else a reward of at
 least `reward.correct` counts as correct).
 
-`reward.fn` is a registered name (`math`, `exact` or `reasoning_gym`; built-ins also receive the `reward`
-config as `config=`; `auto`, the default, is the data source's own: math, or reasoning_gym for that source) or `module:function`, imported where the rewards are computed (the reward
-worker), so a module on PYTHONPATH works. Each call runs under `reward.timeout_s`; a call that raises,
-times out or returns something unusable is logged with its request id and scores
-`reward.error_value`: one bad sample never stops the step.
+`reward.fn` is a registered name (`math`, `exact`, `reasoning_gym`, `ifeval` or `ifeval_all`; built-ins also receive
+the `reward` config as `config=`; `auto`, the default, is the data source's own: math, reasoning_gym or ifeval for
+those sources) or `module:function`, imported where the rewards are computed (the reward worker), so a module on
+PYTHONPATH works. Each call runs under `reward.timeout_s`; a call that raises, times out or returns something
+unusable is logged with its request id and scores `reward.error_value`: one bad sample never stops the step.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ REWARD_FNS: Registry[RewardFn] = Registry("reward function", key="reward.fn")
 REWARD_FNS.register("math", "rlinf_like.workers.reward.builtin:math_reward")
 REWARD_FNS.register("exact", "rlinf_like.workers.reward.builtin:exact_reward")
 REWARD_FNS.register("reasoning_gym", "rlinf_like.workers.reward.builtin:reasoning_gym_reward")
+# IFEval's official checkers on data.source=ifeval_train rows: the share of instructions followed, or all-or-nothing
+REWARD_FNS.register("ifeval", "rlinf_like.workers.reward.builtin:ifeval_reward")
+REWARD_FNS.register("ifeval_all", "rlinf_like.workers.reward.builtin:ifeval_all_reward")
 REWARD_FNS.register("judge", "rlinf_like.workers.reward.judge:judge_reward")  # an LLM judge's verdict (`judge.*`)
 AUTO = "auto"  # the runner replaces it with the data source's reward (data/sources/); elsewhere it means math
 REWARD_FNS.register(AUTO, "rlinf_like.workers.reward.builtin:math_reward")
