@@ -354,7 +354,8 @@ def test_a_missing_file_and_missing_sets_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("cfg,message", [
-    (DataConfig(source="file"), r"data.source='file' is not one of \['arithmetic', 'files', 'reasoning_gym', 'verifiers'\]"),
+    (DataConfig(source="file"),
+     r"data.source='file' is not one of \['arithmetic', 'files', 'ifeval_train', 'reasoning_gym', 'verifiers'\]"),
     (DataConfig(train_files=["train.parquet"]),
      r"data.train_files=\['train.parquet'\] is read by data.source=files; data.source=arithmetic does not read it"),
     (DataConfig(source="files", train_files=["t.jsonl"], test_fraction=0.1, terms=4),

@@ -44,7 +44,7 @@ def test_help_shows_the_preset_s_values_and_marks_what_it_changed():
     assert "runner.max_steps = 7  (set here; schema default 60)" in out.stdout
     assert "algorithm.lr = 0.0002  (set here; schema default 0.0005)" in out.stdout  # the preset's value
     assert "runner.seed = 0\n" in out.stdout or "runner.seed = 0  " in out.stdout  # unchanged: unmarked
-    assert "presets: grpo_collocated, grpo_pipelined, grpo_smollm2" in out.stdout
+    assert "presets: grpo_collocated, grpo_ifeval_smollm2, grpo_pipelined, grpo_smollm2" in out.stdout
 
 
 def test_a_wrong_preset_lists_the_presets_and_bad_quoting_names_the_quoting_that_works():
@@ -52,8 +52,9 @@ def test_a_wrong_preset_lists_the_presets_and_bad_quoting_names_the_quoting_that
         prepare("--config-name", "grpo_colocated")
     assert str(err.value).splitlines() == [
         f"--config-name 'grpo_colocated': no such preset in {ROOT / 'examples/reasoning/config'}. Presets:",
-        "  --config-name grpo_collocated", "  --config-name grpo_pipelined", "  --config-name grpo_smollm2",
-        "  --config-name opd_smollm2", "Groups, added to any preset: data=chain_sum|gsm8k_files, model=gemma3|smollm2, "
+        "  --config-name grpo_collocated", "  --config-name grpo_ifeval_smollm2", "  --config-name grpo_pipelined",
+        "  --config-name grpo_smollm2", "  --config-name opd_smollm2",
+        "Groups, added to any preset: data=chain_sum|gsm8k_files|ifeval_train, model=gemma3|smollm2, "
         "schedule=async|collocated|dynamic|pipelined"]
     with pytest.raises(SystemExit) as err:
         prepare("data.system_prompt=Add {the} numbers.")
@@ -116,7 +117,8 @@ def test_config_show_lists_what_each_preset_changes(capsys):
     out = capsys.readouterr().out
     assert "  runner.max_steps = 60  > 0\n" in out  # the schema's default, which --help marks as a preset's change
     lines = {line.split(":")[0]: line for line in out.splitlines() if " --config-name " in line}
-    assert set(lines) == {"reasoning/ --config-name grpo_collocated", "reasoning/ --config-name grpo_pipelined",
+    assert set(lines) == {"reasoning/ --config-name grpo_collocated", "reasoning/ --config-name grpo_ifeval_smollm2",
+                          "reasoning/ --config-name grpo_pipelined",
                           "reasoning/ --config-name grpo_smollm2", "reasoning/ --config-name opd_smollm2",
                           "agentic/ --config-name calculator",
                           "agentic/ --config-name openai_agent", "agentic/ --config-name openenv_guess",

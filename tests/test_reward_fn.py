@@ -15,6 +15,8 @@ from rlinf_like.workers.reward.builtin import exact_reward, extract_final_answer
 from rlinf_like.workers.reward.combine import check_reward_config
 from rlinf_like.workers.reward.fn import call_with_timeout, load_reward_fn, score_sample, to_sample_score
 
+REWARD_NAMES = r"\['auto', 'exact', 'ifeval', 'ifeval_all', 'judge', 'math', 'reasoning_gym'\]"  # the registry, sorted
+
 # (response, reference, what the original matcher said): each must be correct under `math`
 EQUIVALENT = [
     ("so \\boxed{\\dfrac{1}{2}}", "0.5", False),
@@ -193,9 +195,9 @@ def test_call_with_timeout_reuses_one_thread_and_replaces_a_hung_one():
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(fn="maths"), r"reward.fn='maths' is not one of \['auto', 'exact', 'judge', 'math', 'reasoning_gym'\]"),
+    (dict(fn="maths"), r"reward.fn='maths' is not one of " + REWARD_NAMES),
     (dict(fn="no_such_module_xyz:f"), r"reward.fn='no_such_module_xyz:f' cannot be loaded \(ModuleNotFoundError.*"
-                                      r"give one of \['auto', 'exact', 'judge', 'math', 'reasoning_gym'\] or module:function"),
+                                      r"give one of " + REWARD_NAMES + r" or module:function"),
     (dict(fn="os:no_such_function"), r"reward.fn='os:no_such_function' cannot be loaded \(AttributeError"),
     (dict(fn="os:sep"), r"reward.fn='os:sep' is a str, not a function"),
     (dict(timeout_s=0.0), r"reward.timeout_s must be > 0"),
@@ -261,7 +263,7 @@ def test_reward_fn_overrides_through_hydra_and_is_checked_before_launch(tmp_path
                      for fn in ("user_rewards:where_scored", "maths"))
     assert (good.reward.fn, good.reward.timeout_s) == ("user_rewards:where_scored", 2.5)
     check_config(good)
-    with pytest.raises(ValueError, match=r"reward.fn='maths' is not one of \['auto', 'exact', 'judge', 'math', 'reasoning_gym'\]"):
+    with pytest.raises(ValueError, match=r"reward.fn='maths' is not one of " + REWARD_NAMES):
         check_config(bad)
 
 
