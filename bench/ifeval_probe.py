@@ -38,47 +38,37 @@ def main() -> None:
     if args.quick:
         args.per_type, args.samples, args.max_new_tokens, types = 2, 2, 32, types[:3]
     import torch
-    from transformers import AutoTokenizer
 
-    from rlinf_like.data.config import DataConfig
     from rlinf_like.data.ifeval_checks import check
-    from rlinf_like.data.prompts import PromptFormat
-    from rlinf_like.data.tasks import Problem
-    from rlinf_like.workers.rollout.base import RolloutConfig
-    from rlinf_like.workers.rollout.engine import make_engine
-    from rlinf_like.workers.rollout.types import RolloutRequest, SamplingParams
+    from rlinf_like.eval.ifeval import answer, chat_engine
+    from rlinf_like.workers.rollout.types import SamplingParams
 
     machine = Machine.start({"model": args.model, "per_type": args.per_type, "samples": args.samples,
                              "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "threads":
                              torch.get_num_threads(), "types": len(types), "seed": args.seed})
     rows = {t: generate(args.per_type, args.seed + i, [t], 1, 1) for i, t in enumerate(types)}
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    fmt = PromptFormat(tokenizer, DataConfig())
-    engine = make_engine(RolloutConfig(engine="native", model_path=args.model, max_batch_size=128),
-                         tokenizer=tokenizer)
-    requests, owners = [], []
-    for t, group in rows.items():
-        for j, row in enumerate(group):
-            sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed * 7919 + j)
-            requests.append(RolloutRequest(request_id=f"{t}/{j}", n=args.samples, sampling=sampling,
-                                           prompt_ids=fmt.prompt_ids(Problem(prompt=row["prompt"], answer=""))))
-            owners.append(row)
+    flat = [row for group in rows.values() for row in group]
+
+    def sampling(i: int) -> SamplingParams:  # one seed per prompt's position in its type, as before
+        return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0,
+                              seed=args.seed * 7919 + i % args.per_type)
+
+    chat = chat_engine(args.model, batch=128)
     start = time.monotonic()
-    results = {r.request_id: r for r in engine.generate(requests)}
+    answers = answer(chat, [row["prompt"] for row in flat], sampling, n=args.samples, progress=False)
     seconds = time.monotonic() - start
-    tokens = sum(len(ids) for r in results.values() for ids in r.response_ids)
-    print(f"{len(requests)} prompts x {args.samples} answers, {tokens} tokens in {seconds:.0f} s "
+    tokens = sum(len(ids) for _, result in answers for ids in result.response_ids)
+    print(f"{len(flat)} prompts x {args.samples} answers, {tokens} tokens in {seconds:.0f} s "
           f"({tokens / seconds:.0f} tokens/s)")
     print(f"{'type':<48} {'pass@1':>7} {'pass@' + str(args.samples):>7} {'tokens':>7} {'cut':>5}")
-    out = {}
+    out, at = {}, 0
     for t, group in rows.items():
         follows, lengths, cut = [], [], []
-        for j, row in enumerate(group):
-            result = results[f"{t}/{j}"]
-            texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in result.response_ids]
+        for row, (texts, result) in zip(group, answers[at:at + len(group)]):
             follows.append([check(row, text).strict[0] for text in texts])
             lengths += [len(ids) for ids in result.response_ids]
             cut += [reason == "length" for reason in result.finish_reasons]
+        at += len(group)
         pass1 = sum(sum(f) for f in follows) / sum(len(f) for f in follows)
         passk = sum(any(f) for f in follows) / len(follows)
         out[t] = {"pass1": round(pass1, 3), f"pass{args.samples}": round(passk, 3)}

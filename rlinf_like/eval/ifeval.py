@@ -62,37 +62,58 @@ def select(rows: list[dict], types: list[str] | None = None, limit: int | None =
     return rows[:limit] if limit else rows
 
 
-def generate(model_path: str, rows: list[dict], max_new_tokens: int = MAX_NEW_TOKENS, dtype: str = "auto",
-             batch: int = 64, progress: bool = True) -> list[str]:
-    """Greedy answers to `rows`' prompts, each in the model's chat template, from the native engine."""
+def chat_engine(model_path: str, batch: int = 64, dtype: str = "auto"):
+    """(tokenizer, its chat-template PromptFormat, a native engine) for `model_path`: what `answer` serves from."""
     from transformers import AutoTokenizer
 
     from rlinf_like.data.config import DataConfig
     from rlinf_like.data.prompts import PromptFormat
-    from rlinf_like.data.tasks import Problem
     from rlinf_like.workers.rollout.base import RolloutConfig
     from rlinf_like.workers.rollout.engine import make_engine
-    from rlinf_like.workers.rollout.types import RolloutRequest, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    fmt = PromptFormat(tokenizer, DataConfig())
     engine = make_engine(RolloutConfig(engine="native", model_path=model_path, max_batch_size=batch, dtype=dtype),
                          tokenizer=tokenizer)
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    requests = [RolloutRequest(request_id=str(i), prompt_ids=fmt.prompt_ids(Problem(prompt=r["prompt"], answer="")),
-                               sampling=sampling) for i, r in enumerate(rows)]
+    return tokenizer, PromptFormat(tokenizer, DataConfig()), engine
+
+
+def answer(chat, prompts: list[str], sampling, n: int = 1, progress: bool = True) -> list[tuple[list[str], object]]:
+    """Each prompt's `n` answers in the model's chat template from `chat` (`chat_engine`): (texts, its
+    RolloutResult) per prompt, in order. `sampling(i)` is prompt i's SamplingParams."""
+    from rlinf_like.data.tasks import Problem
+    from rlinf_like.workers.rollout.types import RolloutRequest
+
+    tokenizer, fmt, engine = chat
+    requests = [RolloutRequest(request_id=str(i), prompt_ids=fmt.prompt_ids(Problem(prompt=p, answer="")),
+                               sampling=sampling(i), n=n) for i, p in enumerate(prompts)]
     done, start = [0], time.monotonic()
 
     def on_result(_result) -> None:
         done[0] += 1
-        if progress and (done[0] % 10 == 0 or done[0] == len(rows)):
-            print(f"  {done[0]}/{len(rows)} answered, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+        if progress and (done[0] % 10 == 0 or done[0] == len(prompts)):
+            print(f"  {done[0]}/{len(prompts)} answered, {time.monotonic() - start:.0f} s", file=sys.stderr,
+                  flush=True)
 
     results = {r.request_id: r for r in engine.generate(requests, on_result=on_result)}
     bad = [rid for rid, r in results.items() if not r.ok]
     if bad:
         raise RuntimeError(f"the engine refused prompts {bad}: {results[bad[0]].error}")
-    return [tokenizer.decode(results[str(i)].response_ids[0], skip_special_tokens=True) for i in range(len(rows))]
+    out = []
+    for i in range(len(prompts)):
+        result = results[str(i)]
+        out.append(([tokenizer.decode(ids, skip_special_tokens=True) for ids in result.response_ids], result))
+    return out
+
+
+def generate(model_path: str, rows: list[dict], max_new_tokens: int = MAX_NEW_TOKENS, dtype: str = "auto",
+             batch: int = 64, progress: bool = True) -> list[str]:
+    """Greedy answers to `rows`' prompts, each in the model's chat template, from the native engine."""
+    from rlinf_like.workers.rollout.types import SamplingParams
+
+    greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    answers = answer(chat_engine(model_path, batch, dtype), [r["prompt"] for r in rows], lambda i: greedy,
+                     progress=progress)
+    return [texts[0] for texts, _ in answers]
 
 
 def table(report: Report) -> str:
