@@ -127,7 +127,11 @@ def test_the_reward_is_the_share_followed_or_all_or_nothing():
     half = ifeval_reward("no commas, oops", "", **fields)
     assert half["reward"] == 0.0 and not half["correct"]
     one = ifeval_reward('"quoted, with a comma"', "", **fields)
-    assert one["reward"] == 0.5 and one["ifeval_strict_share"] == 0.5 and not one["correct"]
+    assert one["reward"] == 0.5 and one["ifeval/inst_strict"] == 0.5 and not one["correct"]
+    # IFEval's loose check also reads the response without its first line: the quotation then holds
+    loose = ifeval_reward('Sure:\n"quoted and clean"', "", **fields)
+    assert (loose["ifeval/prompt_strict"], loose["ifeval/inst_strict"]) == (0.0, 0.5)
+    assert (loose["ifeval/prompt_loose"], loose["ifeval/inst_loose"]) == (1.0, 1.0) and loose["correct"]
     assert ifeval_all_reward('"quoted, with a comma"', "", **fields)["reward"] == 0.0
     full = ifeval_all_reward('"quoted and clean"', "", **fields)
     assert full["reward"] == 1.0 and full["correct"] and full["formatted"]
@@ -167,6 +171,8 @@ def test_the_evaluation_command_is_deterministic_and_refuses_bad_arguments(real_
 
 @pytest.mark.real_model
 def test_the_preset_runs_two_steps_in_process_on_the_real_model(real_model_path, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out = tmp_path / "run"
     small = ["runner.max_steps=2", "runner.eval_every=2", "runner.save_every=2", "runner.prompts_per_step=2",
              "algorithm.samples_per_prompt=2", "runner.max_new_tokens=24", "data.test_problems=4",
@@ -179,5 +185,14 @@ def test_the_preset_runs_two_steps_in_process_on_the_real_model(real_model_path,
     history = json.loads((out / "checkpoint/runner.json").read_text())["history"]
     assert [h["step"] for h in history] == [0, 1, 2]
     for h in history[1:]:
-        assert 0.0 <= h["reward"] <= 1.0 and 0.0 <= h["reward/ifeval_strict_share"] <= 1.0
-    assert all(0.0 <= history[s]["eval_accuracy"] <= 1.0 for s in (0, 2))
+        assert 0.0 <= h["reward"] <= 1.0 and 0.0 <= h["reward/ifeval/inst_strict"] <= 1.0
+    # the held-out set's four IFEval scores, prompt level the accuracy and format rate, in a TensorBoard group
+    # `ifeval/` of their own, the closing table and the plot
+    for h in (history[0], history[2]):
+        assert h["ifeval/prompt_loose"] == h["eval_accuracy"] and h["ifeval/prompt_strict"] == h["eval_format_rate"]
+        assert h["ifeval/prompt_strict"] <= h["ifeval/inst_strict"] <= h["ifeval/inst_loose"] <= 1.0
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    for name in ("prompt_strict", "prompt_loose", "inst_strict", "inst_loose"):
+        assert [e.step for e in events.Scalars(f"ifeval/{name}")] == [0, 2]
+    assert "inst_loose" in (out / "run.log").read_text()

@@ -29,6 +29,8 @@ class RunRecord:
         self.history: list[dict] = []
         self.clock = 0.0  # RL seconds so far: steps only, without start-up, evaluations and checkpoints
         self.trackers: Trackers | None = None
+        # metrics that are their own tracker group (`ifeval/prompt_loose`): logged under their name, not `prefix/`
+        self.own_tags: set[str] = set()
 
     def open_trackers(self) -> Trackers:
         self.trackers = make_trackers(self.cfg.logger, self.out, run_config=asdict(self.cfg))
@@ -41,9 +43,12 @@ class RunRecord:
     def record(self, key: str, step: int, metrics: dict, prefix: str, x: int, tracked_only: dict | None = None) -> None:
         """`{key: step, **metrics}` into the history; `metrics` (plus `tracked_only`: what differs between otherwise
         identical runs, such as memory, kept out of the history that tests compare across runs) to the trackers as
-        `prefix/<name>` at x-axis `x`."""
-        self.trackers.log({f"{prefix}/{k}": v for k, v in {**metrics, **(tracked_only or {})}.items()}, x)
+        `prefix/<name>` at x-axis `x`, or under their own name where they are a group of their own (`own_tags`)."""
+        self.log(prefix, {**metrics, **(tracked_only or {})}, x)
         self.history.append({key: step, **metrics})
+
+    def log(self, prefix: str, metrics: dict, x: int) -> None:
+        self.trackers.log({k if k in self.own_tags else f"{prefix}/{k}": v for k, v in metrics.items()}, x)
 
     def save(self, step: int, groups: dict[str, WorkerGroup | None], state: dict,
              files: dict[str, bytes] | None = None) -> None:

@@ -90,7 +90,15 @@ def eval_metrics(groups: Sequence[Sequence[SampleScore]]) -> dict[str, float]:
     `train_format_rate` averages over a step's samples)."""
     first = [group[0] for group in groups]
     return {"eval_accuracy": sum(s.correct for s in first) / len(first),
-            "eval_format_rate": sum(s.formatted for s in first) / len(first)}
+            "eval_format_rate": sum(s.formatted for s in first) / len(first), **grouped_metrics(first)}
+
+
+def grouped_metrics(samples: Sequence[SampleScore]) -> dict[str, float]:
+    """The numbers a reward function names `<group>/<name>` (IFEval's `ifeval/prompt_loose`, ...), averaged over
+    `samples` under those names: at evaluation they are a benchmark's own scores, logged as their own group
+    (`RunRecord.own_tags`)."""
+    named = {name.removeprefix("reward/"): value for name, value in extra_metrics(samples).items()}
+    return {name: value for name, value in named.items() if "/" in name}
 
 
 def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:

@@ -147,7 +147,7 @@ class ReasoningRun(RunRecord):
             else:
                 sft = self._warm_start()
                 evaluated = self.evaluate()
-                self.trackers.log({f"grpo/{k}": v for k, v in evaluated.items()}, 0)  # the curves' first point
+                self.log("grpo", evaluated, 0)  # the curves' first point
                 self.history.append({"step": 0, **sft, **evaluated})
             start = self.out / REFERENCE_MODEL if self.cfg.runner.sft_steps > 0 else Path(self.model_path)
             launch_reference(self.cfg, self.cluster, self.workers, start, self.out)
@@ -226,7 +226,9 @@ class ReasoningRun(RunRecord):
             log.info(f"held-out episode at step {self.step}:\n{self.prompts.trajectory(results[0])}")
         groups = score_groups(w, results, test)
         self.samples.record(self.step, "eval", Generated(results=results, problems=test, scores=groups))
-        return {**eval_metrics(groups),
+        held_out = eval_metrics(groups)
+        self.own_tags.update(k for k in held_out if "/" in k)  # a benchmark's scores (`ifeval/*`): their own group
+        return {**held_out,
                 **{f"eval_{k}": v for k, v in episode_metrics(results).items()}}
 
     def generate(self, requests: list[RolloutRequest]) -> list:
@@ -308,9 +310,11 @@ class ReasoningRun(RunRecord):
         evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
         formats = [(h["step"], h["eval_format_rate"]) for h in self.history if "eval_format_rate" in h]
         rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
+        grouped = [(f"held-out {tag}", [(h["step"], h[tag]) for h in self.history if tag in h], {"marker": "."})
+                   for tag in sorted(self.own_tags)]  # a benchmark's own scores (IFEval's four)
         plot_series(self.out / "curves.png", [("mean reward (train samples)", rewards, {"alpha": 0.6}),
                                               ("held-out accuracy (greedy)", evals, {"marker": "o"}),
-                                              ("held-out format rate", formats, {"marker": "x"})],
+                                              ("held-out format rate", formats, {"marker": "x"}), *grouped],
                     "GRPO step", ylim=(0, 1.05))
         summary = {"steps": self.step, "eval_accuracy_start": evals[0][1], "eval_accuracy_end": evals[-1][1],
                    "eval_format_rate_start": formats[0][1] if formats else None,
@@ -331,10 +335,12 @@ class ReasoningRun(RunRecord):
         return RunResult(summary=summary, history=self.history, extras=extras)
 
 
-# the closing table's columns beyond the step: held-out accuracy and format rate; the training reward, mean response
+# the closing table's columns beyond the step: held-out accuracy and format rate (IFEval's prompt-level loose and
+# strict scores under reward.fn=ifeval, beside its instruction-level ones); the training reward, mean response
 # length and seconds per step, each averaged over the steps since the row above ("mean_" titles); the rollout-vs-trainer
 # mismatch when the trainer recomputes logprobs. A column is shown when some row has it.
 TABLE_COLUMNS = (("eval_accuracy", "eval_accuracy", ".3f"), ("eval_format_rate", "eval_format_rate", ".3f"),
+                 ("ifeval/inst_strict", "inst_strict", ".3f"), ("ifeval/inst_loose", "inst_loose", ".3f"),
                  ("reward", "mean_reward", ".3f"), ("response_tokens", "mean_resp_len", ".1f"),
                  ("step_s", "mean_step_s", ".2f"),
                  ("mismatch/kl_k3", "mismatch_kl", ".2e"),

@@ -140,9 +140,12 @@ def ifeval_reward(response: str, answer: str, *, instruction_id_list: list[str] 
 
     verdict = check({"prompt": prompt, "instruction_id_list": instruction_id_list, "kwargs": kwargs}, response)
     share = sum(verdict.strict) / len(verdict.strict)
+    # IFEval's four scores, per response; named `ifeval/...` they form a TensorBoard group of their own at evaluation
+    # (their means over the held-out greedy answers are the benchmark's scores on that set)
     return {"reward": float(verdict.prompt_strict) if all_or_nothing else share, "correct": verdict.prompt_loose,
-            "formatted": verdict.prompt_strict, "ifeval_strict_share": share,
-            "ifeval_prompt_strict": float(verdict.prompt_strict)}
+            "formatted": verdict.prompt_strict, "ifeval/prompt_strict": float(verdict.prompt_strict),
+            "ifeval/prompt_loose": float(verdict.prompt_loose), "ifeval/inst_strict": share,
+            "ifeval/inst_loose": sum(verdict.loose) / len(verdict.loose)}
 
 
 def ifeval_all_reward(response: str, answer: str, **info) -> dict:
