@@ -195,3 +195,21 @@ def test_a_group_estimator_with_one_sample_a_prompt_and_a_context_the_prompts_fi
     with pytest.raises(ValueError, match=r"^the longest prompt \(\d+ tokens\) plus runner.max_new_tokens=\d+ does not "
                                          r"fit the rollout's context of 12 tokens \(rollout.max_context\)"):
         ReasoningRun(short).__enter__()
+
+
+def test_a_run_piped_into_a_reader_that_closes_ends_instead_of_hanging(tmp_path):
+    """`main_grpo.py ... | head -1`: the reader goes, the run must end (Python's BrokenPipeError at the next print
+    left the progress bar's lock held at exit, and the run hung idle). In process, cut short: it dies at its next
+    line of output, long before it would finish."""
+    import signal
+
+    run = subprocess.Popen([sys.executable, MAIN, "cluster.backend=local", "cluster.component_placement.actor=0",
+                            "cluster.component_placement.rollout=0", "runner.max_steps=50",
+                            f"runner.output_dir={tmp_path / 'run'}"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert run.stdout.readline()  # the first line, as `head -1` reads it
+    run.stdout.close()
+    try:
+        assert run.wait(timeout=60) == -signal.SIGPIPE
+    finally:
+        run.kill()

@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from rlinf_like.config import hydra_schema, prepare_command_line, structure
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning import train
-from rlinf_like.utils.logging import setup_logging
+from rlinf_like.utils.logging import end_with_the_reader, setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
@@ -41,6 +41,7 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    end_with_the_reader()  # `... | head` ends the run instead of hanging it
     # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
     sys.argv[1:] = prepare_command_line(ReasoningConfig, sys.argv[1:], __file__, "calculator")
     main()

@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from rlinf_like.config import hydra_schema, prepare_command_line, structure
 from rlinf_like.algorithms.embodied import runner_class
 from rlinf_like.runners.embodied.config import EmbodiedConfig
-from rlinf_like.utils.logging import setup_logging
+from rlinf_like.utils.logging import end_with_the_reader, setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 ConfigStore.instance().store(name="embodied_schema", node=hydra_schema(EmbodiedConfig))
@@ -43,6 +43,7 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    end_with_the_reader()  # `... | head` ends the run instead of hanging it
     # --help with the preset's values, presets listed, one-value lists, quoting advice, then the keys checked
     sys.argv[1:] = prepare_command_line(EmbodiedConfig, sys.argv[1:], __file__, "embodied")
     main()

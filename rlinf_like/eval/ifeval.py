@@ -177,4 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    from rlinf_like.utils.logging import end_with_the_reader
+
+    end_with_the_reader()  # `... | head` ends the evaluation instead of hanging it
     main()

@@ -16,6 +16,16 @@ from tqdm import tqdm
 PACKAGE = "rlinf_like"
 
 
+def end_with_the_reader() -> None:
+    """An entry point whose output goes into a pipe (`... | head`) ends when the reader closes it, as Unix tools do.
+    Python's default turns the closed pipe into BrokenPipeError at the next print, and the progress bar's lock then
+    deadlocks the interpreter's exit: the run would hang, idle. Ray ends the workers of a dead driver; a
+    checkpoint is whole or not committed. Called by the example scripts' `__main__` blocks only (not on import)."""
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
 class TqdmHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
