@@ -21,6 +21,7 @@ from rlinf_like.workers.actor.backends import BACKEND_REGISTRY, backend_class, b
 from rlinf_like.workers.actor.config import ActorConfig
 from rlinf_like.workers.actor.loss import LossConfig, rl_loss
 from rlinf_like.workers.trained import TrainedWorker
+from rlinf_like.utils.heap import return_freed_memory
 from rlinf_like.training.loop import (LoopConfig, check_loop, loss_tokens, num_rows, resolve_share_prompt, run_steps,
                                      sharing, train_epochs)
 
@@ -85,8 +86,17 @@ class ActorWorker(TrainedWorker):
     # --- training -------------------------------------------------------------------------------------
     def _train(self, batch: Batch, loss_fn, epochs: int, weigh=loss_tokens) -> dict[str, float]:
         dp = self.manager.data_parallel()
-        return train_epochs(self.manager, batch, loss_fn, dp.rank, dp.size, self.config.loop, epochs, weigh=weigh,
-                            terms=self.config.loop_terms)
+        try:
+            return train_epochs(self.manager, batch, loss_fn, dp.rank, dp.size, self.config.loop, epochs,
+                                weigh=weigh, terms=self.config.loop_terms)
+        finally:
+            self._release_heap()
+
+    def _release_heap(self) -> None:
+        """A CPU rank's freed activations go back to the OS after each step (`utils/heap.py`: glibc holds them, and
+        the resident memory Ray's monitor reads would climb step by step)."""
+        if self.device.kind != "gpu":
+            return_freed_memory()
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of supervised warm-start (loss on `loss_mask` tokens)."""
@@ -100,7 +110,10 @@ class ActorWorker(TrainedWorker):
         """RL update on micro-batches planned elsewhere (the pipelined schedule's `plan_steps` for this rank's
         data-parallel rank): per optimizer step, (micro-batch, loss scale) pairs, through the same loop
         as `train_step`."""
-        return run_steps(self.manager, steps, self._loss)
+        try:
+            return run_steps(self.manager, steps, self._loss)
+        finally:
+            self._release_heap()
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         """Under LoRA: the KL reference's logprobs, from the frozen base (adapters disabled) in this model;
