@@ -1,8 +1,6 @@
 """Adding an advantage estimator is one class plus a registration: a toy estimator registered here runs
 through a 2-step run, and the runner's checks read its declarations instead of its name."""
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -58,17 +56,11 @@ def test_checks_read_the_declarations(toy_registered, tmp_path):
         check_config(cfg)
 
 
-def register_and_train(out):
-    """In a spawned process (the registration stays out of this one): register the toy, run 2 steps in process."""
-    ADVANTAGE_ESTIMATORS.register("toy_sign")(SignOfReward)
-    result = train(in_process(tiny(out)))
-    return result.history, CALLS
-
-
 @pytest.mark.timeout(300)
-def test_a_registered_toy_estimator_runs_two_steps(tmp_path):
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        history, calls = pool.submit(register_and_train, tmp_path).result()
+def test_a_registered_toy_estimator_runs_two_steps(toy_registered, tmp_path):
+    """Registered in this process (the fixture takes it out again), 2 steps in process."""
+    CALLS.clear()
+    history, calls = train(in_process(tiny(tmp_path))).history, list(CALLS)
     steps = history[1:]
     assert [h["step"] for h in steps] == [1, 2]
     assert len(calls) == 2 and all(c.shape == (4, 4) for c in calls)  # [prompts, samples] each step

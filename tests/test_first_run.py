@@ -2,6 +2,7 @@
 with the preset's values, a wrong preset listing the presets, hydra quoting explained, and mistakes named by key
 before Ray starts."""
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -197,19 +198,42 @@ def test_a_group_estimator_with_one_sample_a_prompt_and_a_context_the_prompts_fi
         ReasoningRun(short).__enter__()
 
 
-def test_a_run_piped_into_a_reader_that_closes_ends_instead_of_hanging(tmp_path):
-    """`main_grpo.py ... | head -1`: the reader goes, the run must end (Python's BrokenPipeError at the next print
-    left the progress bar's lock held at exit, and the run hung idle). In process, cut short: it dies at its next
-    line of output, long before it would finish."""
+
+ENTRY_SCRIPTS = ("examples/reasoning/main_grpo.py", "examples/agentic/main_agent.py",
+                 "examples/embodied/main_embodied.py", "rlinf_like/eval/ifeval.py")
+# what an entry point does before its first line of output, then a progress bar and lines, as a run prints them
+PIPED = """
+import sys, time
+from rlinf_like.utils.logging import end_with_the_reader, setup_logging
+from tqdm import tqdm
+import logging
+end_with_the_reader()
+setup_logging()
+log = logging.getLogger("rlinf_like.run")
+print("first line", flush=True)
+with tqdm(total=10**6, desc="GRPO") as bar:
+    for _ in range(10**6):
+        log.info("a step's line")
+        bar.update()
+        time.sleep(0.001)
+"""
+
+
+
+def test_a_run_piped_into_a_reader_that_closes_ends_instead_of_hanging():
+    """`main_grpo.py ... | head -1`: the reader goes, the run must end. With Python's default, BrokenPipeError at the
+    next print left tqdm's write lock held and an in-process run hung at exit, idle (a whole run shows it: ~10 s, left
+    out here); the entry points restore SIGPIPE's default first thing, so the process ends as a Unix tool does."""
     import signal
 
-    run = subprocess.Popen([sys.executable, MAIN, "cluster.backend=local", "cluster.component_placement.actor=0",
-                            "cluster.component_placement.rollout=0", "runner.max_steps=50",
-                            f"runner.output_dir={tmp_path / 'run'}"], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert run.stdout.readline()  # the first line, as `head -1` reads it
-    run.stdout.close()
+    for script in ENTRY_SCRIPTS:  # each entry point does it first thing in its __main__ block
+        main_block = (ROOT / script).read_text().split('if __name__ == "__main__":', 1)[1]
+        assert re.match(r"\s*(from rlinf_like.utils.logging import end_with_the_reader\s*)?end_with_the_reader\(\)",
+                        main_block), script
+    run = subprocess.Popen([sys.executable, "-c", PIPED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        assert run.wait(timeout=60) == -signal.SIGPIPE
+        assert run.stdout.readline() == b"first line\n"  # as `head -1` reads it
+        run.stdout.close()
+        assert run.wait(timeout=30) == -signal.SIGPIPE
     finally:
         run.kill()

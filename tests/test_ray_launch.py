@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,6 +24,7 @@ def launch(*args, env):
     return subprocess.run([str(ROOT / "ray_launch.sh"), *args], env=env, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.extended  # ~35 s of two `ray start`s; the extended two-node run drives the same launcher (start, join, stop)
 def test_start_status_join_stop(tmp_path):
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "RLINF_RAY_STATE_DIR": str(tmp_path / "state"), "PYTHON": sys.executable,

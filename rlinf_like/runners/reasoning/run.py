@@ -310,8 +310,8 @@ class ReasoningRun(RunRecord):
         evals = [(h["step"], h["eval_accuracy"]) for h in self.history if "eval_accuracy" in h]
         formats = [(h["step"], h["eval_format_rate"]) for h in self.history if "eval_format_rate" in h]
         rewards = [(h["step"], h["reward"]) for h in self.history if "reward" in h]
-        grouped = [(f"held-out {tag}", [(h["step"], h[tag]) for h in self.history if tag in h], {"marker": "."})
-                   for tag in sorted(self.own_tags)]  # a benchmark's own scores (IFEval's four)
+        grouped = [(f"held-out {tag}", series, {"marker": "."}) for tag in sorted(self.own_tags)  # IFEval's four
+                   if (series := [(h["step"], h[tag]) for h in self.history if tag in h]) not in (evals, formats)]
         plot_series(self.out / "curves.png", [("mean reward (train samples)", rewards, {"alpha": 0.6}),
                                               ("held-out accuracy (greedy)", evals, {"marker": "o"}),
                                               ("held-out format rate", formats, {"marker": "x"}), *grouped],
