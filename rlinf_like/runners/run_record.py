@@ -44,10 +44,11 @@ class RunRecord:
         """`{key: step, **metrics}` into the history; `metrics` (plus `tracked_only`: what differs between otherwise
         identical runs, such as memory, kept out of the history that tests compare across runs) to the trackers as
         `prefix/<name>` at x-axis `x`, or under their own name where they are a group of their own (`own_tags`)."""
-        self.log(prefix, {**metrics, **(tracked_only or {})}, x)
+        self.track(prefix, {**metrics, **(tracked_only or {})}, x)
         self.history.append({key: step, **metrics})
 
-    def log(self, prefix: str, metrics: dict, x: int) -> None:
+    def track(self, prefix: str, metrics: dict, x: int) -> None:
+        """`metrics` to the trackers at x-axis `x`, as `record` names them."""
         self.trackers.log({k if k in self.own_tags else f"{prefix}/{k}": v for k, v in metrics.items()}, x)
 
     def save(self, step: int, groups: dict[str, WorkerGroup | None], state: dict,

@@ -38,12 +38,6 @@ def _glibc():
     return libc.malloc_trim, libc.mallinfo2
 
 
-def free_heap_bytes() -> int | None:
-    """Bytes free inside glibc's heaps (all arenas), or None where that cannot be read."""
-    calls = _glibc()
-    return None if calls is None else calls[1]().fordblks
-
-
 def return_freed_memory(above: int = TRIM_ABOVE) -> bool:
     """Release the heaps' free pages to the OS when more than `above` bytes are free; whether it did."""
     calls = _glibc()

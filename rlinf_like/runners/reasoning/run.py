@@ -147,7 +147,7 @@ class ReasoningRun(RunRecord):
             else:
                 sft = self._warm_start()
                 evaluated = self.evaluate()
-                self.log("grpo", evaluated, 0)  # the curves' first point
+                self.track("grpo", evaluated, 0)  # the curves' first point
                 self.history.append({"step": 0, **sft, **evaluated})
             start = self.out / REFERENCE_MODEL if self.cfg.runner.sft_steps > 0 else Path(self.model_path)
             launch_reference(self.cfg, self.cluster, self.workers, start, self.out)
