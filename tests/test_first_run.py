@@ -198,7 +198,6 @@ def test_a_group_estimator_with_one_sample_a_prompt_and_a_context_the_prompts_fi
         ReasoningRun(short).__enter__()
 
 
-
 ENTRY_SCRIPTS = ("examples/reasoning/main_grpo.py", "examples/agentic/main_agent.py",
                  "examples/embodied/main_embodied.py", "rlinf_like/eval/ifeval.py")
 # what an entry point does before its first line of output, then a progress bar and lines, as a run prints them
@@ -217,7 +216,6 @@ with tqdm(total=10**6, desc="GRPO") as bar:
         bar.update()
         time.sleep(0.001)
 """
-
 
 
 def test_a_run_piped_into_a_reader_that_closes_ends_instead_of_hanging():
