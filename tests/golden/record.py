@@ -87,8 +87,13 @@ def metric_steps(history: list[dict]) -> list[dict]:
 
 def check(name: str, got: dict, recorded: dict[str, dict]) -> None:
     """`got` (steps and weight digests) against the recordings of run `name` (kernel path -> recording): on this
-    machine's path, every metric to 1e-6 and the weights bit for bit; on a path not recorded, the metrics within
-    `CROSS_PATH_TOL` of every recording (the weights' low bits differ there by construction)."""
+    machine's path, every metric to 1e-6 and the weights bit for bit; on a path not recorded, the first step's
+    metrics within `CROSS_PATH_TOL` of every recording (the weights' low bits differ there by construction).
+
+    Only the first step, because the steps after it follow what was sampled: a token one ulp from a tie on another
+    path changes the next update, and from then on the runs are two experiments (the Zen 4 host's collocated run
+    left the Intel AMX recording at step 5: grad norm 0.744 against 0.759). The first step's samples come from the
+    warm-started weights, which differ from the recording's only in their low bits."""
     assert recorded, f"{name}: no recording on any path; record it: python tests/golden/record.py {name}"
     path = kernel_path()
     if path in recorded:
@@ -96,8 +101,10 @@ def check(name: str, got: dict, recorded: dict[str, dict]) -> None:
         assert got["weights"] == recorded[path]["weights"], \
             f"{name}: exported weights differ from the recorded run ({path})"
         return
+    print(f"golden {name}: no recording on this path ({path}); step 1 checked against {sorted(recorded)}; "
+          f"record it: python tests/golden/record.py {name}")
     for other, recording in recorded.items():
-        _compare(name, other, recording["steps"], got["steps"], CROSS_PATH_TOL)
+        _compare(name, other, recording["steps"][:1], got["steps"][:1], CROSS_PATH_TOL)
 
 
 def _compare(name: str, path: str, expected: list[dict], got: list[dict], tolerance: dict[str, float]) -> None:
