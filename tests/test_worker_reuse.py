@@ -24,6 +24,13 @@ class Dirty(Worker):
         torch.set_default_dtype(torch.float64)
         torch.manual_seed(1234)
         torch.set_grad_enabled(False)
+        from tqdm.auto import tqdm
+
+        for _ in tqdm(range(2), file=sys.stderr):  # a first progress bar starts tqdm's monitor thread
+            pass
+        from rlinf_like.workers.reward.fn import call_with_timeout
+
+        assert call_with_timeout(abs, 5.0, -2) == 2  # a reward call starts this thread's call thread, kept for the next
 
     def pid(self):
         return os.getpid()

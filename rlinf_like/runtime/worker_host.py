@@ -18,6 +18,18 @@ from rlinf_like.utils.logging import setup_logging
 from rlinf_like.utils.threads import limit_threads
 
 
+# run by `_WorkerHost.release` before it looks for threads left running: each ends a process-wide helper thread that
+# a module starts once and keeps (tqdm's monitor, the reward worker's call threads), which a new process has not
+_RELEASE_HOOKS: list = []
+
+
+def on_release(hook):
+    """Register `hook()` to run when a kept process is emptied for the next group (cluster.reuse_workers)."""
+    if hook not in _RELEASE_HOOKS:
+        _RELEASE_HOOKS.append(hook)
+    return hook
+
+
 @dataclass(frozen=True)
 class WorkerContext:
     group_name: str
@@ -95,6 +107,8 @@ class _WorkerHost:
         torch.set_grad_enabled(True)
         torch.seed()  # a seed from the OS, as a new process's global generator starts from
         limit_threads()
+        for hook in _RELEASE_HOOKS:
+            hook()
         # threads Ray runs Python on (its concurrency groups) are "dummy" threads; a worker's own are not
         left = [t.name for t in threading.enumerate()
                 if id(t) not in threads and t.is_alive() and not isinstance(t, threading._DummyThread)]
@@ -159,3 +173,17 @@ class _WorkerHost:
 
         if dist.is_initialized() and not self._ctx.in_process:  # in process the cluster owns the default group
             dist.destroy_process_group()
+
+
+@on_release
+def _end_tqdm_monitor() -> None:
+    """tqdm starts one monitor thread for the whole process at its first progress bar (on the bar's class, often a
+    subclass such as tqdm.auto's) and keeps it running; ended here, a kept process is as a new one, whose next bar
+    starts a monitor again."""
+    if (monitor := sys.modules.get("tqdm._monitor")) is None:
+        return
+    for thread in threading.enumerate():
+        if isinstance(thread, monitor.TMonitor):
+            thread.exit()
+            if thread.tqdm_cls.monitor is thread:
+                thread.tqdm_cls.monitor = None

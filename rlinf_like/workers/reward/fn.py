@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rlinf_like.runtime.worker_host import on_release
 from rlinf_like.utils.registry import Registry
 from rlinf_like.workers.reward.rules import RewardConfig
 from rlinf_like.workers.reward.types import SampleScore
@@ -77,11 +78,14 @@ class _CallThread:
 
     def __init__(self):
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="reward-fn", daemon=True).start()
+        self.abandoned = False  # a call timed out on it and may still be running
+        self.thread = threading.Thread(target=self._serve, name="reward-fn", daemon=True)
+        self.thread.start()
+        _started.append(self)
 
     def _serve(self) -> None:
-        while True:
-            fn, args, kwargs, outcome, done = self.calls.get()
+        while (call := self.calls.get()) is not None:
+            fn, args, kwargs, outcome, done = call
             try:
                 outcome["value"] = fn(*args, **kwargs)
             except BaseException as e:  # re-raised in the caller's thread
@@ -90,6 +94,17 @@ class _CallThread:
 
 
 _call_threads = threading.local()  # each calling thread's own `_CallThread`
+_started: list[_CallThread] = []
+
+
+@on_release
+def _end_idle_call_threads() -> None:
+    """A kept process's next worker starts its own call threads; the idle ones end here (an abandoned one, still in
+    its timed-out call, cannot, and keeps the process from being kept)."""
+    for runner in [r for r in _started if not r.abandoned]:
+        runner.calls.put(None)
+        runner.thread.join()
+        _started.remove(runner)
 
 
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float, *args, **kwargs) -> Any:
@@ -97,12 +112,15 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float, *args, **kwargs)
     signals: `signal.alarm` works only in the main thread, and a Ray actor's calls run in others.
     Python cannot stop a thread, so a call that times out is abandoned and runs on in the background, and
     the next call gets a fresh thread; the threads are daemons so that they never hold up the process's exit."""
-    runner = getattr(_call_threads, "runner", None) or _CallThread()
+    runner = getattr(_call_threads, "runner", None)
+    if runner is None or not runner.thread.is_alive():
+        runner = _CallThread()
     _call_threads.runner = None  # taken: a call that times out keeps its thread
     outcome: dict[str, Any] = {}
     done = threading.Event()
     runner.calls.put((fn, args, kwargs, outcome, done))
     if not done.wait(timeout_s):
+        runner.abandoned = True
         raise TimeoutError(f"no result within reward.timeout_s={timeout_s}")
     _call_threads.runner = runner  # free again
     if "error" in outcome:
