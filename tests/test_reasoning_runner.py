@@ -22,7 +22,8 @@ MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
 # different tokens from the first step, so with auto each host type would run another experiment. fp32 is also
 # the faster here on the tiny model (an Intel Xeon with AMX: 55 s against 86 s for the first 15 steps). Measured
 # in fp32 in process on that Intel host for seeds 0-3: +0.145, +0.130, +0.075, +0.115 (step-0 accuracy 0.505 to
-# 0.710). Earlier, in bf16 on a Zen 4 host: +0.080 to +0.135 over six runs. The margin is half the smallest.
+# 0.710); in fp32 on a Zen 4 host, seed 0: +0.170 (0.500 -> 0.670). Earlier, in bf16 on a Zen 4 host: +0.080 to
+# +0.135 over six runs. The margin is half the smallest.
 ACCURACY_GAIN = 0.035
 # the main job's preset in process (cluster.backend=local: one rank per group, no Ray start-up) through its script
 COLLOCATED = ["runner.save_every=15", "runner.eval_every=15", "cluster.backend=local",
