@@ -137,6 +137,25 @@ def test_a_memory_budget_fills_micro_batches_with_laid_out_positions_and_every_r
     assert _split_to([[0], [1]], 3) is None  # nothing left to split: that step is planned by rows
 
 
+def test_a_group_longer_than_the_memory_budget_is_planned_by_rows_within_the_budget():
+    """A micro-batch of shared groups holds at least one group; where one group's laid-out positions exceed the
+    memory budget, the batch is planned by rows instead, so that no micro-batch is laid out over the budget."""
+    g = torch.Generator().manual_seed(4)
+    prompts, responses = [], []
+    for k in range(4):  # 4 groups of 8 rows, 10 prompt tokens, answers of 20: 170 positions laid out, rows of 30
+        prompt = torch.randint(4, 64, (10,), generator=g).tolist()
+        prompts += [prompt] * 8
+        responses += [[5] * 20] * 8
+    batch = build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], [1.0] * len(prompts))
+    budget = 100  # 3 rows of 30 by rows; not one group of 170 positions
+    for r in (0, 1):
+        micros = [m for step in plan_steps(batch, r, 2, LoopConfig(share_prompt="true"), step=0,
+                                           terms=LoopTerms(micro_batch_tokens=budget)) for m, _ in step]
+        assert sum(len(m["input_ids"]) for m in micros) == 16
+        assert all(len(m["input_ids"]) <= 3 for m in micros)
+        assert all(m["shared_prompts"].input_ids.numel() <= budget for m in micros if "shared_prompts" in m)
+
+
 def test_share_prompt_true_is_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match=r"actor.loop.share_prompt=true does not combine with "
                                          r"actor.loop.pack_sequences=true"):

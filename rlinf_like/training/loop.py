@@ -41,7 +41,8 @@ class LoopConfig:
     # token-budget micro-batches (per rank), balanced over the ranks, instead of micro_batch_size
     max_tokens_per_micro_batch: int | None = bounded(None, gt=0)
     # the rows of a micro-batch that share a prompt run it once, as [prompt, r1, ..., rn] with a mask that keeps each
-    # response to the prompt and its own past (hybrid_engines/prompt_sharing.py); micro-batches then hold whole groups.
+    # response to the prompt and its own past (hybrid_engines/prompt_sharing.py); micro-batches then hold whole groups
+    # (by rows, sharing only within each, where a group's laid-out positions exceed the memory budget).
     # auto: on for an FSDP actor on an HF causal LM when a prompt has several samples; the critic does not share yet
     share_prompt: Literal["auto", "true", "false"] = "auto"
 
@@ -189,8 +190,14 @@ def _by_groups(batch: Batch, rank: int, world_size: int, loop: LoopConfig, terms
                    else torch.full((len(groups),), mine["input_ids"].shape[1])).tolist()
         prompts = mine["prompt_lengths"].tolist()
         spans = [prompts[m[0]] + sum(lengths[b] - prompts[b] for b in m) for m in members]
-        order = torch.randperm(len(members), generator=generator)
         tokens = terms.micro_batch_tokens if loop.micro_batch_size is None else None
+        if tokens is not None and max(spans, default=0) > tokens:
+            # a micro-batch holds at least one group: a group longer than the memory budget would overrun it (a
+            # GRPO group of 8 IFEval answers of ~190 tokens is ~1,700 positions against SmolLM2's 879 a rank, and
+            # its ranks peaked at 5.4 GiB against 3.5); by rows, each micro-batch keeps to the budget
+            generator.set_state(state)
+            return None
+        order = torch.randperm(len(members), generator=generator)
         rows = None if tokens is not None else micro_rows(mine, loop, None)
         plans.append((mine, members, _group_micros(members, spans, order, loop, rows, tokens)))
     for m in range(loop.mini_batches):
