@@ -44,6 +44,17 @@ def grouped_batch(seed: int = 1) -> dict:
     return build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], advantages)
 
 
+def uniform_groups(groups: int, samples: int, answer_tokens: int, seed: int) -> dict:
+    """`groups` GRPO groups of `samples` rows each: a random 10-token prompt, an answer of `answer_tokens` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for _ in range(groups):
+        prompt = torch.randint(4, 64, (10,), generator=g).tolist()
+        prompts += [prompt] * samples
+        responses += [[5] * answer_tokens] * samples
+    return build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], [1.0] * len(prompts))
+
+
 def stats_and_grads(model, batch):
     model.zero_grad()
     logprobs, entropy = token_stats(model, batch, 0.7, entropy_grad=True)
@@ -116,13 +127,7 @@ def test_micro_batches_hold_whole_groups_and_cover_every_row_once():
 def test_a_memory_budget_fills_micro_batches_with_laid_out_positions_and_every_rank_runs_as_many():
     """Without actor.loop.micro_batch_size the memory budget (tokens) sizes micro-batches: shared groups count their
     laid-out positions, not their rows x padded length; ranks whose groups fill fewer micro-batches split theirs."""
-    g = torch.Generator().manual_seed(3)
-    prompts, responses = [], []
-    for k in range(8):  # 8 groups of 4 rows, 10 prompt tokens, answers of 3: 22 positions laid out, rows of 13
-        prompt = torch.randint(4, 64, (10,), generator=g).tolist()
-        prompts += [prompt] * 4
-        responses += [[5] * 3] * 4
-    batch = build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], [1.0] * len(prompts))
+    batch = uniform_groups(8, 4, 3, seed=3)  # 10 prompt tokens, answers of 3: 22 positions laid out, rows of 13
     loop, budget = LoopConfig(share_prompt="true"), 60
     plans = [list(plan_steps(batch, r, 2, loop, step=0, terms=LoopTerms(micro_batch_tokens=budget))) for r in (0, 1)]
     for plan in plans:  # 2 groups (44 positions) a micro-batch; by rows 60 // 13 = 4 rows, one group
@@ -140,13 +145,7 @@ def test_a_memory_budget_fills_micro_batches_with_laid_out_positions_and_every_r
 def test_a_group_longer_than_the_memory_budget_is_planned_by_rows_within_the_budget():
     """A micro-batch of shared groups holds at least one group; where one group's laid-out positions exceed the
     memory budget, the batch is planned by rows instead, so that no micro-batch is laid out over the budget."""
-    g = torch.Generator().manual_seed(4)
-    prompts, responses = [], []
-    for k in range(4):  # 4 groups of 8 rows, 10 prompt tokens, answers of 20: 170 positions laid out, rows of 30
-        prompt = torch.randint(4, 64, (10,), generator=g).tolist()
-        prompts += [prompt] * 8
-        responses += [[5] * 20] * 8
-    batch = build_rl_batch(prompts, responses, [[-1.0] * len(r) for r in responses], [1.0] * len(prompts))
+    batch = uniform_groups(4, 8, 20, seed=4)  # 10 prompt tokens, answers of 20: 170 positions laid out, rows of 30
     budget = 100  # 3 rows of 30 by rows; not one group of 170 positions
     for r in (0, 1):
         micros = [m for step in plan_steps(batch, r, 2, LoopConfig(share_prompt="true"), step=0,
