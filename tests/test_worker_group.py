@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rlinf_like.runtime.errors import PlacementError
 from rlinf_like.runtime import (
     GroupTimeoutError,
     Worker,
@@ -146,14 +147,37 @@ def test_wait_timeout_names_pending_ranks(groups):
     assert handle.wait() == [0, 1]  # the calls themselves finish
 
 
-def test_device_accounting_goes_through_ray(cluster, groups):
+def test_a_rank_that_would_overfill_a_device_is_refused_by_name_before_it_starts(cluster, groups):
     # Both CPU slots are half-held by actor and half by rollout; a rank that wants a whole slot
-    # must not be started beside them.
+    # must not be started beside them, and the error names the device and who holds it.
     placement = cluster.place({"greedy": "0"})
     t0 = time.monotonic()
-    with pytest.raises(GroupTimeoutError, match="'greedy'"):
+    with pytest.raises(PlacementError, match=r"'greedy' needs 1 of cpu device 0, but running groups hold 'actor' "
+                                             r"0.5, 'rollout' 0.5"):
         Probe.create_group(0).launch(cluster, placement, "greedy", timeout=3)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 1
+
+
+def test_device_shares_free_at_shutdown_and_when_a_group_is_dropped(cluster):
+    from rlinf_like.runtime.device_shares import DeviceShares
+
+    shares, whole = DeviceShares(), cluster.place({"a": "0"})["a"].ranks
+    thirds = cluster.place({"x": "0", "y": "0", "z": "0"})
+
+    class G:  # any object stands for a group: what is held is keyed by it
+        pass
+
+    held = [G() for _ in range(3)]
+    for g, n in zip(held, "xyz"):
+        shares.claim(g, n, thirds[n].ranks)  # three thirds fill the device exactly
+    with pytest.raises(PlacementError, match="'a' needs 1 of cpu device 0"):
+        shares.claim(G(), "a", whole)
+    shares.free(held.pop())
+    with pytest.raises(PlacementError, match="'a' needs 1 of cpu device 0"):
+        shares.claim(G(), "a", whole)
+    shares.free(held.pop())
+    del held[:]  # the last holder dropped without a shutdown (a failed launch's group)
+    shares.claim(G(), "a", whole)
 
 
 def test_memory_metrics_read_host_memory_and_ask_busy_ranks_for_device_memory(groups):

@@ -26,6 +26,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from rlinf_like.runtime import comm, local
+from rlinf_like.runtime.device_shares import DeviceShares
 from rlinf_like.runtime.errors import PlacementError
 from rlinf_like.runtime.host_pool import HostPool
 from rlinf_like.runtime.placement import Device, Placement, plan_placement
@@ -50,8 +51,8 @@ class ClusterConfig:
     namespace: str = "rlinf_like"  # the Ray namespace this run's named actors live in
     collective_timeout_s: float = 300.0  # every torch.distributed group and collective
     reserve_timeout_s: float = 60.0  # waiting for Ray to grant a device
-    # keep a shut-down group's rank processes and hand them to the next group launched on the same device with the
-    # same share, their imports done (~3 s of CPU a rank on 2 cores; runtime/host_pool.py). For a driver that launches
+    # keep a shut-down group's rank processes and hand them to the next group launched on the same device, their
+    # imports done (~3 s of CPU a rank on 2 cores; runtime/host_pool.py). For a driver that launches
     # many groups (tests, sweeps, a server); a run that launches each group once gains nothing. CPU ranks only
     reuse_workers: bool = False
     env_vars: dict[str, str] = field(default_factory=dict)  # forwarded to every worker
@@ -115,6 +116,7 @@ class Cluster:
         self._reservations: dict[tuple[str, int], PlacementGroup] = {}
         self.run_id = uuid.uuid4().hex[:8]
         self.host_pool = HostPool() if self.config.reuse_workers and not self.in_process else None
+        self.device_shares = DeviceShares()  # shared with `scope()` views, as the devices are
         self._parent: Cluster | None = None  # set on a `scope()` view: the cluster it borrows
         if self.in_process:
             self._start_in_process()

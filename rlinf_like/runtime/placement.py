@@ -46,7 +46,7 @@ class Device:
 class RankPlacement:
     rank: int
     device: Device
-    share: float  # fraction of the device this rank reserves from Ray
+    share: float  # fraction of the device this rank holds (Ray counts a GPU's; runtime/device_shares.py a CPU's)
 
 
 @dataclass(frozen=True)

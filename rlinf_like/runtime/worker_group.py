@@ -32,7 +32,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlinf_like.runtime import comm
 from rlinf_like.runtime.cluster import Cluster
 from rlinf_like.runtime.errors import GroupTimeoutError, WorkerDiedError, WorkerError
-from rlinf_like.runtime.host_pool import HostKey, HostPool
+from rlinf_like.runtime.device_shares import DeviceShares
+from rlinf_like.runtime.host_pool import CPU_HOST_ASK, HostKey, HostPool
 from rlinf_like.runtime.local import LocalCallError, LocalHost
 from rlinf_like.runtime.placement import Placement
 from rlinf_like.runtime.process_memory import MemorySample, memory_kill_cause, read_memory
@@ -204,6 +205,7 @@ class WorkerGroup:
         self.gpu_ranks: list[int] = []  # the ranks placed on a GPU (they answer `device_memory`)
         self._pool: HostPool | None = None  # cluster.reuse_workers: where shutdown leaves the rank processes
         self._keys: list[HostKey] = []
+        self._shares: DeviceShares | None = None  # where this group's CPU ranks hold their shares while it runs
 
     # --- launch --------------------------------------------------------------------------------
     def launch(
@@ -229,6 +231,9 @@ class WorkerGroup:
         self._ranks = list(range(component.world_size))
         self.gpu_ranks = [rp.rank for rp in component.ranks if rp.device.kind == "gpu"]
         self._pool = cluster.host_pool
+        if not cluster.in_process:
+            cluster.device_shares.claim(self, name, component.ranks)
+            self._shares = cluster.device_shares
         binds = []  # kept processes taking this group's ranks
         for rp in component.ranks:
             ctx = WorkerContext(name, rp.rank, component.world_size, rp.device, cluster.config.collective_timeout_s,
@@ -264,14 +269,14 @@ class WorkerGroup:
         returned with its pending `bind`), or threads of this process."""
         if cluster.in_process:
             return LocalHost(_WorkerHost, self.worker_cls, ctx, self._args, self._kwargs), None
-        key = HostKey(rp.device.kind, rp.device.index, rp.share)
+        key = HostKey(rp.device.kind, rp.device.index)
         self._keys.append(key)
         name = f"{self.name}-{rp.rank}"
         if self._pool is not None and rp.device.kind == "cpu":
             if (host := self._pool.take(key)) is not None:
                 return host, host.bind.remote(self.worker_cls, ctx, self._args, self._kwargs)
             name += f"-{uuid.uuid4().hex[:6]}"  # a kept process keeps its first name: a later one needs another
-        resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": rp.share}
+        resources = {"num_gpus": rp.share, "num_cpus": 0} if rp.device.kind == "gpu" else {"num_cpus": CPU_HOST_ASK}
         return _RemoteHost.options(
             name=cluster.scoped_name(name),
             namespace=cluster.config.namespace,
@@ -344,7 +349,9 @@ class WorkerGroup:
                 ray.kill(handle, no_restart=True)
         if kept:
             self._pool.give_back(kept)
-        self._hosts, self._keys = [], []
+        if self._shares is not None:
+            self._shares.free(self)
+        self._hosts, self._keys, self._shares = [], [], None
 
     def actor_handles(self) -> list[ray.actor.ActorHandle]:
         return list(self._hosts)
