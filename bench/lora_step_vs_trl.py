@@ -7,7 +7,8 @@ reference model, one optimizer step per generation. Ours runs the preset as a us
 an FSDP dp=2 actor and two native-engine replicas taking turns on the 2 cores, `actor.precision=auto`). TRL 1.16
 runs in its own process with 2 torch threads, HF `generate` (no vLLM on this CPU), peft's LoRA with the same
 rank, alpha and modules, and every differing default set (below, printed as the effective config); its
-precision follows the same rule as ours: bf16 where the CPU has bf16 units, else fp32.
+precision follows the same rule as ours: bf16 where the CPU has bf16 units, else fp32 (`--trl-precision` sets it;
+on a Zen 4 host TRL's fp32 step was slower than its bf16 one, docs/benchmarks.md).
 
 Each side is a fresh process per repetition (nothing cached between repetitions: no warm prefix, no compiled
 kernels), the sides alternated (ours first on even repetitions). A repetition runs `--steps` steps on the same
@@ -17,7 +18,7 @@ weight sync), TRL: `on_step_begin` to `on_step_end` (generation with scoring, th
 rollout / generation share printed beside it. Last line: one JSON object, `step_ratio` = median(ours) /
 median(TRL) over the repetitions, with the per-repetition ratios.
 
-    python bench/lora_step_vs_trl.py [--reps 3] [--steps 3]
+    python bench/lora_step_vs_trl.py [--reps 3] [--steps 3] [--trl-precision auto|fp32|bf16]
     python bench/lora_step_vs_trl.py --quick   # the tiny random model, 16 new tokens, one repetition
 """
 
@@ -179,6 +180,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads (ours: one thread a process)")
+    p.add_argument("--trl-precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="TRL's precision; auto: bf16 where the CPU has bf16 units, as ours picks")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--side", choices=["trl"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -196,7 +199,7 @@ def main() -> None:
                           *args.overrides]
     else:
         args.overrides = ["runner.max_new_tokens=200", *args.overrides]
-    args.bf16 = bf16_host()
+    args.bf16 = bf16_host() if args.trl_precision == "auto" else args.trl_precision == "bf16"
     machine = Machine.start({"reps": args.reps, "steps": args.steps, "seed": args.seed, "trl_threads": args.threads,
                              "trl_precision": "bf16" if args.bf16 else "fp32", "ours_precision": "auto",
                              "preset": PRESET + args.overrides, "trl_settings": TRL_SETTINGS})
