@@ -93,12 +93,18 @@ def eval_metrics(groups: Sequence[Sequence[SampleScore]]) -> dict[str, float]:
             "eval_format_rate": sum(s.formatted for s in first) / len(first), **grouped_metrics(first)}
 
 
+def own_group(name: str) -> bool:
+    """A metric a reward function names `<group>/<name>` (IFEval's `ifeval/prompt_loose`): a benchmark's own score,
+    logged in a group of its own."""
+    return "/" in name
+
+
 def grouped_metrics(samples: Sequence[SampleScore]) -> dict[str, float]:
     """The numbers a reward function names `<group>/<name>` (IFEval's `ifeval/prompt_loose`, ...), averaged over
     `samples` under those names: at evaluation they are a benchmark's own scores, logged as their own group
     (`RunRecord.own_tags`)."""
     named = {name.removeprefix("reward/"): value for name, value in extra_metrics(samples).items()}
-    return {name: value for name, value in named.items() if "/" in name}
+    return {name: value for name, value in named.items() if own_group(name)}
 
 
 def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:

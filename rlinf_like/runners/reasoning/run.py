@@ -29,7 +29,7 @@ from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.launch import launch_reference, launch_workers, plan_before_start, precision_choice
 from rlinf_like.runners.reasoning.perf import StepPerf
 from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metrics, task_row
-from rlinf_like.runners.reasoning.phases import eval_metrics, score_groups
+from rlinf_like.runners.reasoning.phases import eval_metrics, own_group, score_groups
 from rlinf_like.runners.run_record import CHECKPOINT, RunRecord
 from rlinf_like.runtime import Cluster, GroupResult, Placement, wait_all
 from rlinf_like.workers.actor.worker import ActorWorker
@@ -227,7 +227,7 @@ class ReasoningRun(RunRecord):
         groups = score_groups(w, results, test)
         self.samples.record(self.step, "eval", Generated(results=results, problems=test, scores=groups))
         held_out = eval_metrics(groups)
-        self.own_tags.update(k for k in held_out if "/" in k)  # a benchmark's scores (`ifeval/*`): their own group
+        self.own_tags.update(k for k in held_out if own_group(k))
         return {**held_out,
                 **{f"eval_{k}": v for k, v in episode_metrics(results).items()}}
 
