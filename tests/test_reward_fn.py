@@ -191,7 +191,14 @@ def test_call_with_timeout_reuses_one_thread_and_replaces_a_hung_one():
     start = time.perf_counter()
     after = call_with_timeout(threading.current_thread, 5)
     assert time.perf_counter() - start < 1.0 and after not in threads
+    [hung] = threads  # the thread the 50 calls shared took the call that hung
     release.set()
+    hung.join(timeout=5)  # the abandoned thread ends once its late call returns, not idles for the process's life
+    assert not hung.is_alive()
+    call_with_timeout(threading.current_thread, 5)
+    from rlinf_like.workers.reward import fn
+
+    assert all(r.thread.is_alive() for r in fn._started)  # and is no longer listed
 
 
 @pytest.mark.parametrize("change,message", [

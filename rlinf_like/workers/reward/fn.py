@@ -21,6 +21,7 @@ unusable is logged with its request id and scores `reward.error_value`: one bad 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -91,6 +92,10 @@ class _CallThread:
             except BaseException as e:  # re-raised in the caller's thread
                 outcome["error"] = e
             done.set()
+            if self.abandoned:  # no call is handed to it again: end once the late one returns
+                break
+        with contextlib.suppress(ValueError):  # the release hook may have taken it off already
+            _started.remove(self)
 
 
 _call_threads = threading.local()  # each calling thread's own `_CallThread`
@@ -101,10 +106,9 @@ _started: list[_CallThread] = []
 def _end_idle_call_threads() -> None:
     """A kept process's next worker starts its own call threads; the idle ones end here (an abandoned one, still in
     its timed-out call, cannot, and keeps the process from being kept)."""
-    for runner in [r for r in _started if not r.abandoned]:
-        runner.calls.put(None)
-        runner.thread.join()
-        _started.remove(runner)
+    for runner in list(_started):
+        runner.calls.put(None)  # an abandoned one abandoned between its call's return and its check reads it next
+        runner.thread.join(timeout=None if not runner.abandoned else 0.1)  # each takes itself off the list
 
 
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float, *args, **kwargs) -> Any:
