@@ -1,4 +1,4 @@
-"""Which worker groups hold which share of each CPU device of a Ray cluster, and refusing a rank that would overfill one.
+"""Which worker groups hold which share of each CPU device of a Ray cluster; a rank that would overfill one is refused.
 
 A CPU rank process asks Ray only for a small fixed amount inside its device's reservation (`host_pool.CPU_HOST_ASK`),
 so that a kept process can serve a rank of any share. The shares the placement gave the ranks are counted here
@@ -18,7 +18,8 @@ _SLACK = 1e-9  # three ranks of share 1/3 fill a device
 
 class DeviceShares:
     def __init__(self) -> None:
-        self._held: dict[int, tuple[weakref.ref, str, dict[int, float]]] = {}  # id(group) -> (group, name, index->share)
+        # id(group) -> (the group, its name, device index -> share held)
+        self._held: dict[int, tuple[weakref.ref, str, dict[int, float]]] = {}
 
     def claim(self, group, name: str, ranks) -> None:
         """Hold each CPU rank's share of its device for `group`, or raise PlacementError naming the device and the

@@ -18,14 +18,16 @@ import ray
 
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 10.0  # a rank still inside a call at shutdown is ended rather than waited for
-MAX_KEPT_PER_DEVICE = 3  # idle processes hold memory (0.34-0.65 GB each, measured in the suite): beyond this many on a device they are ended
+# idle processes hold memory (0.34-0.65 GB each, measured in the suite): beyond this many on a device they are ended
+MAX_KEPT_PER_DEVICE = 3
 
 
 # What a CPU rank process asks Ray for inside its device's reservation (a bundle of one CPU). The placement, not Ray,
 # divides a device between the ranks placed on it (`placement.py`: share = 1 / ranks on the device), and Ray holds an
 # actor's resources for its life; so a process that asked for its rank's share could serve only ranks of that same
 # share, and a test session's placements differ (a device to one rank, then to three). With one small fixed ask, any
-# kept process on a device can take any rank placed there. The reservation still keeps other runs off the device.
+# kept process on a device can take any rank placed there (up to 1 / CPU_HOST_ASK processes on a device, kept ones
+# included). The reservation still keeps other runs off the device.
 CPU_HOST_ASK = 0.01
 
 
