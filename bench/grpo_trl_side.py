@@ -48,6 +48,20 @@ TRL_SETTINGS = dict(
 )
 
 
+def time_generation(trainer, seconds: list[float]) -> None:
+    """Append the seconds of each of `trainer`'s generation-and-scoring calls (a GRPOTrainer's
+    `_generate_and_score_completions`: the rest of its step is training) to `seconds`."""
+    produce = trainer._generate_and_score_completions
+
+    def timed(*a, **kw):
+        start = time.perf_counter()
+        out = produce(*a, **kw)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    trainer._generate_and_score_completions = timed
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--warm", type=Path, required=True)
@@ -91,15 +105,7 @@ def main() -> None:
     config = GRPOConfig(output_dir=str(args.out / "trainer"), max_steps=args.steps, seed=args.seed, **TRL_SETTINGS)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                           callbacks=[Clock()])
-    produce = trainer._generate_and_score_completions
-
-    def timed_produce(*a, **kw):
-        start = time.perf_counter()
-        out = produce(*a, **kw)
-        generate_s.append(time.perf_counter() - start)
-        return out
-
-    trainer._generate_and_score_completions = timed_produce
+    time_generation(trainer, generate_s)
     effective = {k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k not in ("report_to",)}
     effective.update(torch_threads=torch.get_num_threads(), model_dtype=str(next(model.parameters()).dtype),
                      gradient_checkpointing_on=bool(getattr(model, "is_gradient_checkpointing", False)))

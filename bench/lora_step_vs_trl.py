@@ -66,16 +66,14 @@ TRL_SETTINGS = dict(
 
 def compose(overrides: list[str]):
     """The preset as main_grpo.py composes it, so that the TRL side reads the same data, prompts and reward."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from rlinf_like.config import hydra_schema, structure
+    from rlinf_like.config import hydra_schema
+    from rlinf_like.config.cli import composed
     from rlinf_like.runners.reasoning.config import ReasoningConfig
 
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
-    with initialize_config_dir(str(MAIN.parent / "config"), version_base="1.3"):
-        return structure(ReasoningConfig, hydra_compose(overrides[1], overrides[2:]))
+    return composed(ReasoningConfig, MAIN.parent / "config", overrides[1], overrides[2:])
 
 
 def bf16_host() -> bool:
@@ -92,6 +90,7 @@ def trl_side(args) -> None:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from bench.grpo_trl_side import time_generation
     from rlinf_like.data.prompts import PromptFormat
     from rlinf_like.data.sources import load_tasks
     from rlinf_like.hybrid_engines.fsdp.lora import ALL_LINEAR
@@ -128,15 +127,7 @@ def trl_side(args) -> None:
                         max_completion_length=cfg.runner.max_new_tokens, bf16=args.bf16, fp16=False, **TRL_SETTINGS)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                           callbacks=[Clock()], peft_config=peft_config)
-    produce = trainer._generate_and_score_completions
-
-    def timed_produce(*a, **kw):
-        start = time.perf_counter()
-        out = produce(*a, **kw)
-        generate_s.append(time.perf_counter() - start)
-        return out
-
-    trainer._generate_and_score_completions = timed_produce
+    time_generation(trainer, generate_s)
     effective = {k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k != "report_to"}
     effective.update(bf16=config.bf16, max_completion_length=config.max_completion_length,
                      torch_threads=torch.get_num_threads(), lora=str(peft_config.target_modules))
