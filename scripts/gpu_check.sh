@@ -4,10 +4,10 @@
 #     bash scripts/gpu_check.sh            # logs, curves and the table under gpu_check_out/
 # A machine with no package index: put wheels (*.whl) and unpacked site-packages tarballs (*.tar.xz) of what it
 # lacks in GPU_CHECK_WHEELS (default .whl/); they are installed into a scratch folder only when an import fails,
-# and the script names each package still missing.
+# and the script names each package still missing. scripts/gpu_wheels.sh fills .whl/ for a cp312 machine, Ray included.
 # Environment: PYTHON (default python3), OUT (where logs go), GPU_CHECK_STEPS (main-job steps, default the
-# preset's 150), GPU_CHECK_ONLY: a comma list of parts: tests, main, variants (LoRA, Megatron, PPO, KL; 20 steps
-# each), agent (the calculator preset), async (runner.schedule=async), bench (bench/rollout.py on the GPU),
+# preset's 150), GPU_CHECK_ONLY: a comma list of parts: tests, main, local (the main job in one process,
+# cluster.backend=local, 40 steps), variants (LoRA, Megatron, PPO, KL; 20 steps each), agent (the calculator preset), async (runner.schedule=async), bench (bench/rollout.py on the GPU),
 # rollout34 (bench/rollout.py --cuda-graphs on random-weight SmolLM2 and Qwen2.5-0.5B shapes), real
 # (SmolLM2-135M when models/smollm2-135m-instruct exists). Nothing is skipped silently: pytest's -rs lists every
 # skip with its reason (SGLang without [sglang]).
@@ -19,7 +19,7 @@ WHEELS=${GPU_CHECK_WHEELS:-.whl}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-parts=${GPU_CHECK_ONLY:-tests,main,variants,agent,async,bench,rollout34,real}
+parts=${GPU_CHECK_ONLY:-tests,main,local,variants,agent,async,bench,rollout34,real}
 status=0
 summary=()
 
@@ -79,6 +79,9 @@ gpu_run() {
 GRPO=examples/reasoning/main_grpo.py
 
 [[ $parts == *main* ]] && gpu_run main_job $GRPO "runner.max_steps=${GPU_CHECK_STEPS:-150}"
+# the in-process backend shares one process between actor and rollout, so its weight sync takes the CUDA IPC
+# path's same-process branch, which no other part runs
+[[ $parts == *local* ]] && gpu_run main_local $GRPO runner.max_steps=40 cluster.backend=local
 if [[ $parts == *variants* ]]; then  # the other actor paths, short
   gpu_run lora $GRPO runner.max_steps=20 actor.lora.rank=8 actor.lora.alpha=16
   gpu_run megatron $GRPO runner.max_steps=20 actor.backend=megatron

@@ -140,6 +140,15 @@ def test_mismatch_metrics_by_hand():
     assert same["mismatch/kl_k3"] == 0.0 and same["mismatch/abs_log_ratio_max"] == 0.0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mismatch_metrics_on_cuda_equal_the_cpu_ones():
+    # the percentiles' levels must be made on the logprobs' device: a CPU tensor there stops every GPU step
+    on_cpu = mismatch_metrics(PROXIMAL, BEHAVIOUR, MASK, correct("mis"))
+    on_gpu = mismatch_metrics(PROXIMAL.cuda(), BEHAVIOUR.cuda(), MASK.cuda())
+    assert {k: on_gpu[k] for k in on_gpu} == pytest.approx({k: on_cpu[k] for k in on_gpu}, rel=1e-6)
+
+
 # --- keys and checks ---------------------------------------------------------------------------------------
 def test_the_old_cap_key_is_refused_with_its_new_name():
     with pytest.raises(ConfigError, match=r"algorithm.is_correction_cap' has moved: use "

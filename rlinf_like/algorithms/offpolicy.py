@@ -173,7 +173,8 @@ def mismatch_metrics(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torc
     log_ratio = (proximal - behaviour).detach()[valid].double()
     ratio = torch.exp(log_ratio)
     kl = KL_ESTIMATORS.get("k3")(behaviour.detach()[valid].double(), proximal.detach()[valid].double())
-    q = torch.quantile(ratio, torch.tensor([p / 100 for p in PERCENTILES], dtype=ratio.dtype))
+    levels = torch.tensor([p / 100 for p in PERCENTILES], dtype=ratio.dtype, device=ratio.device)
+    q = torch.quantile(ratio, levels)
     out = {"mismatch/kl_k3": float(kl.mean()), "mismatch/abs_log_ratio_mean": float(log_ratio.abs().mean()),
            "mismatch/abs_log_ratio_max": float(log_ratio.abs().max()),
            **{f"mismatch/ratio_p{p}": float(v) for p, v in zip(PERCENTILES, q)}}
