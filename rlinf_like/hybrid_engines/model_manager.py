@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from rlinf_like.data.batch import read_mask, shard_rows
-from rlinf_like.hybrid_engines import head_stats
+from rlinf_like.hybrid_engines import head_stats, routing_replay
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.packing import Packing, pack_batch
 from rlinf_like.hybrid_engines.prompt_sharing import share_batch
@@ -87,6 +87,8 @@ def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0, entrop
     positions a loss reads (`response_mask`, else `loss_mask`, else the non-padding tokens), `chunk_bytes` of
     logits at a time (hybrid_engines/head_stats.py); the other positions are 0. Smaller batches take one plain
     pass over every position."""
+    if routing_replay.installed(model):  # a MoE actor: replay the batch's routes, or record its own
+        routing_replay.prepare(model, batch)
     if batch.get("shared_prompts") is not None:
         return _shared_token_stats(model, batch, temperature, entropy_grad, chunk_bytes)
     packing = batch.get("packing")

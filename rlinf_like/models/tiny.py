@@ -22,7 +22,9 @@ CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    arch: str = "qwen2"  # "qwen2" (q/k/v biases), "llama", "qwen3" (q/k norms) or "gemma3" (see GEMMA3_TEXT)
+    # "qwen2" (q/k/v biases), "llama", "qwen3" (q/k norms), "gemma3" (see GEMMA3_TEXT), or the mixtures of
+    # experts "qwen3_moe" and "mixtral"
+    arch: str = "qwen2"
     hidden_size: int = 64
     intermediate_size: int = 176
     num_layers: int = 2
@@ -37,6 +39,13 @@ class TinyModelSpec:
     llama3_rope: tuple[float, float, float, int] | None = None
     attention_bias: bool = False  # llama / qwen3: biases on q, k, v and the output projection
     sliding_window: int = 8  # gemma3: its sliding layers' window, small so that short prompts pass it
+    # mixtures of experts: experts, the router's top-k, one expert's width (mixtral: intermediate_size), the
+    # layers that keep a dense MLP (qwen3_moe) and whether the top-k probabilities are renormalised (qwen3_moe)
+    num_experts: int = 4
+    experts_per_token: int = 2
+    moe_intermediate_size: int = 48
+    mlp_only_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = False
 
 
 def char_tokenizer():
@@ -59,7 +68,7 @@ def char_tokenizer():
     )
 
 
-TINY_ARCHS = ("qwen2", "llama", "qwen3", "gemma3")
+TINY_ARCHS = ("qwen2", "llama", "qwen3", "gemma3", "qwen3_moe", "mixtral")
 # Gemma 3's two RoPE bases (full layers, sliding layers) and its attention scale differing from head_dim^-1/2,
 # so that a decoder reading the wrong base or scale disagrees with transformers
 GEMMA3_TEXT = dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
@@ -68,7 +77,7 @@ GEMMA3_TEXT = dict(rope_parameters={"full_attention": {"rope_type": "default", "
 
 
 def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if spec.arch not in TINY_ARCHS:
         raise ValueError(f"tiny model arch {spec.arch!r}: choose one of {list(TINY_ARCHS)}")
@@ -87,15 +96,23 @@ def tiny_config(spec: TinyModelSpec, vocab_size: int, special: dict[str, int]):
                                     "original_max_position_embeddings": original}
     if spec.attention_bias:
         extra["attention_bias"] = True
+    intermediate = spec.intermediate_size
+    if spec.arch == "qwen3_moe":
+        extra.update(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token, decoder_sparse_step=1,
+                     moe_intermediate_size=spec.moe_intermediate_size, mlp_only_layers=list(spec.mlp_only_layers),
+                     norm_topk_prob=spec.norm_topk_prob)
+    elif spec.arch == "mixtral":
+        extra.update(num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token)
+        intermediate = spec.moe_intermediate_size
     common = dict(
-        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=intermediate,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings, initializer_range=spec.init_std, rms_norm_eps=1e-6,
         **extra, **special,
     )
-    return {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config,
-            "gemma3": Gemma3TextConfig}[spec.arch](**common)
+    return {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config, "gemma3": Gemma3TextConfig,
+            "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig}[spec.arch](**common)
 
 
 def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
@@ -116,6 +133,8 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec()):
                 param.uniform_(0.5, 1.5)
             elif spec.arch == "gemma3" and name.endswith("norm.weight"):  # HF's 0 scales by 1 + 0: so would a bug
                 param.uniform_(-0.5, 0.5)
+            elif name.endswith("mlp.gate.weight"):  # HF zeroes routers: every token would tie over the experts
+                param.normal_(0.0, spec.init_std)
     return model.eval(), tokenizer
 
 

@@ -20,6 +20,10 @@ _TP_DIM: dict[str, int | None] = {"column": 0, "row": 1, "vocab": 0, "replicated
 # How the HF weights sharing one Megatron parameter are laid out in it (see megatron/convert.py).
 Fuse = Literal["none", "qkv", "gate_up"]
 
+# Which decoder layers hold a per-layer weight: every one, the dense-MLP ones or the mixture-of-experts ones
+# (a MoE family may keep a dense MLP in some layers: Qwen3-MoE's mlp_only_layers / decoder_sparse_step).
+Layers = Literal["all", "dense", "moe"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Weight:
@@ -31,10 +35,26 @@ class Weight:
     megatron: str  # the Megatron parameter (local layer spec names) holding it
     fuse: Fuse = "none"  # how it shares that parameter with the other weights naming it
     when: str | None = None  # a ModelConfig flag without which the weight does not exist
+    layers: Layers = "all"  # for a per-layer weight: which layers have it
+    # the tensor's names in a checkpoint when they differ from `hf`, the in-memory name (transformers' own):
+    # one name is a rename; names with "{e}" are per-expert tensors, each expert's concatenated along dim 0 in
+    # this order and the experts stacked into dim 0 of the in-memory tensor (HF keeps experts as one
+    # [experts, rows, cols] tensor in memory, one tensor per expert and projection on disk)
+    disk: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.parallel not in _TP_DIM:
             raise ValueError(f"weight {self.hf!r}: parallel={self.parallel!r} is not one of {list(_TP_DIM)}")
+        if self.layers != "all" and not self.per_layer:
+            raise ValueError(f"weight {self.hf!r}: layers={self.layers!r} needs a per-layer name (with '{{i}}')")
+        per_expert = {"{e}" in name for name in self.disk}
+        if len(per_expert) > 1 or (len(self.disk) > 1 and per_expert != {True}):
+            raise ValueError(f"weight {self.hf!r}: disk names {self.disk} must be one rename or all per expert")
+
+    @property
+    def per_expert(self) -> bool:
+        """Stacked from one checkpoint tensor per expert (and per name in `disk`)."""
+        return any("{e}" in name for name in self.disk)
 
     @property
     def tp_dim(self) -> int | None:
@@ -79,6 +99,13 @@ class ModelFamily:
     fixed_config: tuple[tuple[str, tuple], ...] = ()
     # why the Megatron converter refuses this family (None: it converts it)
     megatron_refusal: str | None = None
+    # mixture of experts: None (dense), or how its config.json describes the experts: "qwen3_moe" (num_experts,
+    # moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers) or "mixtral" (every layer
+    # sparse, num_local_experts experts of intermediate_size, the top-k probabilities always renormalised)
+    moe: Literal["qwen3_moe", "mixtral"] | None = None
+    # the dtype the chosen experts' router weights multiply the expert outputs in: the model's ("model",
+    # transformers' Qwen3-MoE) or float32 then cast back when summed ("float32", Mixtral)
+    router_weights_dtype: Literal["model", "float32"] = "model"
 
     def __post_init__(self):
         names = [w.hf for w in self.weights]

@@ -104,6 +104,12 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
     sliding_rope_theta: float | None = None
+    # mixture of experts (a family with `moe`): per layer whether its MLP is the experts; empty: a dense model
+    moe_layers: tuple[bool, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0  # the router's top-k
+    moe_intermediate_size: int = 0  # one expert's MLP width
+    norm_topk_prob: bool = False  # the top-k probabilities renormalised to sum to 1
 
     @classmethod
     def from_hf(cls, hf: dict, user: str = "model", hint: str = "") -> ModelConfig:
@@ -138,7 +144,20 @@ class ModelConfig:
             layer_types=types if sliding else (),
             sliding_window=hf["sliding_window"] if sliding else None,
             sliding_rope_theta=local.get("rope_theta", hf.get("rope_theta", 10000.0)) if sliding else None,
+            **_experts(hf, family, user),
         )
+
+    @property
+    def is_moe_model(self) -> bool:
+        return any(self.moe_layers)
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether decoder layer `layer`'s MLP is the mixture of experts."""
+        return bool(self.moe_layers) and self.moe_layers[layer]
+
+    @property
+    def moe_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, sparse in enumerate(self.moe_layers) if sparse)
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == SLIDING
@@ -165,21 +184,77 @@ class ModelConfig:
     def separate_lm_head(self) -> bool:
         return not self.tie_word_embeddings
 
+    @property
+    def moe_gate_up_size(self) -> int:
+        """The rows of one expert's gate and up projections together (HF's stacked gate_up_proj)."""
+        return 2 * self.moe_intermediate_size
+
     def shape(self, weight: Weight) -> tuple[int, ...]:
         return tuple(getattr(self, dim) for dim in weight.shape)
 
-    def has(self, weight: Weight) -> bool:
-        """Whether this model has the weight (its `when` flag holds)."""
-        return weight.when is None or bool(getattr(self, weight.when))
+    def has(self, weight: Weight, layer: int | None = None) -> bool:
+        """Whether this model has the weight (its `when` flag holds), and with `layer`, whether that layer does
+        (a dense-MLP weight is not in a mixture-of-experts layer, nor an expert in a dense one)."""
+        if weight.when is not None and not getattr(self, weight.when):
+            return False
+        if layer is None or weight.layers == "all":
+            return True
+        return self.is_moe(layer) == (weight.layers == "moe")
 
     def named_weights(self) -> list[tuple[str, Weight]]:
-        """(HF name, weight) of every tensor this model has: the weights outside the decoder layers, then
-        layer by layer, each in the family's order."""
+        """(HF name, weight) of every tensor this model has in memory: the weights outside the decoder layers,
+        then layer by layer, each in the family's order."""
         present = [w for w in self.family.weights if self.has(w)]
         out = [(w.hf, w) for w in present if not w.per_layer]
         for layer in range(self.num_layers):
-            out += [(w.hf.format(i=layer), w) for w in present if w.per_layer]
+            out += [(w.hf.format(i=layer), w) for w in present if w.per_layer and self.has(w, layer)]
         return out
+
+    def disk_names(self, name: str, weight: Weight) -> list[str]:
+        """The checkpoint tensors the in-memory weight `name` is read from: itself, a renamed one, or one per
+        expert and name in `weight.disk`, expert by expert (the order `stack_experts` takes them in)."""
+        if not weight.disk:
+            return [name]
+        layer = {"i": _layer_of(name)} if weight.per_layer else {}
+        if not weight.per_expert:
+            return [weight.disk[0].format(**layer)]
+        return [d.format(e=e, **layer) for e in range(self.num_experts) for d in weight.disk]
+
+    def checkpoint_weights(self) -> dict[str, str]:
+        """Every checkpoint tensor this model reads, to the in-memory weight it goes into."""
+        return {disk: name for name, weight in self.named_weights() for disk in self.disk_names(name, weight)}
+
+
+def stack_experts(parts: list, experts: int):
+    """The in-memory tensor from its per-expert checkpoint tensors (in `disk_names` order): each expert's
+    parts concatenated along rows, the experts stacked."""
+    import torch
+
+    per = len(parts) // experts
+    return torch.stack([torch.cat(parts[e * per:(e + 1) * per]) for e in range(experts)])
+
+
+def _layer_of(name: str) -> int:
+    return int(re.search(r"\.layers\.(\d+)\.", name).group(1))
+
+
+def _experts(hf: dict, family: ModelFamily, user: str) -> dict:
+    """The mixture-of-experts fields of ModelConfig from config.json, as the family's `moe` style names them."""
+    if family.moe is None:
+        return {}
+    n = hf["num_hidden_layers"]
+    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    top_k = hf.get("num_experts_per_tok")
+    if not experts or not top_k or not 0 < top_k <= experts:
+        raise ValueError(f"{user}: a {family.name!r} model needs num_experts (or num_local_experts) >= "
+                         f"num_experts_per_tok >= 1 (got {experts!r} and {top_k!r})")
+    if family.moe == "mixtral":
+        return dict(moe_layers=(True,) * n, num_experts=experts, experts_per_token=top_k,
+                    moe_intermediate_size=hf["intermediate_size"], norm_topk_prob=True)
+    step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+    sparse = tuple(i not in dense and step > 0 and (i + 1) % step == 0 for i in range(n))
+    return dict(moe_layers=sparse, num_experts=experts, experts_per_token=top_k,
+                moe_intermediate_size=hf["moe_intermediate_size"], norm_topk_prob=bool(hf.get("norm_topk_prob")))
 
 
 # saved by older transformers versions, recomputed from config.json: never a weight
@@ -204,7 +279,7 @@ def check_checkpoint(cfg: ModelConfig, names: set[str], user: str = "model") -> 
     """Every tensor of a checkpoint is one the family maps for this config, and every weight it maps is
     there: an unmapped tensor (an o_proj bias the config does not declare, an MLP bias, a weight of another
     architecture) is refused by name, never dropped. A tied head saved beside its embedding is accepted."""
-    expected = {name for name, _ in cfg.named_weights()}
+    expected = set(cfg.checkpoint_weights())
     extra = sorted(n for n in names - expected if not _DERIVED_BUFFERS.fullmatch(n)
                    and not (cfg.tie_word_embeddings and n == cfg.family.tied[0]))
     missing = sorted(expected - names)

@@ -3,7 +3,7 @@ key. Choices are read from the registries and capabilities from what each compon
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
@@ -53,6 +53,27 @@ def check_choices(cfg: ReasoningConfig) -> None:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
     # the engine by name, its logprobs and TP by what it declares
     check_rollout_config(cfg.rollout, cfg.rollout.tp_size)
+    if cfg.actor.routing_replay == "R3":
+        check_rollout_config(replace(cfg.rollout, return_routes=True), cfg.rollout.tp_size)
+
+
+def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
+    """actor.routing_replay=R3 and rollout.return_routes need a mixture-of-experts model (`hf`: its config.json; None
+    for the tiny dense model), trained by the fsdp actor on batches laid out row by row or packed."""
+    key = ("actor.routing_replay=R3" if cfg.actor.routing_replay == "R3"
+           else "rollout.return_routes" if cfg.rollout.return_routes else None)
+    if key is None:
+        return
+    family = MODEL_FAMILIES.for_model_type((hf or {}).get("model_type"))
+    if family is None or family.moe is None:
+        moe = [f for f in MODEL_FAMILIES.names() if MODEL_FAMILIES.get(f).moe]
+        raise ValueError(f"{key} needs a mixture-of-experts model (families {moe}); model.path="
+                         f"{cfg.model.path or '(the tiny dense model)'!r} is {family.name if family else 'dense'}")
+    if cfg.actor.backend != "fsdp":
+        raise ValueError(f"{key} is built into actor.backend=fsdp (got {cfg.actor.backend!r})")
+    if cfg.actor.loop.share_prompt == "true":
+        raise ValueError(f"{key} with actor.loop.share_prompt=true: a shared prompt's tokens are laid out once for "
+                         "the group, the routes per row; set actor.loop.share_prompt=false")
 
 
 def check_estimator(cfg: ReasoningConfig) -> None:
@@ -187,6 +208,7 @@ def check_config(cfg: ReasoningConfig) -> None:
     check_loop(cfg.actor.loop, "actor.loop")
     check_actor_section(cfg)
     check_model(cfg)
+    check_routing_replay(cfg, read_hf_config(cfg.model.path, "model.path") if cfg.model.path else None)
     if r.schedule != STATIC:
         SCHEDULES.get(r.schedule).check_config(cfg)
     check_agent(cfg)

@@ -15,6 +15,7 @@ from rlinf_like.config.validate import bounded
 from rlinf_like.data.config import DataConfig
 from rlinf_like.envs.text.config import AgentConfig
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
+from rlinf_like.hybrid_engines.routing_replay import REPLAY_MODES
 from rlinf_like.runtime import ClusterConfig
 from rlinf_like.training.loop import LoopConfig, LoopTerms
 from rlinf_like.utils.tracking import LoggerConfig
@@ -97,6 +98,10 @@ class ActorSection:
     # host memory (GB) one actor rank may use; sizes the token-budget micro-batches and the pre-launch estimate.
     # null: a share of this machine's memory (runners/reasoning/memory.py)
     memory_gb: float | None = bounded(None, gt=0)
+    # mixture-of-experts models: R3 runs the experts the rollout engine chose for each token in the trainer's forward
+    # (rollout routing replay, hybrid_engines/routing_replay.py; the native engine returns them); disabled: the
+    # trainer's routers choose (with rollout.return_routes the moe/ agreement metrics are still logged)
+    routing_replay: Literal[REPLAY_MODES] = "disabled"
 
 
 @dataclass(kw_only=True)

@@ -184,6 +184,7 @@ def launch_workers(cfg: ReasoningConfig, cluster: Cluster, model_path: str, esti
     rollout_cfg = replace(cfg.rollout, model_path=cfg.rollout.model_path or model_path, dtype=dtype,
                           # serving continuously: every rank on its own (tp 0 would make the group one engine)
                           tp_size=cfg.rollout.tp_size or (1 if serving else 0),
+                          return_routes=cfg.rollout.return_routes or cfg.actor.routing_replay == "R3",
                           kv_cache_memory_gb=rollout_kv_budget(cfg, placement, prompt_tokens, dtype))
     rollout = RolloutWorker.create_group(rollout_cfg, agent_setup(cfg)).launch(
         cluster, placement, "rollout", memory_advice=MEMORY_ADVICE["rollout"])

@@ -112,7 +112,26 @@ def rl_batch(results: Sequence[RolloutResult], pad_id: int) -> Batch:
     tool and user tokens are outside the loss (`RolloutResult.response_masks`)."""
     rows = [(res.prompt_ids, resp, lp) for res in results for resp, lp in zip(res.response_ids, res.logprobs)]
     masks = [mask for res in results for mask in (res.response_masks or [[]] * len(res.response_ids))]
-    return build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=pad_id, masks=masks)
+    batch = build_rl_batch(*zip(*rows), [0.0] * len(rows), pad_id=pad_id, masks=masks)
+    if any(res.routes for res in results):
+        batch["routes"] = routes_batch(results, batch["input_ids"].shape[1])
+    return batch
+
+
+def routes_batch(results: Sequence[RolloutResult], width: int) -> torch.Tensor:
+    """The samples' mixture-of-experts routes (`RolloutResult.routes`) as [rows, width, MoE layers, k], aligned with
+    `input_ids` (padding: expert 0, which no loss reads); a sample without routes is refused by name."""
+    rows = [(res.request_id, i, routes) for res in results
+            for i, routes in enumerate(res.routes or [None] * len(res.response_ids))]
+    missing = [f"{rid}[{i}]" for rid, i, r in rows if r is None]
+    if missing:
+        raise ValueError(f"routing replay: samples {missing[:4]} came back without routes (an engine without "
+                         "returns_routes, or a sample finished before a migration); every sample of a step needs them")
+    first = rows[0][2]
+    out = torch.zeros((len(rows), width, *first.shape[1:]), dtype=first.dtype)
+    for row, (_, _, routes) in enumerate(rows):
+        out[row, :routes.shape[0]] = routes
+    return out
 
 
 def score(w: Workers, results: Sequence[RolloutResult], problems: Sequence[Problem], pad_id: int) -> Scored:

@@ -34,4 +34,5 @@ def loss_terms(cfg: ReasoningConfig) -> LossTerms:
     # train/rollout mismatch costs nothing to report then
     single_update = loop.mini_batches == 1 and loop.epochs == 1
     return LossTerms(kl_beta=0.0 if a.kl_in_reward else a.kl_beta, temperature=cfg.runner.temperature,
-                     report_mismatch=single_update and not a.recompute_logprobs)
+                     report_mismatch=single_update and not a.recompute_logprobs,
+                     routing_replay=cfg.actor.routing_replay)

@@ -18,6 +18,7 @@ from rlinf_like.algorithms import AGGREGATIONS, KL_ESTIMATORS, PolicyLossConfig,
 from rlinf_like.algorithms.offpolicy import ISThresholds, mismatch_metrics, policy_terms
 from rlinf_like.algorithms.masked import masked_mean
 from rlinf_like.config.validate import bounded
+from rlinf_like.hybrid_engines import routing_replay
 from rlinf_like.hybrid_engines.model_manager import token_stats
 
 
@@ -51,6 +52,10 @@ class LossTerms:
     # report mismatch/kl_k3 and mismatch/abs_log_ratio_mean of the loss's logprobs against the rollout's: the
     # train/rollout mismatch when every micro-batch runs before the step's one optimizer update
     report_mismatch: bool = False
+    # mixture of experts, when the batch carries the rollout's routes: "R3" runs the rollout's experts in the
+    # trainer's forward (hybrid_engines/routing_replay.py); "disabled" lets the trainer's routers choose. Either way
+    # the loss reports moe/router_agreement and moe/tokens_all_layers_equal
+    routing_replay: str = "disabled"
 
 
 # the keys a mean over micro-batches keeps meaning (a max or a percentile would not)
@@ -62,6 +67,8 @@ def rl_loss(config: LossConfig, run: LossTerms | None = None):
     run = run or LossTerms()
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        if "routes" in batch:
+            routing_replay.install(model, replay=run.routing_replay == "R3")
         # entropy is always reported; it carries gradient only when it is weighted into the loss
         logprobs, entropy = token_stats(model, batch, run.temperature, entropy_grad=config.entropy_coef > 0)
         mask = batch["response_mask"]
@@ -71,6 +78,8 @@ def rl_loss(config: LossConfig, run: LossTerms | None = None):
         loss, metrics = policy_loss(logprobs, terms.old_logprobs, batch["advantages"], terms.mask, config,
                                     terms.weights)
         metrics["policy_loss"] = float(loss.detach())
+        if "routes" in batch:
+            metrics.update(routing_replay.agreement(model, batch))
         if run.kl_beta > 0:
             kl = KL_ESTIMATORS.get(config.kl_estimator)(logprobs, batch["ref_logprobs"])
             kl_term = AGGREGATIONS.get(config.aggregation)(kl, mask)

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from rlinf_like.data.batch import Batch
+from rlinf_like.hybrid_engines import routing_replay
 from rlinf_like.hybrid_engines.model_manager import DataParallelRank, ModelManager, token_nll_loss
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig, check_lora
 from rlinf_like.hybrid_engines.prompt_sharing import pair_cost
@@ -74,6 +75,8 @@ class ActorWorker(TrainedWorker):
             if loop.share_prompt == "true" else config.loop_terms
         self.config = replace(config, loop=loop, loop_terms=terms)
         self._loss = rl_loss(config.loss, config.loss_terms)
+        if config.loss_terms.routing_replay == "R3":  # the recomputed logprobs replay the routes too
+            routing_replay.install(self.manager.model, replay=True)
 
     def shares_prompts(self) -> bool:
         """Whether RL batches train with each prompt run once for its samples (`loop.share_prompt`, auto resolved)."""
@@ -118,8 +121,8 @@ class ActorWorker(TrainedWorker):
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         """Under LoRA: the KL reference's logprobs, from the frozen base (adapters disabled) in this model;
         rows as `compute_logprobs` returns them. No second model is loaded."""
-        with self.manager.adapters_disabled():
-            return self.compute_logprobs(batch)
+        with self.manager.adapters_disabled():  # the reference runs its own routes: no replay
+            return self.compute_logprobs({k: v for k, v in batch.items() if k != "routes"})
 
     def set_lr(self, lr: float) -> None:
         """Switch the base learning rate (SFT warm-start and RL use different ones); the schedule

@@ -72,6 +72,10 @@ class RolloutConfig:
     seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)
     # "sampled": from the decode step; "rescored": one pass over prompt + response, the same floats whatever the batch
     logprobs: Literal[LOGPROB_SOURCES] = "sampled"
+    # mixture-of-experts models, engines declaring returns_routes (native): each sample's routes, every MoE layer's
+    # top-k experts for every prompt and response token, from one pass over prompt + response (the rescoring pass
+    # when rollout.logprobs=rescored, so free then). actor.routing_replay=R3 turns it on
+    return_routes: bool = False
     sglang_mem_fraction: float = bounded(0.5, gt=0, le=1)  # sglang: share of GPU memory for weights + KV cache
 
 
@@ -80,6 +84,7 @@ class RolloutEngine(ABC):
     supports_tp = False  # one engine over a process group of several ranks (rollout.tp_size > 1)
     continues_migrated = False  # finishes requests another engine stopped half-way (`continuation`)
     rescored_logprobs = False  # rollout.logprobs=rescored: one pass over prompt + response after decoding
+    returns_routes = False  # rollout.return_routes: each token's mixture-of-experts routes (RolloutResult.routes)
     needs_gpu = False
     serves_continuously = False  # `serve`: requests join while others decode, weights change between steps
     # runs only the model families implemented here (models/families), not any transformers architecture

@@ -69,6 +69,10 @@ def check_rollout_config(config: RolloutConfig, tp_size: int = 1) -> type[Rollou
         raise ValueError(f"rollout.logprobs=rescored is built into the {' / '.join(able)} engine"
                          f"{'s' if len(able) > 1 else ''} only; rollout.engine={config.engine!r} reports the "
                          f"logprobs it sampled with")
+    if config.return_routes and not engine.returns_routes:
+        raise ValueError(f"rollout.return_routes (actor.routing_replay=R3 sets it): rollout.engine={config.engine!r} "
+                         f"does not return mixture-of-experts routes; use rollout.engine in "
+                         f"{engines_with('returns_routes')}")
     if tp_size > 1 and not engine.supports_tp:
         raise ValueError(f"rollout.tp_size={tp_size}: rollout.engine={config.engine!r} runs on one rank; tensor "
                          f"parallelism needs rollout.engine in {engines_with('supports_tp')}")

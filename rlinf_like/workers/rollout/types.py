@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -94,6 +95,9 @@ class RolloutResult:
     # non-empty: an episode's environment still failed after agent.env_retries fresh tries, so the whole group is
     # out of the step (keeping the others would skew the group's advantages); the last error
     excluded: str = ""
+    # rollout.return_routes, per sample: [prompt + response tokens, MoE layers, k] expert ids (uint8; int16 past 256
+    # experts), the experts every MoE layer chose for each token, aligned with prompt_ids + response_ids
+    routes: list[Any] = field(default_factory=list)
 
     def oldest_version(self) -> int:
         """The oldest weights any of its tokens came from."""

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 # "Real": a checkpoint whose config.json gives at least this many parameters. SmolLM2-135M (the smallest real
 # model here) has ~135M; the tests' and examples' tiny random models have well under 10M.
 REAL_MODEL_PARAMS = 100_000_000
-CAPABILITIES = ("supports_tp", "continues_migrated", "rescored_logprobs", "serves_continuously", "needs_gpu")
+CAPABILITIES = ("supports_tp", "continues_migrated", "rescored_logprobs", "returns_routes", "serves_continuously",
+                "needs_gpu")
 
 
 def parameter_count(hf: dict) -> int:

@@ -83,6 +83,7 @@ class NativeEngine(RolloutEngine):
     supports_tp = True
     continues_migrated = True
     rescored_logprobs = True
+    returns_routes = True
     serves_continuously = True
     implements_families = True
 
@@ -275,15 +276,25 @@ class NativeEngine(RolloutEngine):
                      list(progress.logprobs) if progress else [], seed=self._seed(request, sample_index),
                      order=order, versions=[self.version] * len(progress.tokens) if progress else [])
 
-    def _rescore(self, request: RolloutRequest, tokens: list[int]) -> list[float]:
+    def _rescore(self, request: RolloutRequest, tokens: list[int]) -> tuple[list[float], torch.Tensor | None]:
         """Logprobs of `tokens` from one pass over prompt + tokens alone (`rollout.logprobs=rescored`):
-        the same floats whichever batch or replica sampled them, which decode-time logprobs are not."""
+        the same floats whichever batch or replica sampled them, which decode-time logprobs are not. With
+        `rollout.return_routes`, also every token's routes from that pass ([tokens, MoE layers, k], small ints)."""
         ids = torch.tensor(list(request.prompt_ids) + tokens, device=self.device)
-        logits = self.decoder.score(ids)[len(request.prompt_ids) - 1 : -1]
+        routes = self.config.return_routes and self.model_cfg.is_moe_model
+        self.decoder.capture_routes, self.decoder.routes = routes, []
+        try:
+            logits = self.decoder.score(ids)[len(request.prompt_ids) - 1 : -1]
+        finally:
+            self.decoder.capture_routes = False
         s = request.sampling
         scaled = logits / (1.0 if s.greedy else s.temperature)
         chosen = torch.tensor(tokens, device=self.device)[:, None]
-        return torch.log_softmax(scaled, dim=-1).gather(-1, chosen)[:, 0].tolist()
+        logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, chosen)[:, 0].tolist()
+        if not routes:
+            return logprobs, None
+        dtype = torch.uint8 if self.model_cfg.num_experts <= 256 else torch.int16
+        return logprobs, torch.stack(self.decoder.routes, dim=1).to("cpu", dtype)
 
     def _seed(self, request: RolloutRequest, sample_index: int) -> int:
         if request.sampling.seed is None:

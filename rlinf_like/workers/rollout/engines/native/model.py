@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
-from rlinf_like.models.families.config import check_checkpoint
+from rlinf_like.models.families.config import check_checkpoint, stack_experts
 from rlinf_like.workers.rollout.engines.native.layers import (
     decode_attention,
     gelu_tanh,
@@ -44,6 +44,9 @@ def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[Tensor
     if cfg.num_heads % tp or cfg.num_kv_heads % tp:
         raise ValueError(f"native engine: tp={tp} must divide the {cfg.num_heads} attention heads and "
                          f"{cfg.num_kv_heads} key/value heads")
+    if tp > 1 and cfg.is_moe_model:
+        raise ValueError(f"native engine: a mixture-of-experts model ({cfg.family.name}) runs at rollout.tp=1 "
+                         f"(got {tp}): splitting experts across ranks is not built; use more rollout replicas")
     out = []
     for name, weight in cfg.named_weights():
         if weight.parallel in ("column", "row", "vocab"):
@@ -71,6 +74,9 @@ def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype:
     handles = [safe_open(str(file), framework="pt") for file in files]
     if cfg is not None:
         check_checkpoint(cfg, {n for f in handles for n in f.keys()}, f"native engine: {path}")
+    # checkpoint tensors stored under another name (a renamed router, per-expert projections) -> in-memory name
+    moved = {d: n for d, n in (cfg.checkpoint_weights() if cfg is not None else {}).items() if d != n}
+    parts: dict[str, torch.Tensor] = {}
     for f in handles:
         with f:
             for name in f.keys():
@@ -79,6 +85,15 @@ def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype:
                     piece = f.get_slice(name)[tuple(slice(lo, hi) for lo, hi in box)]
                     # a fresh, resizable storage of our own (the reader's may be a view of the file)
                     out[name] = torch.empty(piece.shape, dtype=dtype).copy_(piece)
+                elif moved.get(name) in wanted:  # replicated (the engine refuses tp > 1 for experts): whole
+                    parts[name] = f.get_tensor(name).to(dtype)
+    if moved:
+        weights = dict(cfg.named_weights())
+        for name in {n for n in moved.values() if n in wanted}:
+            disk = cfg.disk_names(name, weights[name])
+            if all(d in parts for d in disk):
+                out[name] = stack_experts([parts.pop(d) for d in disk], cfg.num_experts) \
+                    if weights[name].per_expert else parts.pop(disk[0])
     missing = sorted(set(wanted) - set(out))
     if missing:
         raise KeyError(f"checkpoint {path} lacks weights {missing[:5]}{'...' if len(missing) > 5 else ''}")
@@ -101,6 +116,8 @@ def fuse_projections(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     groups = [g for g in cfg.family.parameter_groups() if g[0].fuse != "none" and cfg.has(g[0])]
     for i in range(cfg.num_layers):
         for group in groups:
+            if not cfg.has(group[0], i):  # a dense MLP's gate/up in a mixture-of-experts layer
+                continue
             names = [w.hf.format(i=i) for w in group]
             whole = torch.cat([weights[n] for n in names])
             fused[fused_name(group).format(i=i)] = whole
@@ -157,6 +174,9 @@ class Decoder:
         self.block_size = 0
         self.mirror = DecodeMirror()
         self.packed = PackedWeights(fp32_onednn)
+        # mixture of experts: while set, each pass appends every MoE layer's chosen experts to `routes`
+        self.capture_routes = False
+        self.routes: list[torch.Tensor] = []
 
     def allocate_cache(self, blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (self.cfg.num_layers, self.kv_heads, blocks * block_size, self.cfg.head_dim)
@@ -226,11 +246,47 @@ class Decoder:
         else:
             x = x + attn
             h = self.norm(x, self.w[p + "post_attention_layernorm.weight"], eps)
-        gate, up = self._linear(h, p + "mlp.gate_up").chunk(2, dim=-1)
-        mlp = self._row_linear(self.act(gate) * up, p + "mlp.down_proj")
+        if self.cfg.is_moe(layer):
+            mlp = self._experts(h, p + "mlp.")
+        else:
+            gate, up = self._linear(h, p + "mlp.gate_up").chunk(2, dim=-1)
+            mlp = self._row_linear(self.act(gate) * up, p + "mlp.down_proj")
         if sandwich:
             mlp = self.norm(mlp, self.w[p + "post_feedforward_layernorm.weight"], eps)
         return x + mlp
+
+    def _experts(self, h: torch.Tensor, p: str) -> torch.Tensor:
+        """The mixture-of-experts MLP as transformers computes it: a float32 softmax over the router's logits,
+        the top-k experts (renormalised as the family says), each expert's SwiGLU over the tokens routed to
+        it, weighted and summed. Tokens are sorted by expert once, so Python loops over the experts hit,
+        never over tokens. Each pass's chosen experts are kept in `self.routes` (one [tokens, k] tensor per
+        MoE layer, in layer order) while `self.capture_routes` is set."""
+        cfg = self.cfg
+        x = h.reshape(-1, h.shape[-1])
+        logits = F.linear(x, self.w[p + "gate.weight"])
+        top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), cfg.experts_per_token, dim=-1)
+        if cfg.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        if cfg.family.router_weights_dtype == "model":
+            top = top.to(x.dtype)
+        if self.capture_routes:
+            self.routes.append(chosen)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // cfg.experts_per_token
+        counts = torch.bincount(flat, minlength=cfg.num_experts).tolist()
+        gate_up, down = self.w[p + "experts.gate_up_proj"], self.w[p + "experts.down_proj"]
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows, slots = token[start:start + n], order[start:start + n]
+            gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, down[expert]) * top.reshape(-1)[slots, None]
+            out.index_add_(0, rows, y.to(out.dtype))
+            start += n
+        return out.view_as(h)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.w["model.embed_tokens.weight"]

@@ -116,9 +116,15 @@ class BatchLoop:
             self._finish(slot, seq, reason)
 
     def _finish(self, slot: int | None, seq: LiveSample, reason: str) -> None:
-        if self.engine.config.logprobs == "rescored" and reason != "abort":
-            seq.logprobs = self.engine._rescore(self.requests[seq.request], seq.tokens)
-        result = self.results[seq.request]
+        config, result = self.engine.config, self.results[seq.request]
+        if (config.logprobs == "rescored" or config.return_routes) and reason != "abort":
+            logprobs, routes = self.engine._rescore(self.requests[seq.request], seq.tokens)
+            if config.logprobs == "rescored":
+                seq.logprobs = logprobs
+            if routes is not None:
+                if not result.routes:
+                    result.routes = [None] * len(result.response_ids)
+                result.routes[seq.sample] = routes
         result.response_ids[seq.sample], result.logprobs[seq.sample] = seq.tokens, seq.logprobs
         result.finish_reasons[seq.sample] = reason
         result.token_versions[seq.sample] = seq.versions

@@ -1,0 +1,216 @@
+"""Mixture-of-experts models (Qwen3-MoE, Mixtral) and rollout routing replay (R3).
+
+Tiny random MoE checkpoints with routers wide enough (std 0.5) that routes are far from uniform: the native engine
+against transformers, the per-expert checkpoint tensors stacked in memory, the routes the engine returns, and the
+trainer's forward under replay: forced routes are the ones run, a permutation changes the output, the router keeps
+its gradient, and replaying the trainer's own routes changes no bit."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlinf_like.data.batch import build_rl_batch
+from rlinf_like.hybrid_engines import routing_replay
+from rlinf_like.hybrid_engines.model_manager import token_logprobs
+from rlinf_like.hybrid_engines.packing import pack_batch
+from rlinf_like.models.families import ModelConfig
+from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.reasoning.phases import rl_batch
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
+from rlinf_like.workers.rollout.engines.native import model as native
+
+SPECS = {
+    # one dense-MLP layer among MoE ones (mlp_only_layers), top-k not renormalised
+    "qwen3_moe": TinyModelSpec(arch="qwen3_moe", num_layers=3, mlp_only_layers=(1,)),
+    "qwen3_moe-renorm-tied": TinyModelSpec(arch="qwen3_moe", norm_topk_prob=True, tie_word_embeddings=True),
+    "mixtral": TinyModelSpec(arch="mixtral"),
+    "mixtral-tied": TinyModelSpec(arch="mixtral", tie_word_embeddings=True),
+}
+PROMPTS = [[10, 11, 12, 13, 14, 15], [20, 30, 40], [50, 51, 52, 53, 54, 55, 56, 57]]
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    return {name: str(write_tiny_model(root / name, spec)) for name, spec in SPECS.items()}
+
+
+def decoder(path: str, dtype=torch.float32) -> native.Decoder:
+    cfg = native.model_config(path)
+    weights = native.load_shards(path, native.weight_layouts(cfg, 1, dtype), 0, dtype, cfg)
+    return native.Decoder(cfg, native.fuse_projections(cfg, weights))
+
+
+def test_experts_are_per_expert_tensors_on_disk_and_one_stacked_tensor_in_memory(paths):
+    cfg = native.model_config(paths["mixtral"])
+    disk = checkpoint_names(paths["mixtral"])
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in disk
+    check_checkpoint(cfg, disk)  # every tensor used
+    with pytest.raises(ValueError, match=r"does not map.*experts\.4\.w1"):
+        check_checkpoint(cfg, disk | {"model.layers.0.block_sparse_moe.experts.4.w1.weight"})
+    with pytest.raises(ValueError, match=r"lacks weights.*experts\.2\.w3"):
+        check_checkpoint(cfg, disk - {"model.layers.1.block_sparse_moe.experts.2.w3.weight"})
+    ours = decoder(paths["mixtral"]).w
+    hf = AutoModelForCausalLM.from_pretrained(paths["mixtral"], dtype=torch.float32).state_dict()
+    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+                 "model.layers.1.mlp.gate.weight"):
+        assert torch.equal(ours[name], hf[name]), name  # the names and layout the actor's weight sync sends
+    qwen = ModelConfig.from_path(paths["qwen3_moe"])
+    assert qwen.moe_layers == (True, False, True)
+    names = dict(qwen.named_weights())
+    assert "model.layers.1.mlp.gate_proj.weight" in names and "model.layers.1.mlp.gate.weight" not in names
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names and "model.layers.0.mlp.gate_proj.weight" not in names
+
+
+def test_mixture_of_experts_refusals_name_the_key():
+    base = TinyModelSpec(arch="mixtral")
+    from rlinf_like.models.tiny import build_tiny_model
+
+    hf = build_tiny_model(base)[0].config.to_dict()
+    with pytest.raises(ValueError, match=r"router_jitter_noise=0.1 is not supported by the 'mixtral' family"):
+        ModelConfig.from_hf({**hf, "router_jitter_noise": 0.1})
+    with pytest.raises(ValueError, match=r"num_experts_per_tok >= 1 \(got 4 and 5\)"):
+        ModelConfig.from_hf({**hf, "num_experts_per_tok": 5})
+    cfg = ModelConfig.from_hf(hf)
+    with pytest.raises(ValueError, match=r"runs at rollout.tp=1 \(got 2\)"):
+        native.weight_layouts(cfg, 2, torch.float32)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_native_engine_equals_transformers_and_returns_the_routes_it_ran(name, paths):
+    path = paths[name]
+    dec = decoder(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor(PROMPTS[2] + PROMPTS[0])
+    dec.capture_routes = True
+    ours = torch.log_softmax(dec.score(ids), -1)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(ids[None]).logits[0], -1)
+    assert (ours - ref).abs().max() < 1e-4
+    assert len(dec.routes) == sum(dec.cfg.moe_layers)
+    # the engine's routes are transformers' top-k for the same tokens
+    outputs = hf(ids[None], output_router_logits=True)
+    for ours_routes, logits in zip(dec.routes, outputs.router_logits):
+        theirs = torch.topk(torch.softmax(logits.float(), -1), dec.cfg.experts_per_token, -1).indices
+        assert torch.equal(ours_routes, theirs)
+    assert len({tuple(r) for r in dec.routes[0].tolist()}) > 1  # routes differ by token: the router is not flat
+
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    reqs = [RolloutRequest(f"r{i}", p, params, 1) for i, p in enumerate(PROMPTS)]
+    engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=4, dtype="float32",
+                                       return_routes=True))
+    results = engine.generate(reqs)
+    with torch.no_grad():
+        greedy = hf.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(PROMPTS[0]):].tolist()
+    assert results[0].response_ids[0] == greedy
+    for res in results:  # one route per prompt and response token, every MoE layer, k experts
+        [routes] = res.routes
+        assert routes.shape == (len(res.prompt_ids) + 8, sum(dec.cfg.moe_layers), dec.cfg.experts_per_token)
+        assert routes.dtype == torch.uint8
+        dec.routes = []
+        dec.score(torch.tensor(res.prompt_ids + res.response_ids[0]))
+        assert torch.equal(routes.long(), torch.stack(dec.routes, 1))
+
+
+def _trainer_batch(path):
+    """A batch of the engine's samples with their routes, and the HF model the actor would train."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    engine = make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=8, dtype="float32",
+                                       return_routes=True))
+    results = engine.generate([RolloutRequest(f"r{i}", p, params, 2) for i, p in enumerate(PROMPTS)])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return rl_batch(results, pad_id=0), model
+
+
+def test_replay_forces_the_routes_keeps_the_router_gradient_and_changes_no_bit_when_they_agree(paths):
+    batch, model = _trainer_batch(paths["qwen3_moe"])
+    assert batch["routes"].shape[:2] == batch["input_ids"].shape
+    free = token_logprobs(model, batch)
+    routing_replay.install(model, replay=True)
+    # the trainer's own routes (a batch without routes runs them), replayed: the same forward, bit for bit
+    assert torch.equal(token_logprobs(model, {k: v for k, v in batch.items() if k != "routes"}), free)
+    state = model._route_replay
+    own = torch.stack([state.own[i] for i in sorted(state.own)], 1).view(*batch["input_ids"].shape, 2, 2)
+    assert torch.equal(token_logprobs(model, {**batch, "routes": own}), free)
+    # the engine's routes agree here (same dtype) on almost every token; the metrics say how many
+    metrics = routing_replay.agreement(model, batch)
+    assert 0.9 < metrics["moe/router_agreement"] <= 1.0
+    # forced routes are the ones run: other experts give other logprobs
+    permuted = ((batch["routes"].long() + 1) % 4).to(torch.uint8)
+    mask = batch["response_mask"].bool()
+    moved = token_logprobs(model, {**batch, "routes": permuted})
+    assert (moved - free)[mask].abs().max() > 1e-2
+    assert routing_replay.agreement(model, {**batch, "routes": permuted})["moe/router_agreement"] < 0.5
+    # ... and the router still learns: its weights get a gradient through the replayed experts' weights
+    model.zero_grad()
+    (token_logprobs(model, {**batch, "routes": permuted})[mask]).sum().backward()
+    router = routing_replay.routers(model)[0]
+    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_replay_follows_the_tokens_into_packed_rows(paths):
+    batch, model = _trainer_batch(paths["mixtral"])
+    routing_replay.install(model, replay=True)
+    permuted = {**batch, "routes": ((batch["routes"].long() + 1) % 4).to(torch.uint8)}
+    padded = token_logprobs(model, permuted)
+    packed = token_logprobs(model, pack_batch(permuted))
+    mask = batch["response_mask"].bool()
+    assert (padded - packed)[mask].abs().max() < 1e-5
+
+
+def test_a_run_batch_refuses_samples_without_routes():
+    from rlinf_like.workers.rollout.types import RolloutResult
+
+    with_routes = RolloutResult("a", [1, 2], [[3]], [[-0.1]], ["stop"], routes=[torch.zeros(3, 1, 2, dtype=torch.uint8)])
+    without = RolloutResult("b", [1, 2], [[3]], [[-0.1]], ["stop"])
+    assert rl_batch([with_routes], 0)["routes"].shape == (1, 3, 1, 2)
+    with pytest.raises(ValueError, match=r"samples \['b\[0\]'\] came back without routes"):
+        rl_batch([with_routes, without], 0)
+    assert "routes" not in build_rl_batch([[1]], [[2]], [[0.0]], [0.0])
+
+
+def test_routing_replay_is_refused_before_launch_where_it_cannot_run(paths, tmp_path):
+    from dataclasses import replace
+
+    from rlinf_like.runners.reasoning import check_config
+    from rlinf_like.runners.reasoning.config import ActorSection, ModelSection, ReasoningConfig, RunnerConfig
+    from rlinf_like.workers.rollout.base import RolloutConfig as RolloutSection
+
+    run = RunnerConfig(output_dir=str(tmp_path))
+    r3 = ActorSection(routing_replay="R3")
+    with pytest.raises(ValueError, match=r"actor.routing_replay=R3 needs a mixture-of-experts model \(families "
+                                         r"\['qwen3_moe', 'mixtral'\]\); model.path='\(the tiny dense model\)'"):
+        check_config(ReasoningConfig(runner=run, actor=r3))
+    moe = ModelSection(path=paths["mixtral"])
+    check_config(ReasoningConfig(runner=run, actor=r3, model=moe))
+    with pytest.raises(ValueError, match=r"rollout.engine='hf' does not return mixture-of-experts routes; use "
+                                         r"rollout.engine in \['native'\]"):
+        check_config(ReasoningConfig(runner=run, actor=r3, model=moe, rollout=RolloutSection(engine="hf")))
+    with pytest.raises(ValueError, match=r"rollout.return_routes needs a mixture-of-experts model"):
+        check_config(ReasoningConfig(runner=run, rollout=RolloutSection(return_routes=True)))
+    with pytest.raises(ValueError, match=r"actor.routing_replay=R3 with actor.loop.share_prompt=true"):
+        check_config(ReasoningConfig(runner=run, model=moe,
+                                     actor=replace(r3, loop=replace(r3.loop, share_prompt="true"))))
+
+
+def test_a_grpo_run_of_a_moe_model_with_r3_logs_the_router_agreement(paths, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, str(root / "examples/reasoning/main_grpo.py"), f"model.path={paths['qwen3_moe']}",
+         "actor.routing_replay=R3", "runner.max_steps=2", "runner.sft_steps=0", "runner.eval_every=2",
+         "runner.prompts_per_step=4", "cluster.backend=local", "cluster.component_placement.actor=0",
+         "cluster.component_placement.rollout=0", "cluster.component_placement.reward=0", f"runner.output_dir={out}"],
+        capture_output=True, text=True, timeout=300, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    history = json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
+    agreement = [h["moe/router_agreement"] for h in history[1:]]
+    assert len(agreement) == 2 and all(0.5 < a <= 1.0 for a in agreement), agreement
