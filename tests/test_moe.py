@@ -185,7 +185,7 @@ def test_routing_replay_is_refused_before_launch_where_it_cannot_run(paths, tmp_
         check_config(ReasoningConfig(runner=run, actor=r3))
     moe = ModelSection(path=paths["mixtral"])
     check_config(ReasoningConfig(runner=run, actor=r3, model=moe))
-    with pytest.raises(ValueError, match=r"rollout.engine='hf' does not return mixture-of-experts routes; use "
+    with pytest.raises(ValueError, match=r"rollout.engine=.hf. does not return mixture-of-experts routes; use "
                                          r"rollout.engine in \['native'\]"):
         check_config(ReasoningConfig(runner=run, actor=r3, model=moe, rollout=RolloutSection(engine="hf")))
     with pytest.raises(ValueError, match=r"rollout.return_routes needs a mixture-of-experts model"):
@@ -214,3 +214,30 @@ def test_a_grpo_run_of_a_moe_model_with_r3_logs_the_router_agreement(paths, tmp_
     history = json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
     agreement = [h["moe/router_agreement"] for h in history[1:]]
     assert len(agreement) == 2 and all(0.5 < a <= 1.0 for a in agreement), agreement
+
+
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.real_model)])
+def test_upcycled_identical_experts_compute_the_dense_model(real, tmp_path):
+    from pathlib import Path
+
+    from rlinf_like.models.upcycle import upcycle
+
+    if real:
+        dense = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
+        if not (dense / "config.json").exists():
+            pytest.skip("needs models/smollm2-135m-instruct (python -m rlinf_like.models.get smollm2-135m-instruct models/)")
+    else:
+        dense = write_tiny_model(tmp_path / "dense", TinyModelSpec(arch="llama"))
+    ids = torch.tensor([[5, 17, 29, 41, 53, 65, 77, 89]])
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)(ids).logits
+    same = upcycle(dense, tmp_path / "same", experts=4, top_k=2, noise=0.0, router_std=0.5)
+    noisy = upcycle(dense, tmp_path / "noisy", experts=4, top_k=2, noise=0.05, router_std=0.5)
+    assert ModelConfig.from_path(same).family.name == "mixtral"
+    with torch.no_grad():
+        moe = AutoModelForCausalLM.from_pretrained(same, dtype=torch.float32)
+        assert (moe(ids).logits - ref).abs().max() < 1e-4 * ref.abs().max()
+        moved = AutoModelForCausalLM.from_pretrained(noisy, dtype=torch.float32)(ids).logits
+    assert (moved - ref).abs().max() > 1e-3 * ref.abs().max()  # the noise reaches the output: routes matter
+    dec = decoder(str(noisy))  # the native engine serves it: every tensor used, the same function
+    assert (torch.log_softmax(dec.score(ids[0]), -1) - torch.log_softmax(moved[0], -1)).abs().max() < 1e-4

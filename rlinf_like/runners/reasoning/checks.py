@@ -3,7 +3,7 @@ key. Choices are read from the registries and capabilities from what each compon
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 from rlinf_like.algorithms import ADVANTAGE_ESTIMATORS
@@ -29,7 +29,7 @@ from rlinf_like.runtime.placement import share_devices
 from rlinf_like.training.loop import check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY
 from rlinf_like.workers.reward.combine import check_reward_config
-from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class
+from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class, engines_with
 
 def estimators_where(**declared: bool) -> list[str]:
     """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
@@ -53,8 +53,6 @@ def check_choices(cfg: ReasoningConfig) -> None:
             raise ValueError(f"{key}={value!r} is not one of {allowed}")
     # the engine by name, its logprobs and TP by what it declares
     check_rollout_config(cfg.rollout, cfg.rollout.tp_size)
-    if cfg.actor.routing_replay == "R3":
-        check_rollout_config(replace(cfg.rollout, return_routes=True), cfg.rollout.tp_size)
 
 
 def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
@@ -69,6 +67,9 @@ def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
         moe = [f for f in MODEL_FAMILIES.names() if MODEL_FAMILIES.get(f).moe]
         raise ValueError(f"{key} needs a mixture-of-experts model (families {moe}); model.path="
                          f"{cfg.model.path or '(the tiny dense model)'!r} is {family.name if family else 'dense'}")
+    if not engine_class(cfg.rollout.engine).returns_routes:
+        raise ValueError(f"{key}: rollout.engine={cfg.rollout.engine!r} does not return mixture-of-experts routes; "
+                         f"use rollout.engine in {engines_with('returns_routes')}")
     if cfg.actor.backend != "fsdp":
         raise ValueError(f"{key} is built into actor.backend=fsdp (got {cfg.actor.backend!r})")
     if cfg.actor.loop.share_prompt == "true":

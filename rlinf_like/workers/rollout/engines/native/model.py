@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from rlinf_like.hybrid_engines.reshard.layout import TensorLayout, replicated, sharded, split_bounds
 from rlinf_like.models.families import ModelConfig, Weight
-from rlinf_like.models.families.config import check_checkpoint, stack_experts
+from rlinf_like.workers.rollout.engines.native.experts import experts_mlp
+from rlinf_like.workers.rollout.engines.native.loading import load_shards  # noqa: F401  (the engine's loader)
 from rlinf_like.workers.rollout.engines.native.layers import (
     decode_attention,
     gelu_tanh,
@@ -58,46 +59,6 @@ def weight_layouts(cfg: ModelConfig, tp: int, dtype: torch.dtype) -> list[Tensor
 
 def model_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_path(path, "native engine", hint="use rollout.engine=hf or sglang")
-
-
-def load_shards(path: str | Path, layouts: list[TensorLayout], rank: int, dtype: torch.dtype,
-                cfg: ModelConfig | None = None) -> dict[str, torch.Tensor]:
-    """Read this rank's slice of every weight from the checkpoint's safetensors files (lazily, per slice);
-    with `cfg`, a checkpoint tensor the family does not map for it is refused by name first."""
-    from safetensors import safe_open
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    wanted = {layout.name: layout for layout in layouts}
-    out: dict[str, torch.Tensor] = {}
-    handles = [safe_open(str(file), framework="pt") for file in files]
-    if cfg is not None:
-        check_checkpoint(cfg, {n for f in handles for n in f.keys()}, f"native engine: {path}")
-    # checkpoint tensors stored under another name (a renamed router, per-expert projections) -> in-memory name
-    moved = {d: n for d, n in (cfg.checkpoint_weights() if cfg is not None else {}).items() if d != n}
-    parts: dict[str, torch.Tensor] = {}
-    for f in handles:
-        with f:
-            for name in f.keys():
-                if name in wanted:
-                    box = wanted[name].boxes[rank]
-                    piece = f.get_slice(name)[tuple(slice(lo, hi) for lo, hi in box)]
-                    # a fresh, resizable storage of our own (the reader's may be a view of the file)
-                    out[name] = torch.empty(piece.shape, dtype=dtype).copy_(piece)
-                elif moved.get(name) in wanted:  # replicated (the engine refuses tp > 1 for experts): whole
-                    parts[name] = f.get_tensor(name).to(dtype)
-    if moved:
-        weights = dict(cfg.named_weights())
-        for name in {n for n in moved.values() if n in wanted}:
-            disk = cfg.disk_names(name, weights[name])
-            if all(d in parts for d in disk):
-                out[name] = stack_experts([parts.pop(d) for d in disk], cfg.num_experts) \
-                    if weights[name].per_expert else parts.pop(disk[0])
-    missing = sorted(set(wanted) - set(out))
-    if missing:
-        raise KeyError(f"checkpoint {path} lacks weights {missing[:5]}{'...' if len(missing) > 5 else ''}")
-    return out
 
 
 def fused_name(group: tuple[Weight, ...]) -> str:
@@ -256,37 +217,13 @@ class Decoder:
         return x + mlp
 
     def _experts(self, h: torch.Tensor, p: str) -> torch.Tensor:
-        """The mixture-of-experts MLP as transformers computes it: a float32 softmax over the router's logits,
-        the top-k experts (renormalised as the family says), each expert's SwiGLU over the tokens routed to
-        it, weighted and summed. Tokens are sorted by expert once, so Python loops over the experts hit,
-        never over tokens. Each pass's chosen experts are kept in `self.routes` (one [tokens, k] tensor per
-        MoE layer, in layer order) while `self.capture_routes` is set."""
-        cfg = self.cfg
-        x = h.reshape(-1, h.shape[-1])
-        logits = F.linear(x, self.w[p + "gate.weight"])
-        top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), cfg.experts_per_token, dim=-1)
-        if cfg.norm_topk_prob:
-            top = top / top.sum(dim=-1, keepdim=True)
-        if cfg.family.router_weights_dtype == "model":
-            top = top.to(x.dtype)
+        """A mixture-of-experts MLP (native/experts.py); each pass's chosen experts go to `self.routes` (one [tokens,
+        k] tensor per MoE layer, in layer order) while `self.capture_routes` is set."""
+        out, chosen = experts_mlp(h, self.w[p + "gate.weight"], self.w[p + "experts.gate_up_proj"],
+                                  self.w[p + "experts.down_proj"], self.cfg, self.act)
         if self.capture_routes:
             self.routes.append(chosen)
-        flat = chosen.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        token = order // cfg.experts_per_token
-        counts = torch.bincount(flat, minlength=cfg.num_experts).tolist()
-        gate_up, down = self.w[p + "experts.gate_up_proj"], self.w[p + "experts.down_proj"]
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows, slots = token[start:start + n], order[start:start + n]
-            gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, down[expert]) * top.reshape(-1)[slots, None]
-            out.index_add_(0, rows, y.to(out.dtype))
-            start += n
-        return out.view_as(h)
+        return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.w["model.embed_tokens.weight"]
