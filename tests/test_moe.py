@@ -111,7 +111,10 @@ def test_native_engine_equals_transformers_and_returns_the_routes_it_ran(name, p
         assert routes.dtype == torch.uint8
         dec.routes = []
         dec.score(torch.tensor(res.prompt_ids + res.response_ids[0]))
-        assert torch.equal(routes.long(), torch.stack(dec.routes, 1))
+        # the prefill's and each decode step's routes are the ones one pass over the sequence takes; the last
+        # token ran through no pass (zeros: its position's output feeds no loss)
+        assert torch.equal(routes[:-1].long(), torch.stack(dec.routes, 1)[:-1])
+        assert not routes[-1].any()
 
 
 def _trainer_batch(path):
@@ -241,3 +244,37 @@ def test_upcycled_identical_experts_compute_the_dense_model(real, tmp_path):
     assert (moved - ref).abs().max() > 1e-3 * ref.abs().max()  # the noise reaches the output: routes matter
     dec = decoder(str(noisy))  # the native engine serves it: every tensor used, the same function
     assert (torch.log_softmax(dec.score(ids[0]), -1) - torch.log_softmax(moved[0], -1)).abs().max() < 1e-4
+
+
+def test_a_batch_with_routes_trains_row_by_row_even_where_prompts_would_be_shared(paths):
+    from rlinf_like.training.loop import LoopConfig, LoopTerms, plan_steps
+
+    batch, _ = _trainer_batch(paths["qwen3_moe"])
+    loop = LoopConfig(share_prompt="true")
+    shared = next(plan_steps({k: v for k, v in batch.items() if k != "routes"}, 0, 1, loop, 0, 1,
+                             terms=LoopTerms(share_pair_cost=0.0)))
+    assert any(m.get("shared_prompts") is not None for m, _ in shared)
+    rows = next(plan_steps(batch, 0, 1, loop, 0, 1, terms=LoopTerms(share_pair_cost=0.0)))
+    assert all(m.get("shared_prompts") is None and "routes" in m for m, _ in rows)
+
+
+def test_routes_of_preempted_and_resumed_samples_are_those_of_an_unpreempted_run(paths):
+    from rlinf_like.workers.rollout.engines.native.model import kv_bytes_per_token
+
+    path = paths["mixtral"]
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, ignore_eos=True, seed=5)
+    reqs = [RolloutRequest(f"r{i}", p * 3, params, 2) for i, p in enumerate(PROMPTS)]
+
+    def engine(blocks=None):
+        cfg = native.model_config(path)
+        budget = None if blocks is None else blocks * 4 * kv_bytes_per_token(cfg, 1, torch.float32) / 2**30
+        return make_engine(RolloutConfig(engine="native", model_path=path, max_batch_size=8, dtype="float32",
+                                         kv_block_size=4, max_context=80, return_routes=True,
+                                         **({} if budget is None else {"kv_cache_memory_gb": budget})))
+
+    big, small = engine(), engine(blocks=40)
+    expected, results = big.generate(reqs), small.generate(reqs)
+    assert small.preemptions > 0 and big.preemptions == 0
+    for got, want in zip(results, expected):
+        assert got.response_ids == want.response_ids
+        assert all(torch.equal(a, b) for a, b in zip(got.routes, want.routes))

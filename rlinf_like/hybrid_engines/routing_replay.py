@@ -96,21 +96,24 @@ def _replaying_forward(router: nn.Module, layer: int, state: _State):
 
 def flat_routes(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch's routes in the order the model flattens its tokens (the padded rows, or the packed ones), and
-    which of those tokens are real ([tokens] bool)."""
+    which of those are routes the rollout ran ([tokens] bool: not padding, nor a sequence's last token)."""
     routes = batch["routes"]
     packing = batch.get("packing")
     b, t = routes.shape[:2]
     flat = routes.reshape(b * t, *routes.shape[2:])
+    mask = batch.get("attention_mask")
+    real = torch.ones(b, t, dtype=torch.bool) if mask is None else mask.bool().cpu()
+    # a sequence's last token ran through no rollout pass (its route is a placeholder): not a real route
+    valid = (real & torch.cat([real[:, 1:], torch.zeros(b, 1, dtype=torch.bool)], 1)).reshape(-1).to(flat.device)
     if packing is None:
-        mask = batch.get("attention_mask")
-        return flat, (torch.ones(b * t, dtype=torch.bool) if mask is None else mask.reshape(-1).bool())
+        return flat, valid
     rows, width = packing.input_ids.shape
     src, dst = packing.src.to(flat.device), packing.dst.to(flat.device)
     packed = flat.new_zeros((rows * width, *routes.shape[2:]))
     packed[dst] = flat[src]
-    valid = torch.zeros(rows * width, dtype=torch.bool, device=flat.device)
-    valid[dst] = True
-    return packed, valid
+    packed_valid = torch.zeros(rows * width, dtype=torch.bool, device=flat.device)
+    packed_valid[dst] = valid[src]
+    return packed, packed_valid
 
 
 def prepare(model: nn.Module, batch: dict) -> None:

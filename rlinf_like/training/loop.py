@@ -123,8 +123,9 @@ def resolve_share_prompt(loop: LoopConfig, model: torch.nn.Module, owner: str = 
 
 def sharing(loop: LoopConfig, batch: Batch) -> bool:
     """Whether `batch`'s micro-batches run with shared prompts: `share_prompt` resolved to true (a worker resolves
-    auto by what its model supports) and rows that say where their prompt ends (RL batches; not SFT ones)."""
-    return loop.share_prompt == "true" and "prompt_lengths" in batch
+    auto by what its model supports) and rows that say where their prompt ends (RL batches; not SFT ones), without
+    mixture-of-experts routes (`routing_replay` forces them row by row, and a shared prompt is laid out once)."""
+    return loop.share_prompt == "true" and "prompt_lengths" in batch and "routes" not in batch
 
 
 def _prepare(micro: Batch, loop: LoopConfig, terms: LoopTerms = LoopTerms()) -> Batch:

@@ -72,9 +72,9 @@ class RolloutConfig:
     seed: int = 0  # sampling seed of requests that carry none (training requests carry their own)
     # "sampled": from the decode step; "rescored": one pass over prompt + response, the same floats whatever the batch
     logprobs: Literal[LOGPROB_SOURCES] = "sampled"
-    # mixture-of-experts models, engines declaring returns_routes (native): each sample's routes, every MoE layer's
-    # top-k experts for every prompt and response token, from one pass over prompt + response (the rescoring pass
-    # when rollout.logprobs=rescored, so free then). actor.routing_replay=R3 turns it on
+    # mixture-of-experts models, engines declaring returns_routes (native): each sample's routes, the top-k experts
+    # every MoE layer ran each prompt and response token through, kept from the prefill and decode steps that
+    # sampled it (so every prompt is computed whole: no prefix cache). actor.routing_replay=R3 turns it on
     return_routes: bool = False
     sglang_mem_fraction: float = bounded(0.5, gt=0, le=1)  # sglang: share of GPU memory for weights + KV cache
 

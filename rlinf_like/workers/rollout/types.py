@@ -96,7 +96,8 @@ class RolloutResult:
     # out of the step (keeping the others would skew the group's advantages); the last error
     excluded: str = ""
     # rollout.return_routes, per sample: [prompt + response tokens, MoE layers, k] expert ids (uint8; int16 past 256
-    # experts), the experts every MoE layer chose for each token, aligned with prompt_ids + response_ids
+    # experts), the experts every MoE layer ran each token through while sampling, aligned with prompt_ids +
+    # response_ids; the last response token ran through no pass, and its row is zeros
     routes: list[Any] = field(default_factory=list)
 
     def oldest_version(self) -> int:

@@ -126,6 +126,9 @@ class NativeEngine(RolloutEngine):
         self._rng = random.Random(config.seed)  # same on every TP rank, consumed in the same order
         self.sampler_workspace = Workspace()
         graphs = config.cuda_graphs and self.device.type == "cuda"
+        if graphs and config.return_routes and self.model_cfg.is_moe_model:
+            raise ValueError("rollout.return_routes with rollout.cuda_graphs: a replayed graph cannot hand its "
+                             "routes back; set rollout.cuda_graphs=false")
         self.static = (StaticDecode(self.decoder, self.max_blocks, self.max_context, self.device, use_graphs=True)
                        if graphs else None)
         if graphs:  # captured now, so the first call runs at speed (the KV cache's addresses are in the graphs)
@@ -173,7 +176,9 @@ class NativeEngine(RolloutEngine):
                 count = self.static.warm(self.slots)
                 log.info("native engine: %d decode graphs captured in %.1f s", count, time.perf_counter() - started)
         if self._pool is None or self._pool.in_use:  # a call that failed left blocks held: start afresh
-            self._pool = CachingBlockPool(plan.blocks, plan.block_size, self.config.prefix_cache)
+            # routes are kept per sample, not per cached block: with return_routes every prompt is computed whole
+            caching = self.config.prefix_cache and not self.config.return_routes
+            self._pool = CachingBlockPool(plan.blocks, plan.block_size, caching)
         self._check_weights(self._pool)
         return self._pool
 
@@ -276,25 +281,15 @@ class NativeEngine(RolloutEngine):
                      list(progress.logprobs) if progress else [], seed=self._seed(request, sample_index),
                      order=order, versions=[self.version] * len(progress.tokens) if progress else [])
 
-    def _rescore(self, request: RolloutRequest, tokens: list[int]) -> tuple[list[float], torch.Tensor | None]:
+    def _rescore(self, request: RolloutRequest, tokens: list[int]) -> list[float]:
         """Logprobs of `tokens` from one pass over prompt + tokens alone (`rollout.logprobs=rescored`):
-        the same floats whichever batch or replica sampled them, which decode-time logprobs are not. With
-        `rollout.return_routes`, also every token's routes from that pass ([tokens, MoE layers, k], small ints)."""
+        the same floats whichever batch or replica sampled them, which decode-time logprobs are not."""
         ids = torch.tensor(list(request.prompt_ids) + tokens, device=self.device)
-        routes = self.config.return_routes and self.model_cfg.is_moe_model
-        self.decoder.capture_routes, self.decoder.routes = routes, []
-        try:
-            logits = self.decoder.score(ids)[len(request.prompt_ids) - 1 : -1]
-        finally:
-            self.decoder.capture_routes = False
+        logits = self.decoder.score(ids)[len(request.prompt_ids) - 1 : -1]
         s = request.sampling
         scaled = logits / (1.0 if s.greedy else s.temperature)
         chosen = torch.tensor(tokens, device=self.device)[:, None]
-        logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, chosen)[:, 0].tolist()
-        if not routes:
-            return logprobs, None
-        dtype = torch.uint8 if self.model_cfg.num_experts <= 256 else torch.int16
-        return logprobs, torch.stack(self.decoder.routes, dim=1).to("cpu", dtype)
+        return torch.log_softmax(scaled, dim=-1).gather(-1, chosen)[:, 0].tolist()
 
     def _seed(self, request: RolloutRequest, sample_index: int) -> int:
         if request.sampling.seed is None:

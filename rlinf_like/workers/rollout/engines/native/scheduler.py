@@ -14,6 +14,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,17 @@ from rlinf_like.workers.rollout.engines.native.model import Chunk
 from rlinf_like.workers.rollout.engines.native.slots import SlotState
 from rlinf_like.workers.rollout.engines.sampling import sample
 from rlinf_like.workers.rollout.types import RolloutRequest, RolloutResult
+
+
+def route_dtype(cfg) -> torch.dtype:
+    return torch.uint8 if cfg.num_experts <= 256 else torch.int16
+
+
+def finished_routes(seq: LiveSample) -> torch.Tensor:
+    """A finished sample's routes aligned with prompt + response: every position the passes ran, and a row of
+    zeros for the last token, which no pass ran (the trainer's forward at that position feeds no loss)."""
+    routes = torch.cat(seq.routes)
+    return torch.cat([routes, routes.new_zeros((1, *routes.shape[1:]))])
 
 
 _LOOPS = itertools.count()  # a serial per loop: a decoder's mirror never outlives the loop that built it
@@ -46,6 +58,9 @@ class LiveSample:
     blocks: list[int] = field(default_factory=list)  # its block table: cache blocks by position // block size
     versions: list[int] = field(default_factory=list)  # the weight version each token was sampled under
     generation: int = -1  # the prefix cache's generation its keys/values began in (older: not cached)
+    # rollout.return_routes: the MoE routes of its positions so far, as the passes computed them ([n, layers, k]
+    # pieces in position order: the prefill's, then one per decode step)
+    routes: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def position(self) -> int:
@@ -78,6 +93,8 @@ class BatchLoop:
         self.state = SlotState(engine.slots, engine.max_blocks, engine.device)
         self.order = itertools.count()
         self.serial, self.roster = next(_LOOPS), 0  # roster: bumped whenever a slot is seated or vacated
+        # keep each pass's mixture-of-experts routes (rollout.return_routes): the experts each token ran through
+        self.routes = engine.config.return_routes and engine.model_cfg.is_moe_model
 
     def run(self, source: RequestSource | None, between_steps: Callable[[], None] | None) -> None:
         try:
@@ -116,15 +133,13 @@ class BatchLoop:
             self._finish(slot, seq, reason)
 
     def _finish(self, slot: int | None, seq: LiveSample, reason: str) -> None:
-        config, result = self.engine.config, self.results[seq.request]
-        if (config.logprobs == "rescored" or config.return_routes) and reason != "abort":
-            logprobs, routes = self.engine._rescore(self.requests[seq.request], seq.tokens)
-            if config.logprobs == "rescored":
-                seq.logprobs = logprobs
-            if routes is not None:
-                if not result.routes:
-                    result.routes = [None] * len(result.response_ids)
-                result.routes[seq.sample] = routes
+        result = self.results[seq.request]
+        if self.engine.config.logprobs == "rescored" and reason != "abort":
+            seq.logprobs = self.engine._rescore(self.requests[seq.request], seq.tokens)
+        if self.routes and reason != "abort":
+            if not result.routes:
+                result.routes = [None] * len(result.response_ids)
+            result.routes[seq.sample] = finished_routes(seq)
         result.response_ids[seq.sample], result.logprobs[seq.sample] = seq.tokens, seq.logprobs
         result.finish_reasons[seq.sample] = reason
         result.token_versions[seq.sample] = seq.versions
@@ -156,6 +171,19 @@ class BatchLoop:
         for i in self.queue:  # never started: aborted with the progress they came with
             for j in self.requests[i].unfinished():
                 self._finish(None, self.engine._new_sequence(i, j, self.requests[i], 0), "abort")
+
+    @contextmanager
+    def _capture(self):
+        """Around one pass: yields a list that then holds the pass's routes, [tokens, MoE layers, k] on the host
+        (nothing unless this loop keeps routes)."""
+        decoder, out = self.engine.decoder, []
+        decoder.capture_routes, decoder.routes = self.routes, []
+        try:
+            yield out
+        finally:
+            decoder.capture_routes = False
+        if self.routes:
+            out.append(torch.stack(decoder.routes, dim=1).to("cpu", route_dtype(self.engine.model_cfg)))
 
     # --- admission and prefill ---------------------------------------------------------------------------
     def _rows(self, blocks: list[int], start: int, stop: int) -> list[int]:
@@ -245,7 +273,15 @@ class BatchLoop:
             pass
         if not jobs:
             return
-        logits = self.engine.decoder.prefill([job.chunk for job in jobs])
+        with self._capture() as routes:
+            logits = self.engine.decoder.prefill([job.chunk for job in jobs])
+        if self.routes:  # the prefill computed every position from 0 (return_routes turns the prefix cache off)
+            offset = 0
+            for job in jobs:
+                n = len(job.chunk.ids)
+                for seq in job.seqs:
+                    seq.routes = [routes[0][offset:offset + n]]
+                offset += n
         self.engine.prefilled_tokens += sum(len(job.chunk.ids) for job in jobs)
         self.engine.prefix_hit_tokens += sum(job.chunk.start for job in jobs)
         firsts = [(k, slot, seq) for k, job in enumerate(jobs) if job.first for slot, seq in zip(job.slots, job.seqs)]
@@ -283,8 +319,11 @@ class BatchLoop:
         rows = torch.tensor(slots, device=self.device)
         state = self.state
         span = max(seq.position for seq in self.live.values()) + 1  # known here: the step reads nothing back
-        logits = self.engine.decode_step(state.last_token[rows], state.position[rows], state.table[rows],
-                                         batch_key=(self.serial, self.roster), span=span)
+        with self._capture() as routes:
+            logits = self.engine.decode_step(state.last_token[rows], state.position[rows], state.table[rows],
+                                             batch_key=(self.serial, self.roster), span=span)
+        for i, slot in enumerate(slots if self.routes else ()):
+            self.live[slot].routes.append(routes[0][i:i + 1])
         tokens, logprobs = sample(logits, state.params(rows), self.engine.sampler_workspace)
         state.after_decode(rows, tokens)
         for slot, token, logprob in zip(slots, tokens.tolist(), logprobs.tolist()):
