@@ -79,6 +79,7 @@ BENCHES = (
     Bench(name="async_rl", script="async_rl.py"),
     Bench(name="grpo_vs_trl", script="grpo_vs_trl.py", needs=("trl",)),
     Bench(name="lora_step_vs_trl", script="lora_step_vs_trl.py", needs=("trl", "peft")),
+    Bench(name="moe_replay", script="moe_replay.py"),
     Bench(name="ppo_vs_sb3", script="ppo_vs_sb3.py", needs=("stable_baselines3",)),
     Bench(name="embodied_pipeline", script="embodied_pipeline.py", needs=("mujoco",)),
     Bench(name="sac_vs_sb3", script="sac_vs_sb3.py", needs=("stable_baselines3", "mujoco")),
@@ -119,6 +120,9 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "async_rl": {"time_ratio": ("<=", 0.7)},
     "grpo_vs_trl": {"time_ratio": ("<=", 0.5)},
     "lora_step_vs_trl": {"step_ratio": ("<=", 0.5), "rollout_ratio": None},  # issue 49: GSM8K lengths, LoRA
+    # issue 51: R3 halves the train/rollout KL (bf16 rollout, fp32 trainer); keeping the routes costs <= 5%
+    "moe_replay": {"kl_ratio": ("<=", 0.5), "route_time_ratio": ("<=", 1.05), "agreement": None,
+                   "bytes_per_token": None},
     "ppo_vs_sb3": {"time_ratio": ("<=", 1.0)},
     "embodied_pipeline": {"speedup": (">=", 1.3)},
     "sac_vs_sb3": {"time_ratio": ("<=", 1.0), "return_ours": None, "return_sb3": None},  # at equal or better return
