@@ -278,3 +278,30 @@ def test_routes_of_preempted_and_resumed_samples_are_those_of_an_unpreempted_run
     for got, want in zip(results, expected):
         assert got.response_ids == want.response_ids
         assert all(torch.equal(a, b) for a, b in zip(got.routes, want.routes))
+
+
+def test_weight_sync_from_fsdp_shards_into_the_native_engine_is_bit_exact_experts_included(paths):
+    """The actor's HF state dict (experts stacked, as FSDP2 shards them: dim 0 over 2 ranks) into the engine's
+    layouts through the reshard planner: every tensor exact, and the engine then decodes the new weights."""
+    from rlinf_like.hybrid_engines.reshard import apply_in_process, plan_reshard, sharded
+
+    path = paths["qwen3_moe"]
+    engine = make_engine(RolloutConfig(engine="native", model_path=path, dtype="float32"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(1.25 if "experts" in name or "mlp.gate" in name else 1.0)  # "trained": experts and routers moved
+    actor = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    sources = [sharded(n, tuple(t.shape), 2, dim=0, dtype=str(t.dtype)) for n, t in actor.items()]
+    shards = {r: {n: t.tensor_split(2, dim=0)[r].clone() for n, t in actor.items()} for r in range(2)}
+    received = engine.weight_tensors()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in received
+    apply_in_process(plan_reshard(sources, engine.weight_layouts()), shards, {0: received})
+    for name, tensor in received.items():
+        assert torch.equal(tensor, actor[name]), name
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    [result] = engine.generate([RolloutRequest("r", PROMPTS[0], params, 1)])
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                pad_token_id=0)[0, len(PROMPTS[0]):].tolist()
+    assert result.response_ids[0] == greedy
