@@ -8,7 +8,7 @@ over the response tokens (`mismatch/kl_k3`, as a run logs it), and mean |delta l
 generate time with and without `return_routes`, alternated over the repetitions, and the bytes per token.
 
     python bench/moe_replay.py --quick                           # a tiny random Qwen3-MoE, CPU, seconds
-    python bench/moe_replay.py --model models/smollm2-135m-moe4x2 # an upcycled SmolLM2 (python -m rlinf_like.models.upcycle)
+    python bench/moe_replay.py --model models/smollm2-135m-moe4x2   # an upcycled SmolLM2 (rlinf_like.models.upcycle)
     python bench/moe_replay.py --device cuda --random-size 0.35b  # a random 0.35B Qwen3-MoE on a GPU
 
 The last line is one JSON object: kl_ratio (with R3 / without), agreement, route_time_ratio (with / without).
@@ -126,8 +126,8 @@ def main() -> None:
             got = mismatch_metrics(logprobs, batch["old_logprobs"], batch["response_mask"])
             agree = routing_replay.agreement(trainer, batch) if mode == "disabled" else {}
             out[mode] = {**got, **agree}
-            print(f"{mode:>8}: kl_k3 {got['mismatch/kl_k3']:.3e}, mean |dlogp| {got['mismatch/abs_log_ratio_mean']:.3e}, "
-                  f"max |dlogp| {got['mismatch/abs_log_ratio_max']:.3e}"
+            print(f"{mode:>8}: kl_k3 {got['mismatch/kl_k3']:.3e}, "
+                  f"mean |dlogp| {got['mismatch/abs_log_ratio_mean']:.3e}, max |dlogp| {got['mismatch/abs_log_ratio_max']:.3e}"
                   + (f", router agreement {agree['moe/router_agreement']:.4f}, tokens equal in all layers "
                      f"{agree['moe/tokens_all_layers_equal']:.4f}" if agree else ""))
     layers, k = batch["routes"].shape[2:]

@@ -134,6 +134,6 @@ def test_unsplittable_parallel_sizes_and_unsupported_models_are_refused_by_name(
         check_parallel(cfg, 3, 1)
     with pytest.raises(ValueError, match=r"pipeline_parallel=3 must divide the 4 layers"):
         check_parallel(cfg, 1, 3)
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported; "
-                                         r"supported: \['llama', 'qwen2', 'qwen3', 'gemma3_text'\]"):
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported; supported: "
+                                         r"\['llama', 'qwen2', 'qwen3', 'gemma3_text', 'qwen3_moe', 'mixtral'\]"):
         model_config({"model_type": "gpt2"})

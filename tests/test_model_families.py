@@ -98,8 +98,8 @@ def test_unknown_model_types_and_families_are_refused_naming_the_supported_ones(
                                          r"\(use rollout.engine=hf or "
                                          r"sglang\)"):
         native.model_config(tmp_path)
-    with pytest.raises(ValueError, match=r"megatron manager: model_type 'gpt2' is not supported; "
-                                         r"supported: \['llama', 'qwen2', 'qwen3', 'gemma3_text', 'qwen3_moe', 'mixtral'\]"):
+    with pytest.raises(ValueError, match=r"megatron manager: model_type 'gpt2' is not supported; supported: "
+                                         r"\['llama', 'qwen2', 'qwen3', 'gemma3_text', 'qwen3_moe', 'mixtral'\]"):
         megatron_config(gpt2)
     with pytest.raises(KeyError, match=r"model family 'gpt2' is not registered; "
                                        r"supported: \['llama', 'qwen2', 'qwen3', 'gemma3', 'qwen3_moe', 'mixtral'\]"):

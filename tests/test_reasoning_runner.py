@@ -185,7 +185,7 @@ def test_a_model_path_that_is_neither_a_folder_nor_a_hub_id_and_unknown_families
         check_config(cfg)
     cfg.model.path = model_folder(tmp_path / "gpt2", model_type="gpt2")
     with pytest.raises(ValueError, match=r"rollout.engine=native: model_type 'gpt2' is not supported; supported: "
-                                         r"\['llama', 'qwen2', 'qwen3', 'gemma3_text'\] "
+                                         r"\['llama', 'qwen2', 'qwen3', 'gemma3_text', 'qwen3_moe', 'mixtral'\] "
                                          r"\(use rollout.engine=hf or sglang\)"):
         check_config(cfg)
     cfg.rollout.engine = "hf"  # transformers runs any causal LM

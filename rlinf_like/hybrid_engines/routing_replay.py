@@ -66,7 +66,8 @@ def _state(model: nn.Module, replay: bool = False) -> _State:
         raise ValueError("actor.routing_replay needs a mixture-of-experts HF model (qwen3_moe, mixtral); this model "
                          f"has no routers ({type(model).__name__})")
     cfg = ModelConfig.from_hf(config.to_dict(), "actor.routing_replay")
-    state = _State(replay=replay, renormalise=cfg.norm_topk_prob, scores_in_float=cfg.family.router_weights_dtype == "float32",
+    state = _State(replay=replay, renormalise=cfg.norm_topk_prob,
+                   scores_in_float=cfg.family.router_weights_dtype == "float32",
                    top_k=cfg.experts_per_token)
     for layer, router in enumerate(routers(model)):
         router.forward = _replaying_forward(router, layer, state)

@@ -5,6 +5,7 @@ To add a family: one module here that registers a `ModelFamily`, imported below.
 
 from rlinf_like.models.families.base import MODEL_FAMILIES, FamilyRegistry, ModelFamily, Weight, family_of
 from rlinf_like.models.families.config import ModelConfig
-from rlinf_like.models.families import llama, qwen2, qwen3, gemma3, qwen3_moe, mixtral  # noqa: F401,I001  (registers them, in this order)
+# registers them, in this order
+from rlinf_like.models.families import llama, qwen2, qwen3, gemma3, qwen3_moe, mixtral  # noqa: F401,I001
 
 __all__ = ["MODEL_FAMILIES", "FamilyRegistry", "ModelConfig", "ModelFamily", "Weight", "family_of"]
