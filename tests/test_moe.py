@@ -309,3 +309,21 @@ def test_weight_sync_from_fsdp_shards_into_the_native_engine_is_bit_exact_expert
         greedy = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                                 pad_token_id=0)[0, len(PROMPTS[0]):].tolist()
     assert result.response_ids[0] == greedy
+
+
+def test_routing_replay_is_refused_where_routes_would_not_reach_the_trainer(paths, tmp_path):
+    from dataclasses import replace
+
+    from rlinf_like.runners.reasoning import check_config
+    from rlinf_like.runners.reasoning.config import (
+        ActorSection, AlgorithmConfig, ModelSection, ReasoningConfig, RunnerConfig,
+    )
+
+    base = ReasoningConfig(runner=RunnerConfig(output_dir=str(tmp_path)), actor=ActorSection(routing_replay="R3"),
+                           model=ModelSection(path=paths["mixtral"]))
+    with pytest.raises(ValueError, match=r"actor.routing_replay=R3 is not built for "
+                                         r"algorithm.recompute_by_length=true"):
+        check_config(replace(base, algorithm=AlgorithmConfig(recompute_logprobs=True, recompute_by_length=True),
+                             actor=replace(base.actor, precision="fp32")))
+    with pytest.raises(ValueError, match=r"is not built for runner.migrate_at=0.5"):
+        check_config(replace(base, runner=replace(base.runner, schedule="dynamic", migrate_at=0.5)))

@@ -10,7 +10,7 @@ softmax gathered at the forced experts, renormalised as the family renormalises)
 
 The routers of an HF model (transformers' Qwen3-MoE and Mixtral `mlp.gate` modules) are patched once, on the
 instance; a patched router with no routes set computes exactly what transformers computes. The routes stay set until
-the next call of `set_routes`, so activation checkpointing, which runs the forward again in backward, replays the
+the next call of `prepare`, so activation checkpointing, which runs the forward again in backward, replays the
 same experts. Every forward records the trainer's own top-k, from which `agreement` reads the metrics.
 """
 

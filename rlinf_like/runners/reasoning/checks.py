@@ -75,6 +75,14 @@ def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
     if cfg.actor.loop.share_prompt == "true":
         raise ValueError(f"{key} with actor.loop.share_prompt=true: a shared prompt's tokens are laid out once for "
                          "the group, the routes per row; set actor.loop.share_prompt=false")
+    # where routes would not reach the batch whole, or the trainer's forward would not carry them
+    unsupported = {"algorithm.recompute_by_length=true": cfg.algorithm.recompute_by_length,
+                   f"runner.migrate_at={cfg.runner.migrate_at} (samples finished before a migration keep no routes)":
+                       cfg.runner.migrate_at > 0,
+                   "a multi-turn agent (its turns' routes are not joined into the episode)": cfg.agent.multi_turn}
+    for what, on in unsupported.items():
+        if on:
+            raise ValueError(f"{key} is not built for {what}")
 
 
 def check_estimator(cfg: ReasoningConfig) -> None:
