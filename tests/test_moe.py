@@ -327,3 +327,17 @@ def test_routing_replay_is_refused_where_routes_would_not_reach_the_trainer(path
                              actor=replace(base.actor, precision="fp32")))
     with pytest.raises(ValueError, match=r"is not built for runner.migrate_at=0.5"):
         check_config(replace(base, runner=replace(base.runner, schedule="dynamic", migrate_at=0.5)))
+
+
+def test_model_flops_count_the_chosen_experts_and_the_router(paths):
+    from rlinf_like.utils.flops import ModelShape
+
+    for name in ("qwen3_moe", "mixtral"):
+        cfg = ModelConfig.from_path(paths[name])
+        shape = ModelShape.from_path(paths[name])
+        attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+        sparse = cfg.hidden_size * (cfg.num_experts + 3 * cfg.experts_per_token * cfg.moe_intermediate_size)
+        dense = 3 * cfg.hidden_size * cfg.intermediate_size
+        moe = sum(cfg.moe_layers)
+        assert shape.body_params == cfg.num_layers * attn + moe * sparse + (cfg.num_layers - moe) * dense
+    assert ModelShape.from_path(paths["qwen3_moe"]).moe_layers == 2  # 3 layers, one dense (mlp_only_layers)

@@ -29,6 +29,12 @@ class ModelShape:
     head_dim: int
     intermediate: int
     vocab: int
+    # mixture of experts: how many layers are sparse, and per token in each, the router (experts) and the chosen
+    # experts' MLPs (top_k of expert_width); the other layers keep the dense MLP of `intermediate`
+    moe_layers: int = 0
+    experts: int = 0
+    top_k: int = 0
+    expert_width: int = 0
 
     @classmethod
     def from_hf_config(cls, config: dict) -> ModelShape:
@@ -37,7 +43,7 @@ class ModelShape:
         return cls(layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=heads,
                    kv_heads=c.get("num_key_value_heads") or heads,
                    head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-                   intermediate=c["intermediate_size"], vocab=c["vocab_size"])
+                   intermediate=c["intermediate_size"], vocab=c["vocab_size"], **_moe_shape(c))
 
     @classmethod
     def from_path(cls, model_path: str | Path) -> ModelShape:
@@ -47,7 +53,9 @@ class ModelShape:
     def body_params(self) -> int:
         """Weights of the matrix products every token goes through: attention projections and the gated MLP."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o; k, v
-        return self.layers * (attn + 3 * self.hidden * self.intermediate)
+        sparse = self.hidden * (self.experts + 3 * self.top_k * self.expert_width)  # router, the chosen experts
+        return self.layers * attn + (self.layers - self.moe_layers) * 3 * self.hidden * self.intermediate \
+            + self.moe_layers * sparse
 
     @property
     def pair_cost(self) -> float:
@@ -64,6 +72,19 @@ class ModelShape:
         pairs = tokens * context + tokens * (tokens + 1) / 2
         return (2.0 * self.body_params * tokens + 4.0 * self.layers * self.heads * self.head_dim * pairs
                 + 2.0 * self.head_params * head_positions)
+
+
+def _moe_shape(config: dict) -> dict:
+    """ModelShape's mixture-of-experts fields, by the model family's own reading of config.json (none if dense)."""
+    from rlinf_like.models.families import MODEL_FAMILIES
+    from rlinf_like.models.families.config import moe_fields
+
+    family = MODEL_FAMILIES.for_model_type(config.get("model_type"))
+    if family is None or family.moe is None:
+        return {}
+    moe = moe_fields(config, family, "model FLOPs")
+    return dict(moe_layers=sum(moe["moe_layers"]), experts=moe["num_experts"], top_k=moe["experts_per_token"],
+                expert_width=moe["moe_intermediate_size"])
 
 
 def train_flops(shape: ModelShape, rows: Sequence[tuple[int, int]], *, updates: int = 1, forwards: int = 0,

@@ -144,7 +144,7 @@ class ModelConfig:
             layer_types=types if sliding else (),
             sliding_window=hf["sliding_window"] if sliding else None,
             sliding_rope_theta=local.get("rope_theta", hf.get("rope_theta", 10000.0)) if sliding else None,
-            **_experts(hf, family, user),
+            **moe_fields(hf, family, user),
         )
 
     @property
@@ -238,7 +238,7 @@ def _layer_of(name: str) -> int:
     return int(re.search(r"\.layers\.(\d+)\.", name).group(1))
 
 
-def _experts(hf: dict, family: ModelFamily, user: str) -> dict:
+def moe_fields(hf: dict, family: ModelFamily, user: str) -> dict:
     """The mixture-of-experts fields of ModelConfig from config.json, as the family's `moe` style names them."""
     if family.moe is None:
         return {}
