@@ -341,3 +341,13 @@ def test_model_flops_count_the_chosen_experts_and_the_router(paths):
         moe = sum(cfg.moe_layers)
         assert shape.body_params == cfg.num_layers * attn + moe * sparse + (cfg.num_layers - moe) * dense
     assert ModelShape.from_path(paths["qwen3_moe"]).moe_layers == 2  # 3 layers, one dense (mlp_only_layers)
+
+
+def test_the_memory_estimate_counts_every_expert(paths):
+    from rlinf_like.workers.rollout.engines.engine_advice import parameter_count
+
+    for name in ("qwen3_moe", "mixtral"):
+        model = AutoModelForCausalLM.from_pretrained(paths[name], dtype=torch.float32)
+        held = sum(p.numel() for p in model.parameters())
+        # within Qwen3's q/k norms (a few hundred weights), which the count leaves out for the dense families too
+        assert parameter_count(model.config.to_dict()) == pytest.approx(held, rel=1e-3), name

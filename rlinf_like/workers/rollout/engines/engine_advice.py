@@ -27,15 +27,22 @@ CAPABILITIES = ("supports_tp", "continues_migrated", "rescored_logprobs", "retur
 
 def parameter_count(hf: dict) -> int:
     """Parameters of a decoder-only checkpoint from its config.json: embeddings, per layer attention (q, k, v, o),
-    a gated MLP and two norms, the final norm, and an LM head unless tied."""
+    a gated MLP (in a mixture-of-experts layer: every expert's, and the router) and two norms, the final norm, and an
+    LM head unless tied."""
+    from rlinf_like.utils.flops import ModelShape
+
     hidden, vocab, layers = hf["hidden_size"], hf["vocab_size"], hf["num_hidden_layers"]
     heads = hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads") or heads
     head_dim = hf.get("head_dim") or hidden // heads
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     mlp = 3 * hidden * hf.get("intermediate_size", 4 * hidden)
+    shape = ModelShape.from_hf_config(hf) if "intermediate_size" in hf else None
+    sparse = 0 if shape is None else shape.moe_layers  # all experts are held, not only the chosen ones
+    experts = 0 if shape is None else hidden * shape.experts * (1 + 3 * shape.expert_width)
     head = 0 if hf.get("tie_word_embeddings", True) else vocab * hidden
-    return vocab * hidden + layers * (attention + mlp + 2 * hidden) + hidden + head
+    body = (layers - sparse) * mlp + sparse * experts + layers * (attention + 2 * hidden)
+    return vocab * hidden + body + hidden + head
 
 
 def is_real_model(model_path: str) -> bool:
