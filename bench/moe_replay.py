@@ -11,29 +11,30 @@ generate time with and without `return_routes`, alternated over the repetitions,
     python bench/moe_replay.py --model models/smollm2-135m-moe4x2   # an upcycled SmolLM2 (rlinf_like.models.upcycle)
     python bench/moe_replay.py --device cuda --random-size 0.35b  # a random 0.35B Qwen3-MoE on a GPU
 
-The last line is one JSON object: kl_ratio (with R3 / without), agreement, route_time_ratio (with / without).
+The last line is one JSON object: kl_ratio (with R3 / without), agreement, route_time_ratio (medians, with / without).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from rlinf_like.algorithms.offpolicy import mismatch_metrics
-from rlinf_like.data.batch import build_rl_batch
-from rlinf_like.hybrid_engines import routing_replay
-from rlinf_like.hybrid_engines.model_manager import token_logprobs
-from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model, char_tokenizer
-from rlinf_like.runners.reasoning.phases import routes_batch
-from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Machine, alternating, median_ratio, result_line  # noqa: E402
+from rlinf_like.algorithms.offpolicy import mismatch_metrics  # noqa: E402
+from rlinf_like.hybrid_engines import routing_replay  # noqa: E402
+from rlinf_like.hybrid_engines.model_manager import token_logprobs  # noqa: E402
+from rlinf_like.models.tiny import TinyModelSpec, build_tiny_model, char_tokenizer  # noqa: E402
+from rlinf_like.runners.reasoning.phases import rl_batch  # noqa: E402
+from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine  # noqa: E402
 
 # a random Qwen3-MoE of ~0.35B parameters: 12 layers, 16 experts of width 512, top 4, renormalised
 RANDOM_035B = dict(hidden_size=1024, intermediate_size=2816, num_layers=12, num_heads=16, num_kv_heads=4,
@@ -51,15 +52,6 @@ def random_moe(path: Path, size: str) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def machine() -> str:
-    flags = sorted({f for f in Path("/proc/cpuinfo").read_text().split() if f.startswith(("avx512", "amx", "avx2"))})
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    load = os.getloadavg()[0]
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    return f"{name}, {os.cpu_count()} cores, flags {' '.join(flags)}; {gpu}; load {load:.2f}; torch {torch.__version__}"
 
 
 def sample(path: str, args, routes: bool):
@@ -95,29 +87,26 @@ def main() -> None:
     if args.quick:
         args.model, args.random_size, args.prompts, args.new_tokens, args.reps = "", "tiny", 2, 16, 1
     torch.manual_seed(0)
-    tmp = tempfile.mkdtemp()
-    path = args.model or str(random_moe(Path(tmp) / "moe", args.random_size))
-    print(f"machine: {machine()}")
-    print(f"settings: model {path} ({args.random_size if not args.model else 'given'}), device {args.device}, "
-          f"rollout {args.rollout_dtype}, trainer float32, {args.prompts} prompts x {args.samples} samples, "
-          f"{args.prompt_tokens} prompt + {args.new_tokens} new tokens, temperature 1, {args.reps} reps")
+    path = args.model or str(random_moe(Path(tempfile.mkdtemp()) / "moe", args.random_size))
+    machine = Machine.start({**vars(args), "model": path, "trainer": "float32",
+                             "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None})
+    kept = {}
 
-    times = {True: [], False: []}
-    for rep in range(args.reps):  # alternate which side runs first
-        for routes in ((True, False) if rep % 2 == 0 else (False, True)):
-            results, seconds = sample(path, args, routes)
-            times[routes].append(seconds)
-            if routes:
-                kept = results
-    results = kept
-    rows = [(r.prompt_ids, resp, lp) for r in results for resp, lp in zip(r.response_ids, r.logprobs)]
-    batch = build_rl_batch(*zip(*rows), [0.0] * len(rows))
-    batch["routes"] = routes_batch(results, batch["input_ids"].shape[1])
+    def measure(routes: bool):
+        def run(rep: int) -> float:
+            kept[routes], seconds = sample(path, args, routes)
+            return seconds
+        return run
+
+    # with and without routes alternated (a fresh engine each time: nothing carried between repetitions)
+    times = alternating({"routes": measure(True), "plain": measure(False)}, args.reps,
+                        show=lambda rep, t: print(f"rep {rep}: generate {t['routes']:.2f} s with routes, "
+                                                  f"{t['plain']:.2f} s without", flush=True))
+    batch = rl_batch(kept[True], pad_id=0)  # the run's own batch: rows, the rollout's logprobs and routes
     from transformers import AutoModelForCausalLM
 
     trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device)
     batch = {k: v.to(args.device) for k, v in batch.items()}
-    routing_replay.install(trainer, replay=False)
     out = {}
     with torch.no_grad():
         for mode in ("disabled", "R3"):
@@ -127,19 +116,19 @@ def main() -> None:
             agree = routing_replay.agreement(trainer, batch) if mode == "disabled" else {}
             out[mode] = {**got, **agree}
             print(f"{mode:>8}: kl_k3 {got['mismatch/kl_k3']:.3e}, "
-                  f"mean |dlogp| {got['mismatch/abs_log_ratio_mean']:.3e}, max |dlogp| {got['mismatch/abs_log_ratio_max']:.3e}"
+                  f"mean |dlogp| {got['mismatch/abs_log_ratio_mean']:.3e}, "
+                  f"max |dlogp| {got['mismatch/abs_log_ratio_max']:.3e}"
                   + (f", router agreement {agree['moe/router_agreement']:.4f}, tokens equal in all layers "
                      f"{agree['moe/tokens_all_layers_equal']:.4f}" if agree else ""))
     layers, k = batch["routes"].shape[2:]
-    on, off = statistics.median(times[True]), statistics.median(times[False])
-    print(f"routes: {layers} MoE layers x top-{k} x {batch['routes'].element_size()} byte(s) = "
-          f"{layers * k * batch['routes'].element_size()} bytes per token; generate {on:.2f} s with routes, "
-          f"{off:.2f} s without (medians; per rep with {[round(t, 2) for t in times[True]]}, without "
-          f"{[round(t, 2) for t in times[False]]})")
+    per_token = layers * k * batch["routes"].element_size()
+    print(f"routes: {layers} MoE layers x top-{k} x {batch['routes'].element_size()} byte(s) = {per_token} bytes "
+          "per token")
+    machine.end()
     kl_free, kl_r3 = out["disabled"]["mismatch/kl_k3"], out["R3"]["mismatch/kl_k3"]
-    print(json.dumps({"kl_ratio": round(kl_r3 / kl_free, 4) if kl_free else None,
-                      "agreement": round(out["disabled"]["moe/router_agreement"], 4),
-                      "route_time_ratio": round(on / off, 4), "bytes_per_token": layers * k}))
+    print(result_line("moe_replay", digits=4, kl_ratio=kl_r3 / kl_free if kl_free else None,
+                      agreement=out["disabled"]["moe/router_agreement"],
+                      route_time_ratio=median_ratio(times["routes"], times["plain"]), bytes_per_token=per_token))
 
 
 if __name__ == "__main__":
