@@ -7,6 +7,7 @@ its gradient, and replaying the trainer's own routes changes no bit."""
 
 import pytest
 import torch
+from small_runs import in_process, small_reasoning_config
 from transformers import AutoModelForCausalLM
 
 from rlinf_like.data.batch import build_rl_batch
@@ -16,6 +17,7 @@ from rlinf_like.hybrid_engines.packing import pack_batch
 from rlinf_like.models.families import ModelConfig
 from rlinf_like.models.families.config import check_checkpoint, checkpoint_names
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
+from rlinf_like.runners.reasoning import train
 from rlinf_like.runners.reasoning.phases import rl_batch
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, SamplingParams, make_engine
 from rlinf_like.workers.rollout.engines.native import model as native
@@ -200,22 +202,9 @@ def test_routing_replay_is_refused_before_launch_where_it_cannot_run(paths, tmp_
 
 
 def test_a_grpo_run_of_a_moe_model_with_r3_logs_the_router_agreement(paths, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, str(root / "examples/reasoning/main_grpo.py"), f"model.path={paths['qwen3_moe']}",
-         "actor.routing_replay=R3", "runner.max_steps=2", "runner.sft_steps=0", "runner.eval_every=2",
-         "runner.prompts_per_step=4", "cluster.backend=local", "cluster.component_placement.actor=0",
-         "cluster.component_placement.rollout=0", "cluster.component_placement.reward=0", f"runner.output_dir={out}"],
-        capture_output=True, text=True, timeout=300, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    history = json.loads((out / "checkpoint" / "runner.json").read_text())["history"]
+    cfg = in_process(small_reasoning_config(tmp_path / "run"))
+    cfg.model.path, cfg.actor.routing_replay = paths["qwen3_moe"], "R3"
+    history = train(cfg).history
     agreement = [h["moe/router_agreement"] for h in history[1:]]
     assert len(agreement) == 2 and all(0.5 < a <= 1.0 for a in agreement), agreement
 

@@ -31,6 +31,7 @@ class _State:
     renormalise: bool
     scores_in_float: bool  # the chosen experts' weights stay float32 (Mixtral), else cast to the logits' dtype
     top_k: int
+    layers: int  # MoE layers (patched routers)
     forced: torch.Tensor | None = None  # [tokens, MoE layers, k] in the model's flattened token order
     own: dict[int, torch.Tensor] = field(default_factory=dict)  # per MoE layer, the trainer's own top-k
 
@@ -61,15 +62,15 @@ def _state(model: nn.Module, replay: bool = False) -> _State:
         return state
     from rlinf_like.models.families import ModelConfig
 
-    config = getattr(model, "config", None)
-    if config is None or not routers(model):
+    config, found = getattr(model, "config", None), routers(model)
+    if config is None or not found:
         raise ValueError("actor.routing_replay needs a mixture-of-experts HF model (qwen3_moe, mixtral); this model "
                          f"has no routers ({type(model).__name__})")
     cfg = ModelConfig.from_hf(config.to_dict(), "actor.routing_replay")
     state = _State(replay=replay, renormalise=cfg.norm_topk_prob,
                    scores_in_float=cfg.family.router_weights_dtype == "float32",
-                   top_k=cfg.experts_per_token)
-    for layer, router in enumerate(routers(model)):
+                   top_k=cfg.experts_per_token, layers=len(found))
+    for layer, router in enumerate(found):
         router.forward = _replaying_forward(router, layer, state)
     object.__setattr__(model, "_route_replay", state)  # not a submodule or buffer: no state_dict entry
     return state
@@ -122,9 +123,8 @@ def prepare(model: nn.Module, batch: dict) -> None:
     (or when the batch has none) let the routers choose."""
     state = _state(model)
     routes = flat_routes(batch)[0] if state.replay and "routes" in batch else None
-    if routes is not None and routes.shape[1] != len(routers(model)):
-        raise ValueError(f"routing replay: routes for {routes.shape[1]} MoE layers, the model has "
-                         f"{len(routers(model))}")
+    if routes is not None and routes.shape[1] != state.layers:
+        raise ValueError(f"routing replay: routes for {routes.shape[1]} MoE layers, the model has {state.layers}")
     state.forced = routes
     state.own.clear()
 

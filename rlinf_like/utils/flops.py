@@ -43,7 +43,7 @@ class ModelShape:
         return cls(layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=heads,
                    kv_heads=c.get("num_key_value_heads") or heads,
                    head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-                   intermediate=c["intermediate_size"], vocab=c["vocab_size"], **_moe_shape(c))
+                   intermediate=c["intermediate_size"], vocab=c["vocab_size"], **moe_shape(c))
 
     @classmethod
     def from_path(cls, model_path: str | Path) -> ModelShape:
@@ -74,7 +74,7 @@ class ModelShape:
                 + 2.0 * self.head_params * head_positions)
 
 
-def _moe_shape(config: dict) -> dict:
+def moe_shape(config: dict) -> dict:
     """ModelShape's mixture-of-experts fields, by the model family's own reading of config.json (none if dense)."""
     from rlinf_like.models.families import MODEL_FAMILIES
     from rlinf_like.models.families.config import moe_fields

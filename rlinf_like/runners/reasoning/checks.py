@@ -29,7 +29,7 @@ from rlinf_like.runtime.placement import share_devices
 from rlinf_like.training.loop import check_loop
 from rlinf_like.workers.actor.backends import BACKEND_REGISTRY
 from rlinf_like.workers.reward.combine import check_reward_config
-from rlinf_like.workers.rollout.engine import check_rollout_config, engine_class, engines_with
+from rlinf_like.workers.rollout.engine import check_returns_routes, check_rollout_config, engine_class
 
 def estimators_where(**declared: bool) -> list[str]:
     """The registered estimators whose declarations match, e.g. estimators_where(needs_critic=True)."""
@@ -67,9 +67,7 @@ def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
         moe = [f for f in MODEL_FAMILIES.names() if MODEL_FAMILIES.get(f).moe]
         raise ValueError(f"{key} needs a mixture-of-experts model (families {moe}); model.path="
                          f"{cfg.model.path or '(the tiny dense model)'!r} is {family.name if family else 'dense'}")
-    if not engine_class(cfg.rollout.engine).returns_routes:
-        raise ValueError(f"{key}: rollout.engine={cfg.rollout.engine!r} does not return mixture-of-experts routes; "
-                         f"use rollout.engine in {engines_with('returns_routes')}")
+    check_returns_routes(cfg.rollout.engine, key)
     if cfg.actor.backend != "fsdp":
         raise ValueError(f"{key} is built into actor.backend=fsdp (got {cfg.actor.backend!r})")
     if cfg.actor.loop.share_prompt == "true":

@@ -58,6 +58,14 @@ def check_serves_continuously(config: RolloutConfig, needed_by: str) -> None:
                          f"got {config.tp_size}")
 
 
+def check_returns_routes(name: str, key: str) -> None:
+    """`key` (rollout.return_routes, or actor.routing_replay=R3, which sets it) needs an engine that keeps each token's
+    mixture-of-experts routes."""
+    if not engine_class(name).returns_routes:
+        raise ValueError(f"{key}: rollout.engine={name!r} does not return mixture-of-experts routes; use "
+                         f"rollout.engine in {engines_with('returns_routes')}")
+
+
 def check_rollout_config(config: RolloutConfig, tp_size: int = 1) -> type[RolloutEngine]:
     """What the chosen engine cannot do, refused by key before it is built; returns its class.
     `tp_size`: ranks the engine would span (rollout.tp_size, resolved against the group)."""
@@ -69,10 +77,8 @@ def check_rollout_config(config: RolloutConfig, tp_size: int = 1) -> type[Rollou
         raise ValueError(f"rollout.logprobs=rescored is built into the {' / '.join(able)} engine"
                          f"{'s' if len(able) > 1 else ''} only; rollout.engine={config.engine!r} reports the "
                          f"logprobs it sampled with")
-    if config.return_routes and not engine.returns_routes:
-        raise ValueError(f"rollout.return_routes (actor.routing_replay=R3 sets it): rollout.engine={config.engine!r} "
-                         f"does not return mixture-of-experts routes; use rollout.engine in "
-                         f"{engines_with('returns_routes')}")
+    if config.return_routes:
+        check_returns_routes(config.engine, "rollout.return_routes")
     if tp_size > 1 and not engine.supports_tp:
         raise ValueError(f"rollout.tp_size={tp_size}: rollout.engine={config.engine!r} runs on one rank; tensor "
                          f"parallelism needs rollout.engine in {engines_with('supports_tp')}")

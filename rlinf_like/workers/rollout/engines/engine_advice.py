@@ -29,7 +29,7 @@ def parameter_count(hf: dict) -> int:
     """Parameters of a decoder-only checkpoint from its config.json: embeddings, per layer attention (q, k, v, o),
     a gated MLP (in a mixture-of-experts layer: every expert's, and the router) and two norms, the final norm, and an
     LM head unless tied."""
-    from rlinf_like.utils.flops import ModelShape
+    from rlinf_like.utils.flops import moe_shape
 
     hidden, vocab, layers = hf["hidden_size"], hf["vocab_size"], hf["num_hidden_layers"]
     heads = hf["num_attention_heads"]
@@ -37,9 +37,9 @@ def parameter_count(hf: dict) -> int:
     head_dim = hf.get("head_dim") or hidden // heads
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     mlp = 3 * hidden * hf.get("intermediate_size", 4 * hidden)
-    shape = ModelShape.from_hf_config(hf) if "intermediate_size" in hf else None
-    sparse = 0 if shape is None else shape.moe_layers  # all experts are held, not only the chosen ones
-    experts = 0 if shape is None else hidden * shape.experts * (1 + 3 * shape.expert_width)
+    moe = moe_shape(hf)  # {} for a dense model; a sparse layer holds every expert, not only the chosen ones
+    sparse = moe.get("moe_layers", 0)
+    experts = hidden * moe.get("experts", 0) * (1 + 3 * moe.get("expert_width", 0))
     head = 0 if hf.get("tie_word_embeddings", True) else vocab * hidden
     body = (layers - sparse) * mlp + sparse * experts + layers * (attention + 2 * hidden)
     return vocab * hidden + body + hidden + head
