@@ -1,4 +1,5 @@
-"""Mixture-of-experts models (Qwen3-MoE, Mixtral) and rollout routing replay (R3).
+"""Mixture-of-experts models (Qwen3-MoE, Mixtral) and routing replay (R3: the rollout's routes; R2: the trainer's
+own, recorded when it recomputes pi_old).
 
 Tiny random MoE checkpoints with routers wide enough (std 0.5) that routes are far from uniform: the native engine
 against transformers, the per-expert checkpoint tensors stacked in memory, the routes the engine returns, and the
@@ -165,6 +166,42 @@ def test_replay_follows_the_tokens_into_packed_rows(paths):
     assert (padded - packed)[mask].abs().max() < 1e-5
 
 
+def test_r2_records_the_trainers_routes_padded_or_packed_and_replays_them_after_the_router_moved(paths):
+    batch, model = _trainer_batch(paths["qwen3_moe"])
+    batch = {k: v for k, v in batch.items() if k != "routes"}  # R2 needs no engine routes
+    routing_replay.install(model, replay=True)
+    free = token_logprobs(model, batch)
+    recorded = routing_replay.recorded_routes(model, batch)
+    assert recorded.shape == (*batch["input_ids"].shape, 2, 2) and recorded.dtype == torch.uint8
+    token_logprobs(model, pack_batch(batch))
+    real = batch["attention_mask"].bool()
+    packed = routing_replay.recorded_routes(model, pack_batch(batch))
+    assert torch.equal(packed[real], recorded[real]) and not packed[~real].any()  # the same tokens' routes
+    # replaying what was recorded is the recording forward, bit for bit
+    assert torch.equal(token_logprobs(model, {**batch, "routes": recorded}), free)
+    # an update moves the routers: their own choice now differs, and replay still runs pi_old's experts
+    with torch.no_grad():
+        for router in routing_replay.routers(model):
+            router.weight.add_(torch.randn_like(router.weight, generator=torch.Generator().manual_seed(1)) * 0.5)
+    moved = token_logprobs(model, batch)
+    replayed = token_logprobs(model, {**batch, "routes": recorded})
+    assert routing_replay.agreement(model, {**batch, "routes": recorded})["moe/router_agreement"] < 0.9
+    mask = batch["response_mask"].bool()
+    assert (replayed - moved)[mask].abs().max() > 1e-3
+
+
+def test_a_grpo_run_with_r2_replays_the_routes_its_recomputation_recorded(paths, tmp_path):
+    cfg = in_process(small_reasoning_config(tmp_path / "run"))
+    cfg.model.path, cfg.actor.routing_replay, cfg.actor.precision = paths["mixtral"], "R2", "fp32"
+    cfg.algorithm.recompute_logprobs = True
+    history = train(cfg).history
+    # the engine returned no routes: the metric exists because the recomputation's reached the update. One
+    # optimizer step a batch, so every update forward runs the recorded weights: its routers choose as they did
+    # (misaligned routes would agree by chance, ~1/6 of pairs for 2 of 4 experts)
+    agreement = [h["moe/router_agreement"] for h in history[1:]]
+    assert len(agreement) == 2 and all(a > 0.99 for a in agreement), agreement
+
+
 def test_a_run_batch_refuses_samples_without_routes():
     from rlinf_like.workers.rollout.types import RolloutResult
 
@@ -181,7 +218,9 @@ def test_routing_replay_is_refused_before_launch_where_it_cannot_run(paths, tmp_
     from dataclasses import replace
 
     from rlinf_like.runners.reasoning import check_config
-    from rlinf_like.runners.reasoning.config import ActorSection, ModelSection, ReasoningConfig, RunnerConfig
+    from rlinf_like.runners.reasoning.config import (
+        ActorSection, AlgorithmConfig, ModelSection, ReasoningConfig, RunnerConfig,
+    )
     from rlinf_like.workers.rollout.base import RolloutConfig as RolloutSection
 
     run = RunnerConfig(output_dir=str(tmp_path))
@@ -196,6 +235,16 @@ def test_routing_replay_is_refused_before_launch_where_it_cannot_run(paths, tmp_
         check_config(ReasoningConfig(runner=run, actor=r3, model=moe, rollout=RolloutSection(engine="hf")))
     with pytest.raises(ValueError, match=r"rollout.return_routes needs a mixture-of-experts model"):
         check_config(ReasoningConfig(runner=run, rollout=RolloutSection(return_routes=True)))
+    r2 = ActorSection(routing_replay="R2")
+    with pytest.raises(ValueError, match=r"actor.routing_replay=R2 records the routes in the trainer's "
+                                         r"recomputation of pi_old: set algorithm.recompute_logprobs=true"):
+        check_config(ReasoningConfig(runner=run, actor=r2, model=moe))
+    recompute = AlgorithmConfig(recompute_logprobs=True)
+    # R2's routes come from the trainer: an engine that returns none is fine
+    check_config(ReasoningConfig(runner=run, actor=r2, model=moe, algorithm=recompute,
+                                 rollout=RolloutSection(engine="hf")))
+    with pytest.raises(ValueError, match=r"actor.routing_replay=R2 needs a mixture-of-experts model"):
+        check_config(ReasoningConfig(runner=run, actor=r2, algorithm=recompute))
     with pytest.raises(ValueError, match=r"actor.routing_replay=R3 with actor.loop.share_prompt=true"):
         check_config(ReasoningConfig(runner=run, model=moe,
                                      actor=replace(r3, loop=replace(r3.loop, share_prompt="true"))))

@@ -270,20 +270,31 @@ class ModelManager(ABC):
 
     def replica_logprobs(self, batch: Batch, temperature: float = 1.0, pack: bool = False,
                          max_batch_seqlen: int | None = None, by_length: bool = False,
-                         share_pairs: float | None = None) -> torch.Tensor:
+                         share_pairs: float | None = None,
+                         routes: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logprobs of this rank's data-parallel replica's rows of `batch` (run packed if `pack`, with shared
         prompts unless `share_pairs` is None (a `prompt_sharing.pair_cost`), or `by_length`: see
         `logprobs_by_length`). The replica's other ranks return no rows, so concatenating every rank's answer in
-        rank order gives each row once, in batch order."""
+        rank order gives each row once, in batch order. `routes` (R2 routing replay): also the routes the
+        model's own routers chose in this forward, rows as the logprobs' (`routing_replay.recorded_routes`)."""
         dp = self.data_parallel()
         mine = shard_rows(batch, dp.rank, dp.size)
+        if routes:  # the trainer's own routes are what R2 records: none forced
+            if by_length or share_pairs is not None:
+                raise ValueError("recording routes needs one forward over rows laid out whole (no by_length, no "
+                                 "shared prompts)")
+            mine = {k: v for k, v in mine.items() if k != "routes"}
         if by_length:
             logprobs = logprobs_by_length(lambda b: self.compute_logprobs(b, temperature), mine,
                                           batch["attention_mask"].sum(1).unique().tolist())
         elif share_pairs is not None:
             logprobs = self.compute_logprobs(share_batch(mine, share_pairs), temperature)
         else:
-            logprobs = self.compute_logprobs(pack_batch(mine, max_batch_seqlen) if pack else mine, temperature)
+            run = pack_batch(mine, max_batch_seqlen) if pack else mine
+            logprobs = self.compute_logprobs(run, temperature)
+            if routes:
+                recorded = routing_replay.recorded_routes(self.model, run)
+                return (logprobs, recorded) if dp.first else (logprobs[:0], recorded[:0])
         return logprobs if dp.first else logprobs[:0]
 
     def get_status(self) -> ManagerStatus:

@@ -1,11 +1,14 @@
-"""Routing replay for mixture-of-experts training (R3: "Stabilizing MoE RL by Aligning Training and Inference
-Routers", arXiv 2510.11370).
+"""Routing replay for mixture-of-experts training (R2 and R3: "Stabilizing MoE RL by Aligning Training and
+Inference Routers", arXiv 2510.11370).
 
 A MoE layer's router picks each token's top-k experts from its logits. The rollout engine and the trainer compute
 those logits in different kernels (and often dtypes), so near ties fall differently and the trainer runs experts the
 sample never went through: the train/rollout mismatch grows, and GRPO on MoE models is seen to collapse. With
 replay the trainer forward uses the experts the rollout engine chose (`batch["routes"]`, [rows, tokens, MoE layers,
-k], aligned with `input_ids`). The weights of those experts still come from the trainer's own router logits (the
+k], aligned with `input_ids`): R3 takes them from the rollout engine; R2 from the trainer's own first forward over
+the batch (the recomputation of pi_old, `recorded_routes`), so that the later mini-batches and epochs, whose weights
+have moved, still run the experts pi_old ran. R2 needs no engine that returns routes; R3 also removes the engine's
+disagreement. The weights of those experts still come from the trainer's own router logits (the
 softmax gathered at the forced experts, renormalised as the family renormalises), so the router keeps its gradient.
 
 The routers of an HF model (transformers' Qwen3-MoE and Mixtral `mlp.gate` modules) are patched once, on the
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPLAY_MODES = ("disabled", "R3")
+REPLAY_MODES = ("disabled", "R2", "R3")
 
 
 @dataclass
@@ -116,6 +119,23 @@ def flat_routes(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     packed_valid = torch.zeros(rows * width, dtype=torch.bool, device=flat.device)
     packed_valid[dst] = valid[src]
     return packed, packed_valid
+
+
+def recorded_routes(model: nn.Module, batch: dict) -> torch.Tensor:
+    """The routes the trainer's own routers chose in the last forward, over `batch` as it ran (padded rows or
+    packed), laid out as a batch carries them: [rows, tokens, MoE layers, k] uint8, aligned with `input_ids`
+    (padding 0). R2 records them in the recomputation of pi_old and replays them in every later forward."""
+    state = _state(model)
+    if len(state.own) != state.layers:
+        raise RuntimeError(f"routing replay: the last forward recorded {len(state.own)} of {state.layers} MoE layers")
+    own = torch.stack([state.own[i] for i in range(state.layers)], dim=1).cpu().to(torch.uint8)  # [tokens, L, k]
+    b, t = batch["input_ids"].shape
+    packing = batch.get("packing")
+    if packing is None:
+        return own.view(b, t, *own.shape[1:])
+    out = own.new_zeros((b * t, *own.shape[1:]))
+    out[packing.src.cpu()] = own[packing.dst.cpu()]
+    return out.view(b, t, *own.shape[1:])
 
 
 def prepare(model: nn.Module, batch: dict) -> None:

@@ -56,9 +56,11 @@ def check_choices(cfg: ReasoningConfig) -> None:
 
 
 def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
-    """actor.routing_replay=R3 and rollout.return_routes need a mixture-of-experts model (`hf`: its config.json; None
-    for the tiny dense model), trained by the fsdp actor on batches laid out row by row or packed."""
-    key = ("actor.routing_replay=R3" if cfg.actor.routing_replay == "R3"
+    """actor.routing_replay (R2, R3) and rollout.return_routes need a mixture-of-experts model (`hf`: its
+    config.json; None for the tiny dense model), trained by the fsdp actor on batches laid out row by row or
+    packed. R3 and return_routes need an engine that returns routes; R2 the recomputation it records them in."""
+    mode = cfg.actor.routing_replay
+    key = (f"actor.routing_replay={mode}" if mode != "disabled"
            else "rollout.return_routes" if cfg.rollout.return_routes else None)
     if key is None:
         return
@@ -67,17 +69,23 @@ def check_routing_replay(cfg: ReasoningConfig, hf: dict | None) -> None:
         moe = [f for f in MODEL_FAMILIES.names() if MODEL_FAMILIES.get(f).moe]
         raise ValueError(f"{key} needs a mixture-of-experts model (families {moe}); model.path="
                          f"{cfg.model.path or '(the tiny dense model)'!r} is {family.name if family else 'dense'}")
-    check_returns_routes(cfg.rollout.engine, key)
+    if mode == "R2" and not cfg.algorithm.recompute_logprobs:
+        raise ValueError("actor.routing_replay=R2 records the routes in the trainer's recomputation of pi_old: set "
+                         "algorithm.recompute_logprobs=true (or actor.routing_replay=R3, the rollout's routes)")
+    if mode != "R2" or cfg.rollout.return_routes:
+        check_returns_routes(cfg.rollout.engine, key)
     if cfg.actor.backend != "fsdp":
         raise ValueError(f"{key} is built into actor.backend=fsdp (got {cfg.actor.backend!r})")
     if cfg.actor.loop.share_prompt == "true":
         raise ValueError(f"{key} with actor.loop.share_prompt=true: a shared prompt's tokens are laid out once for "
                          "the group, the routes per row; set actor.loop.share_prompt=false")
     # where routes would not reach the batch whole, or the trainer's forward would not carry them
+    engine_routes = mode != "R2" or cfg.rollout.return_routes  # R2's come from the trainer, whole
     unsupported = {"algorithm.recompute_by_length=true": cfg.algorithm.recompute_by_length,
                    f"runner.migrate_at={cfg.runner.migrate_at} (samples finished before a migration keep no routes)":
-                       cfg.runner.migrate_at > 0,
-                   "a multi-turn agent (its turns' routes are not joined into the episode)": cfg.agent.multi_turn}
+                       engine_routes and cfg.runner.migrate_at > 0,
+                   "a multi-turn agent (its turns' routes are not joined into the episode)":
+                       engine_routes and cfg.agent.multi_turn}
     for what, on in unsupported.items():
         if on:
             raise ValueError(f"{key} is not built for {what}")

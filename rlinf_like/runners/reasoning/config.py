@@ -99,7 +99,8 @@ class ActorSection:
     # null: a share of this machine's memory (runners/reasoning/memory.py)
     memory_gb: float | None = bounded(None, gt=0)
     # mixture-of-experts models: R3 runs the experts the rollout engine chose for each token in the trainer's forward
-    # (rollout routing replay, hybrid_engines/routing_replay.py; the native engine returns them); disabled: the
+    # (rollout routing replay, hybrid_engines/routing_replay.py; the native engine returns them); R2 the experts the
+    # trainer chose when it recomputed pi_old (needs algorithm.recompute_logprobs; any engine); disabled: the
     # trainer's routers choose (with rollout.return_routes the moe/ agreement metrics are still logged)
     routing_replay: Literal[REPLAY_MODES] = "disabled"
 

@@ -216,7 +216,12 @@ def prepare(w: Workers, estimator: AdvantageEstimator, cfg: ReasoningConfig, sco
     metrics.update(advantages(estimator, cfg, scored.rewards.reshape(-1, cfg.algorithm.samples_per_prompt), batch))
     if cfg.algorithm.recompute_logprobs:  # the trainer's numerics for pi_old (ranks return their rows in order)
         by_length = cfg.algorithm.recompute_by_length
-        batch["recomputed_logprobs"] = torch.cat(w.actor.compute_logprobs(batch, by_length=by_length).wait())
+        if cfg.actor.routing_replay == "R2":  # and the experts pi_old ran, which every update forward replays
+            got = w.actor.compute_logprobs(batch, routes=True).wait()
+            batch["recomputed_logprobs"] = torch.cat([logprobs for logprobs, _ in got])
+            batch["routes"] = torch.cat([routes for _, routes in got])
+        else:
+            batch["recomputed_logprobs"] = torch.cat(w.actor.compute_logprobs(batch, by_length=by_length).wait())
         gap = (batch["recomputed_logprobs"] - batch["old_logprobs"]).abs() * batch["response_mask"]
         metrics["rollout_trainer_logprob_gap"] = float(gap.sum() / batch["response_mask"].sum())
         metrics.update(mismatch(cfg, batch))

@@ -52,9 +52,10 @@ class LossTerms:
     # report mismatch/kl_k3 and mismatch/abs_log_ratio_mean of the loss's logprobs against the rollout's: the
     # train/rollout mismatch when every micro-batch runs before the step's one optimizer update
     report_mismatch: bool = False
-    # mixture of experts, when the batch carries the rollout's routes: "R3" runs the rollout's experts in the
-    # trainer's forward (hybrid_engines/routing_replay.py); "disabled" lets the trainer's routers choose. Either way
-    # the loss reports moe/router_agreement and moe/tokens_all_layers_equal
+    # mixture of experts, when the batch carries routes: "R3" runs the rollout's experts in the trainer's forward,
+    # "R2" the ones the trainer's own recomputation of pi_old chose (hybrid_engines/routing_replay.py); "disabled"
+    # lets the trainer's routers choose. Either way the loss reports moe/router_agreement (the trainer's routers
+    # against the batch's routes) and moe/tokens_all_layers_equal
     routing_replay: str = "disabled"
 
 
@@ -68,7 +69,7 @@ def rl_loss(config: LossConfig, run: LossTerms | None = None):
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         if "routes" in batch:
-            routing_replay.install(model, replay=run.routing_replay == "R3")
+            routing_replay.install(model, replay=run.routing_replay != "disabled")
         # entropy is always reported; it carries gradient only when it is weighted into the loss
         logprobs, entropy = token_stats(model, batch, run.temperature, entropy_grad=config.entropy_coef > 0)
         mask = batch["response_mask"]

@@ -75,7 +75,7 @@ class ActorWorker(TrainedWorker):
             if loop.share_prompt == "true" else config.loop_terms
         self.config = replace(config, loop=loop, loop_terms=terms)
         self._loss = rl_loss(config.loss, config.loss_terms)
-        if config.loss_terms.routing_replay == "R3":  # the recomputed logprobs replay the routes too
+        if config.loss_terms.routing_replay != "disabled":  # R3: the recomputed logprobs replay the routes too
             routing_replay.install(self.manager.model, replay=True)
 
     def shares_prompts(self) -> bool:
@@ -129,12 +129,15 @@ class ActorWorker(TrainedWorker):
         keeps applying on top."""
         self.manager.set_base_lr(lr)
 
-    def compute_logprobs(self, batch: Batch, by_length: bool = False) -> torch.Tensor:
+    def compute_logprobs(self, batch: Batch, by_length: bool = False,
+                         routes: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Trainer-side logprobs of this replica's rows (to correct for the rollout engine's); the
         replica's other ranks return no rows (`ModelManager.replica_logprobs`). `by_length`: one unpadded
-        forward per row length (`algorithm.recompute_by_length`)."""
+        forward per row length (`algorithm.recompute_by_length`). `routes` (R2 routing replay): also the
+        experts this forward's routers chose, which the update then replays."""
         loop = self.config.loop
         return self.manager.replica_logprobs(batch, self.config.loss_terms.temperature, loop.pack_sequences,
                                              loop.max_batch_seqlen, by_length=by_length,
                                              share_pairs=(self.config.loop_terms.share_pair_cost
-                                                          if sharing(loop, batch) else None))
+                                                          if sharing(loop, batch) and not routes else None),
+                                             routes=routes)
