@@ -13,6 +13,12 @@ the last one with the same data order.
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
+from rlinf_like.runners.common import Checkpoints
+from rlinf_like.runners.run_record import CHECKPOINT
+from rlinf_like.runtime.recovery import run_with_restarts
 from rlinf_like.runners.reasoning.checks import check_batch_split, check_config, check_finite
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.data.sources import load_tasks
@@ -34,6 +40,23 @@ def schedule_of(cfg: ReasoningConfig) -> str:
 
 def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
     """Run `cfg` to its end. `cluster`: a running one to launch on (e.g. one cluster for a sweep's runs, one after
-    another); its Ray stays up, and each run ends its own workers and channels. None: the run starts its own."""
+    another); its Ray stays up, and each run ends its own workers and channels. None: the run starts its own.
+    A worker process that dies is recovered from the last checkpoint up to `runner.max_restarts` times
+    (`runtime/recovery.py`)."""
     check_config(cfg)
-    return SCHEDULES.get(schedule_of(cfg)).train(cfg, **({"cluster": cluster} if cluster is not None else {}))
+    schedule = SCHEDULES.get(schedule_of(cfg))
+    options = {"cluster": cluster} if cluster is not None else {}
+    out = Path(cfg.runner.output_dir)
+
+    def attempt(resume: bool) -> RunResult:
+        run_cfg = copy.copy(cfg)  # the caller's config stays as given; only this attempt's resume flag differs
+        run_cfg.runner = copy.copy(cfg.runner)
+        run_cfg.runner.resume = resume
+        return schedule.train(run_cfg, **options)
+
+    def committed() -> int | None:
+        checkpoints = Checkpoints(out / CHECKPOINT)
+        return checkpoints.latest()[1]["step"] if checkpoints.exists() else None
+
+    return run_with_restarts(attempt, max_restarts=cfg.runner.max_restarts, resume=cfg.runner.resume, out=out,
+                             committed_step=committed)

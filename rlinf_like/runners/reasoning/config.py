@@ -121,6 +121,9 @@ class RunnerConfig:
     eval_every: int = bounded(10, gt=0)  # steps between held-out evaluations
     save_every: int = bounded(20, gt=0)  # steps between checkpoints
     resume: bool = False  # continue from the checkpoint in output_dir
+    # a dead worker process: relaunch every group and resume from the last checkpoint in this driver, replaying the
+    # steps since (bit-exact), at most this many times a run (runtime/recovery.py); 0: the run stops, naming it
+    max_restarts: int = bounded(0, ge=0)
     output_dir: str = "runs/reasoning"  # checkpoints, TensorBoard scalars, curves.png, the final model
     # a loop in runners/reasoning/schedules/: static (collocated or pipelined, by the placement) | collocated | pipelined |
     # dynamic (collocated; hands finished rollout replicas' devices to the actor mid-step) | async (own devices;
