@@ -44,6 +44,10 @@ def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
     A worker process that dies is recovered from the last checkpoint up to `runner.max_restarts` times
     (`runtime/recovery.py`)."""
     check_config(cfg)
+    if cluster is None and cfg.runner.max_restarts > 0 and cfg.cluster.backend != "local":
+        # one Ray for every attempt: a restart then relaunches the worker groups only, not Ray as well
+        with Cluster(cfg.cluster) as own:
+            return train(cfg, own)
     schedule = SCHEDULES.get(schedule_of(cfg))
     options = {"cluster": cluster} if cluster is not None else {}
     out = Path(cfg.runner.output_dir)

@@ -1,0 +1,46 @@
+"""The chaos harness (`python -m rlinf_like.chaos`): it kills the processes a run lists in workers.json, from a seed,
+and exits with the run's code. Here the "run" is a small script whose one worker process is replaced when it dies,
+as a run with `runner.max_restarts` relaunches its groups (tests/test_faults.py kills a real run's actor)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+RUN = textwrap.dedent('''
+    import json, subprocess, sys, time
+    from pathlib import Path
+    out = Path(sys.argv[1]); out.mkdir(exist_ok=True)
+    deaths = 0
+    for attempt in range(3):
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        (out / "workers.json").write_text(json.dumps({"actor": [worker.pid]}))
+        rc = worker.wait()  # only a kill ends it early
+        deaths += rc == -9
+        if deaths == 2:
+            break
+    (out / "deaths").write_text(str(deaths))
+    sys.exit(0 if deaths == 2 else 3)
+''')
+
+
+def chaos(tmp_path, *options):
+    out = tmp_path / "run"
+    return subprocess.run([sys.executable, "-m", "rlinf_like.chaos", *options, "--", sys.executable, "-c", RUN,
+                           str(out), f"runner.output_dir={out}"], capture_output=True, text=True, timeout=120)
+
+
+def test_kills_the_listed_workers_from_a_seed_and_exits_with_the_runs_code(tmp_path):
+    done = chaos(tmp_path, "--kills", "2", "--seed", "3", "--min-gap", "0.2", "--max-gap", "0.5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [k["component"] for k in report["chaos"]] == ["actor", "actor"] and report["returncode"] == 0
+    assert report["chaos"][0]["pid"] != report["chaos"][1]["pid"]  # the replacement was found in workers.json
+    assert (tmp_path / "run" / "deaths").read_text() == "2"
+    assert done.stdout.count("chaos: killed actor[rank 0]") == 2
+
+
+def test_refuses_a_command_without_its_output_dir(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rlinf_like.chaos", "--kills", "1", "--", sys.executable, "-c",
+                           "pass"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "runner.output_dir" in done.stderr
