@@ -6,6 +6,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RUN = textwrap.dedent('''
     import json, subprocess, sys, time
@@ -44,3 +49,29 @@ def test_refuses_a_command_without_its_output_dir(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rlinf_like.chaos", "--kills", "1", "--", sys.executable, "-c",
                            "pass"], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "runner.output_dir" in done.stderr
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_a_seeded_chaos_run_ends_with_the_weights_of_a_fault_free_run(tmp_path):
+    """The collocated preset on Ray, two workers SIGKILLed at seeded times, against the same run without faults:
+    the final weights are sha256-equal (tests/test_faults.py checks one restart in the default suite)."""
+    import hashlib
+    import os
+
+    main = ["examples/reasoning/main_grpo.py", "runner.sft_steps=0", "runner.max_steps=12", "runner.save_every=2",
+            "runner.eval_every=100", "rollout.logprobs=rescored"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    faulty, straight = tmp_path / "faulty", tmp_path / "straight"
+    done = subprocess.run([sys.executable, "-m", "rlinf_like.chaos", "--kills", "2", "--seed", "1", "--min-gap", "12",
+                           "--max-gap", "18", "--", sys.executable, *main, "runner.max_restarts=2",
+                           f"runner.output_dir={faulty}"], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert len(json.loads(done.stdout.strip().splitlines()[-1])["chaos"]) == 2
+    assert len((faulty / "faults.jsonl").read_text().splitlines()) == 2
+    clean = subprocess.run([sys.executable, *main, f"runner.output_dir={straight}"], capture_output=True, text=True,
+                           timeout=600, env=env, cwd=ROOT)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    digest = lambda out: hashlib.sha256((out / "final_model" / "model.safetensors").read_bytes()).hexdigest()
+    assert digest(faulty) == digest(straight)
