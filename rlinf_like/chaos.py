@@ -5,7 +5,7 @@
 
 The run's own command follows `--`; its `runner.output_dir` (or `--out`) says where its `workers.json` lists the
 live worker processes by component, which the run rewrites whenever it relaunches them. Each kill waits a delay
-drawn from [--min-gap, --max-gap] seconds, then picks a component and one of its ranks' processes from the seeded
+drawn from [--min-gap, --max-gap] seconds (the first one after `--wait-for`'s file appears), then picks a component and one of its ranks' processes from the seeded
 generator. A run that survives its faults needs `runner.max_restarts` at least `--kills`
 (`rlinf_like/runtime/recovery.py`). Exits with the run's return code; the last line is one JSON object: the kills
 (component, rank, pid, seconds after the start) and the run's return code.
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-gap", type=float, default=20.0)
     parser.add_argument("--components", default="", help="comma-separated components to pick from (default: all)")
     parser.add_argument("--out", default="", help="the run's output_dir, if its command does not set it")
+    parser.add_argument("--wait-for", default="", help="a file under the output_dir (e.g. checkpoint/runner.json: "
+                                                       "the first committed checkpoint) to wait for before the kills")
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
     out = Path(args.out) if args.out else output_dir(command)
     if not command or out is None:
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     run = subprocess.Popen(command)
     kills: list[dict] = []
     try:
+        while args.wait_for and run.poll() is None and not (out / args.wait_for).exists():
+            time.sleep(0.2)
         while len(kills) < args.kills and run.poll() is None:
             time.sleep(rng.uniform(args.min_gap, args.max_gap))
             workers = {}

@@ -75,3 +75,34 @@ def test_a_seeded_chaos_run_ends_with_the_weights_of_a_fault_free_run(tmp_path):
     assert clean.returncode == 0, clean.stderr[-3000:]
     digest = lambda out: hashlib.sha256((out / "final_model" / "model.safetensors").read_bytes()).hexdigest()
     assert digest(faulty) == digest(straight)
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_embodied_ppo_survives_a_killed_env_worker_with_a_fault_free_runs_weights(tmp_path):
+    """Embodied PPO on CartPole on Ray, its env worker SIGKILLed mid-run: the run restores the env state from the
+    checkpoint, and its final weights and optimizer state (the checkpoint's tensor file) and its history equal a
+    fault-free run's."""
+    import hashlib
+    import os
+
+    main = ["examples/embodied/main_embodied.py", "env=cartpole", "runner.steps_per_rollout=64", "env.num_envs=8",
+            "runner.save_every=2", "runner.total_env_steps=8192"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    faulty, straight = tmp_path / "faulty", tmp_path / "straight"
+    done = subprocess.run([sys.executable, "-m", "rlinf_like.chaos", "--kills", "1", "--seed", "0", "--min-gap", "1",
+                           "--max-gap", "2", "--wait-for", "checkpoint/runner.json", "--components", "env", "--", sys.executable, *main,
+                           "runner.max_restarts=1", f"runner.output_dir={faulty}"], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [fault] = [json.loads(line) for line in (faulty / "faults.jsonl").read_text().splitlines()]
+    assert fault["group"] == "env" and fault["resumed_from"] >= 2  # mid-run: the env state comes from a checkpoint
+    clean = subprocess.run([sys.executable, *main, f"runner.output_dir={straight}"], capture_output=True, text=True,
+                           timeout=600, env=env, cwd=ROOT)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    tensors = lambda out: hashlib.sha256(next((out / "checkpoint").glob("step_*/actor/dcp/__0_0.distcp"))
+                                         .read_bytes()).hexdigest()
+    assert tensors(faulty) == tensors(straight)
+    history = lambda out: [{k: v for k, v in h.items() if not k.endswith(("_s", "per_s"))}
+                           for h in json.loads((out / "checkpoint" / "runner.json").read_text())["history"]]
+    assert history(faulty) == history(straight)

@@ -26,7 +26,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 
 from rlinf_like.config import hydra_schema, prepare_command_line, structure
-from rlinf_like.algorithms.embodied import runner_class
+from rlinf_like.runners.embodied import train
 from rlinf_like.runners.embodied.config import EmbodiedConfig
 from rlinf_like.utils.logging import end_with_the_reader, setup_logging
 from rlinf_like.utils.threads import limit_threads
@@ -39,7 +39,7 @@ def main(cfg) -> None:
     setup_logging()  # after Hydra has set up logging
     limit_threads()
     config = structure(EmbodiedConfig, cfg)
-    runner_class(config.algorithm.name)(config).run()  # algorithm.name picks the runner (PPO, SAC, discrete SAC)
+    train(config)  # algorithm.name picks the runner (PPO, SAC, discrete SAC); runner.max_restarts its recovery
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ class EmbodiedRunnerConfig:
     sync_every: int = bounded(1, gt=0)
     save_replay: bool = True  # sac: checkpoint the replay buffer (else a resumed run refills it, logged)
     resume: bool = False  # continue from the checkpoint in output_dir
+    # a dead worker process: relaunch every group and resume from the last checkpoint in this driver, replaying the
+    # updates since (exact where resume is exact: with env state), at most this many times (runtime/recovery.py)
+    max_restarts: int = bounded(0, ge=0)
     output_dir: str = "runs/embodied"  # checkpoints, TensorBoard scalars, the return plot
     gif: bool = False  # a short GIF of the final policy
     seed: int = 0  # seeds envs, sampling and initial weights

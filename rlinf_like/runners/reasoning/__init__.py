@@ -13,12 +13,7 @@ the last one with the same data order.
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
-
-from rlinf_like.runners.common import Checkpoints
-from rlinf_like.runners.run_record import CHECKPOINT
-from rlinf_like.runtime.recovery import run_with_restarts
+from rlinf_like.runners.restarts import train_with_restarts
 from rlinf_like.runners.reasoning.checks import check_batch_split, check_config, check_finite
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.data.sources import load_tasks
@@ -44,23 +39,6 @@ def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
     A worker process that dies is recovered from the last checkpoint up to `runner.max_restarts` times
     (`runtime/recovery.py`)."""
     check_config(cfg)
-    if cluster is None and cfg.runner.max_restarts > 0 and cfg.cluster.backend != "local":
-        # one Ray for every attempt: a restart then relaunches the worker groups only, not Ray as well
-        with Cluster(cfg.cluster) as own:
-            return train(cfg, own)
     schedule = SCHEDULES.get(schedule_of(cfg))
-    options = {"cluster": cluster} if cluster is not None else {}
-    out = Path(cfg.runner.output_dir)
-
-    def attempt(resume: bool) -> RunResult:
-        run_cfg = copy.copy(cfg)  # the caller's config stays as given; only this attempt's resume flag differs
-        run_cfg.runner = copy.copy(cfg.runner)
-        run_cfg.runner.resume = resume
-        return schedule.train(run_cfg, **options)
-
-    def committed() -> int | None:
-        checkpoints = Checkpoints(out / CHECKPOINT)
-        return checkpoints.latest()[1]["step"] if checkpoints.exists() else None
-
-    return run_with_restarts(attempt, max_restarts=cfg.runner.max_restarts, resume=cfg.runner.resume, out=out,
-                             committed_step=committed)
+    return train_with_restarts(
+        cfg, cluster, lambda run_cfg, on: schedule.train(run_cfg, **({"cluster": on} if on is not None else {})))
