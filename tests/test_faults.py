@@ -182,6 +182,7 @@ def test_a_dead_worker_beyond_max_restarts_stops_the_run_naming_every_fault(tmp_
     deaths[:] = [WorkerDiedError("reward", 0, "score", "SIGKILL")]
     with pytest.raises(WorkerDiedError, match=r"reward\[rank 0\] died during score"):
         run_with_restarts(attempt, max_restarts=0, resume=False, out=tmp_path, committed_step=lambda: None)
+    assert read_faults(tmp_path) == []  # a fresh run in the folder starts without the earlier run's faults
 
 
 def compose_grpo(*overrides: str):

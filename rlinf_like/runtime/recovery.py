@@ -62,6 +62,8 @@ def run_with_restarts(attempt: Callable[[bool], T], *, max_restarts: int, resume
     """`attempt(resume)` until it returns; after a dead worker, again with `resume=True` (from the last committed
     checkpoint, `committed_step()`; a fresh start when there is none), at most `max_restarts` times."""
     faults: list[dict] = []
+    if not resume:  # a fresh run in a used folder: an earlier run's faults are not this one's
+        (Path(out) / FAULTS).unlink(missing_ok=True)
     while True:
         began = time.monotonic()
         try:
