@@ -29,9 +29,12 @@ def committed_step(out: Path) -> int | None:
 def train_with_restarts(cfg: Any, cluster: Cluster | None, run_once: Callable[[Any, Cluster | None], T]) -> T:
     """`run_once(cfg, cluster)` under `cfg.runner.max_restarts`: every attempt after a dead worker with
     `runner.resume=true`. Without a `cluster` given, a run allowed restarts starts one Ray for all its attempts, so a
-    restart relaunches the worker groups only."""
+    restart relaunches the worker groups only, on the surviving ranks' processes."""
     if cluster is None and cfg.runner.max_restarts > 0 and cfg.cluster.backend != "local":
-        with Cluster(cfg.cluster) as own:
+        # and the ranks' emptied processes kept (`cluster.reuse_workers`): a relaunch starts only the dead one's
+        own_config = copy.copy(cfg.cluster)
+        own_config.reuse_workers = True
+        with Cluster(own_config) as own:
             return train_with_restarts(cfg, own, run_once)
     out = Path(cfg.runner.output_dir)
 
