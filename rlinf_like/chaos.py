@@ -33,6 +33,11 @@ def live_workers(out: Path) -> dict[str, list[int]]:
     return {name: pids for name, pids in groups.items() if pids and all(Path(f"/proc/{p}").exists() for p in pids)}
 
 
+def pick_from(out: Path, wanted: set[str]) -> dict[str, list[int]]:
+    """The live workers of the components asked for (all when `wanted` is empty)."""
+    return {c: pids for c, pids in live_workers(out).items() if not wanted or c in wanted}
+
+
 def output_dir(command: list[str]) -> Path | None:
     found = [word.split("=", 1)[1] for word in command if word.startswith("runner.output_dir=")]
     return Path(found[-1]) if found else None
@@ -70,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         while len(kills) < args.kills and run.poll() is None:
             time.sleep(rng.uniform(args.min_gap, args.max_gap))
-            workers = {}
+            workers = pick_from(out, wanted)
             while run.poll() is None and not workers:  # between a fault and the relaunch nothing is listed alive
-                workers = {c: p for c, p in live_workers(out).items() if not wanted or c in wanted}
-                time.sleep(0.2) if not workers else None
+                time.sleep(0.2)
+                workers = pick_from(out, wanted)
             if run.poll() is not None:
                 break
             if run.pid in {p for pids in workers.values() for p in pids}:
