@@ -75,7 +75,9 @@ class ActorWorker(TrainedWorker):
             if loop.share_prompt == "true" else config.loop_terms
         self.config = replace(config, loop=loop, loop_terms=terms)
         self._loss = rl_loss(config.loss, config.loss_terms)
-        if config.loss_terms.routing_replay != "disabled":  # R3: the recomputed logprobs replay the routes too
+        # R2 and R3 force a batch's routes in every forward here (R3's recomputation replays the rollout's too; R2's
+        # records the trainer's own, `compute_logprobs(routes=True)`)
+        if config.loss_terms.routing_replay != "disabled":
             routing_replay.install(self.manager.model, replay=True)
 
     def shares_prompts(self) -> bool:
