@@ -112,13 +112,8 @@ def flat_routes(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     valid = (real & torch.cat([real[:, 1:], torch.zeros(b, 1, dtype=torch.bool)], 1)).reshape(-1).to(flat.device)
     if packing is None:
         return flat, valid
-    rows, width = packing.input_ids.shape
-    src, dst = packing.src.to(flat.device), packing.dst.to(flat.device)
-    packed = flat.new_zeros((rows * width, *routes.shape[2:]))
-    packed[dst] = flat[src]
-    packed_valid = torch.zeros(rows * width, dtype=torch.bool, device=flat.device)
-    packed_valid[dst] = valid[src]
-    return packed, packed_valid
+    packing = packing.to(flat.device)
+    return packing.pack(routes).reshape(-1, *routes.shape[2:]), packing.pack(valid.view(b, t)).reshape(-1)
 
 
 def recorded_routes(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -128,14 +123,12 @@ def recorded_routes(model: nn.Module, batch: dict) -> torch.Tensor:
     state = _state(model)
     if len(state.own) != state.layers:
         raise RuntimeError(f"routing replay: the last forward recorded {len(state.own)} of {state.layers} MoE layers")
-    own = torch.stack([state.own[i] for i in range(state.layers)], dim=1).cpu().to(torch.uint8)  # [tokens, L, k]
-    b, t = batch["input_ids"].shape
+    own = torch.stack([state.own[i] for i in range(state.layers)], dim=1)  # [tokens as they ran, L, k]
     packing = batch.get("packing")
-    if packing is None:
-        return own.view(b, t, *own.shape[1:])
-    out = own.new_zeros((b * t, *own.shape[1:]))
-    out[packing.src.cpu()] = own[packing.dst.cpu()]
-    return out.view(b, t, *own.shape[1:])
+    if packing is not None:
+        rows, width = packing.input_ids.shape
+        own = packing.to(own.device).unpack(own.view(rows, width, *own.shape[1:]))
+    return own.reshape(*batch["input_ids"].shape, *own.shape[-2:]).to("cpu", torch.uint8)
 
 
 def prepare(model: nn.Module, batch: dict) -> None:
