@@ -8,15 +8,18 @@ atomically (`common.Checkpoints`); a crash in between leaves the previous checkp
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from rlinf_like.runners.common import Checkpoints, crash_point
 from rlinf_like.runtime import WorkerGroup, wait_all
+from rlinf_like.runtime.recovery import describe, fault_metrics, read_faults
 from rlinf_like.utils.tracking import Trackers, make_trackers
 
 CHECKPOINT = "checkpoint"
+log = logging.getLogger(__name__)
 
 
 class RunRecord:
@@ -50,6 +53,15 @@ class RunRecord:
     def track(self, prefix: str, metrics: dict, x: int) -> None:
         """`metrics` to the trackers at x-axis `x`, as `record` names them."""
         self.trackers.log({k if k in self.own_tags else f"{prefix}/{k}": v for k, v in metrics.items()}, x)
+
+    def track_faults(self, x: int) -> None:
+        """After a resume: the dead workers this run recovered from so far (`runtime/recovery.py`), the latest in
+        the log and all as `faults/` metrics at x-axis `x`, so the curves show where."""
+        faults = read_faults(self.out)
+        if faults:
+            log.info(f"fault {len(faults)} recovered (runner.max_restarts={self.cfg.runner.max_restarts}): "
+                     f"{describe(faults[-1])}")
+            self.track("faults", fault_metrics(faults), x)
 
     def save(self, step: int, groups: dict[str, WorkerGroup | None], state: dict,
              files: dict[str, bytes] | None = None) -> None:

@@ -39,7 +39,6 @@ from rlinf_like.runners.common import connect_env_wire, connect_weight_sync, plo
 from rlinf_like.runners.embodied.config import COMPONENTS, EmbodiedConfig
 from rlinf_like.runners.run_record import RunRecord
 from rlinf_like.runtime import Channel, Cluster, Device, Placement, plan_placement, wait_all
-from rlinf_like.runtime.recovery import describe, fault_metrics, read_faults
 from rlinf_like.workers.actor.ppo import EmbodiedActorWorker
 from rlinf_like.workers.env import EnvWorker, episode_metrics
 from rlinf_like.workers.env.types import EnvSpecs
@@ -225,11 +224,8 @@ class EmbodiedRunner(RunRecord):
             per_update = r.steps_per_rollout * self.envs_total
             total = -(-r.total_env_steps // per_update)
             self.open_trackers()
-            faults = read_faults(self.out) if resume else []
-            if faults:  # recovered from dead workers (runtime/recovery.py): the log and the curves show where
-                log.info(f"fault {len(faults)} recovered (runner.max_restarts={r.max_restarts}): "
-                         f"{describe(faults[-1])}")
-                self.track("faults", fault_metrics(faults), self.env_steps)
+            if resume:
+                self.track_faults(self.env_steps)
             bar = tqdm(range(self.iteration, total), desc=desc, unit="update", initial=self.iteration, total=total)
             for _ in bar:
                 start = time.perf_counter()

@@ -32,7 +32,6 @@ from rlinf_like.runners.reasoning.agent_format import AgentFormat, episode_metri
 from rlinf_like.runners.reasoning.phases import eval_metrics, own_group, score_groups
 from rlinf_like.runners.run_record import CHECKPOINT, RunRecord
 from rlinf_like.runtime import Cluster, GroupResult, Placement, WorkerDiedError, wait_all
-from rlinf_like.runtime.recovery import describe, fault_metrics, read_faults
 from rlinf_like.workers.actor.worker import ActorWorker
 from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
 from rlinf_like.workers.rollout.worker import gather_results
@@ -297,11 +296,7 @@ class ReasoningRun(RunRecord):
         self.version = state["version"] - 1
         self.sync_weights()  # the rollout starts from the checkpoint's weights, under the checkpoint's version
         log.info(f"resumed at step {self.step} from {path}")
-        faults = read_faults(self.out)
-        if faults:  # recovered from dead workers (runtime/recovery.py): the log and the curves show where
-            log.info(f"fault {len(faults)} recovered (runner.max_restarts={self.cfg.runner.max_restarts}): "
-                     f"{describe(faults[-1])}")
-            self.track("faults", fault_metrics(faults), self.step)
+        self.track_faults(self.step)
 
     # --- the end -----------------------------------------------------------------------------------------
     def chat_template(self) -> str | None:
