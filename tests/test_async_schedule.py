@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model
-from rlinf_like.runners.reasoning.async_stream import GroupStream, may_start, serve_metrics, staleness_metrics
+from rlinf_like.runners.reasoning.async_stream import GroupStream, account, may_start, serve_metrics, staleness_metrics
 from rlinf_like.runtime.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutConfig, RolloutRequest, RolloutResult, SamplingParams, make_engine
 from small_runs import small_reasoning_config
@@ -198,6 +198,54 @@ def test_groups_that_finish_while_the_trainer_works_are_scored_on_arrival():
     assert stream.take(1, 1).scoring == [2, 4]
 
 
+@pytest.mark.parametrize("policy", ["wait", "drop"])
+def test_a_stream_restored_after_a_restart_trains_each_group_once_and_loses_none(policy):
+    """A stream checkpointed after step 2, with groups still generating and finished ones waiting; it goes on to
+    train step 3, then dies. A new stream restored from the checkpoint (a relaunch: everything generated since is
+    gone) runs steps 3-5. Its ledger holds steps 0-5 once each and no request id twice; under `wait` it holds every
+    group of each step's draw, under `drop` the groups too stale to train are dropped, not trained."""
+    import json
+
+    ahead = 3 if policy == "drop" else 1  # drop: the trainer's versions run ahead, so waiting groups go stale
+
+    def run(stream, rollout, steps):
+        for step in steps:
+            rollout.version = step * ahead
+            stream.top_up(step)
+            stream.take(step, rollout.version)
+
+    def new_stream():
+        rollout = Rollout()
+        return GroupStream(rollout=rollout, channel=Finishing(rollout, lambda todo: todo[0]), draw=draw, per_step=2,
+                           max_staleness=1, policy=policy), rollout
+
+    stream, rollout = new_stream()
+    run(stream, rollout, range(3))
+    stream.top_up(3)
+    stream.pump(0.01)  # groups of later draws finish while step 2's checkpoint is written
+    checkpoint = json.loads(json.dumps(stream.state()))  # as runner.json holds it
+    assert checkpoint["finished"] and [e["step"] for e in checkpoint["ledger"]] == [0, 1, 2]
+    run(stream, rollout, [3])  # trained, never committed: lost with the dead worker
+
+    restored, rollout = new_stream()
+    restored.restore(checkpoint)
+    run(restored, rollout, range(3, 6))
+    done = account(restored.ledger, 2, policy)
+    assert done.complete, str(done)
+    assert done.steps == list(range(6)) and done.trained == 12
+    if policy == "wait":
+        assert [e["trained"] for e in restored.ledger] == [[f"s{s}-0", f"s{s}-1"] for s in range(6)]
+    else:
+        assert done.dropped > 0  # the restored finished groups were too stale to train on
+
+    # what `account` calls a broken ledger: a group trained twice, a draw's group never trained, a step repeated
+    broken = account([{"step": 0, "trained": ["s0-0", "s0-1"], "dropped": []},
+                      {"step": 1, "trained": ["s0-1", "s1-1"], "dropped": []}], 2, "wait")
+    assert (broken.twice, broken.missing, broken.complete) == (["s0-1"], ["s1-0"], False)
+    replayed = account(restored.ledger[:4] + restored.ledger[3:], 2, "drop")  # step 3 twice, as an uncommitted replay
+    assert not replayed.complete and replayed.steps[3:5] == [3, 3]
+
+
 def staleness_0_config(out: Path, schedule: str):
     cfg = small_reasoning_config(out, max_steps=2, save_every=1)
     cfg.cluster.component_placement = {"actor": "0", "rollout": "1", "reward": "0"}
@@ -213,20 +261,21 @@ def sync_run(tmp: str) -> list:
     return train(staleness_0_config(Path(tmp) / "sync", "pipelined")).history
 
 
-def async_runs(tmp: str) -> tuple[list, list]:
-    """The async run with k = 0, and the same run resumed from its step-2 checkpoint to step 3."""
+def async_runs(tmp: str) -> tuple[list, object]:
+    """The async run with k = 0's history, and the same run resumed from its step-2 checkpoint to step 3."""
     from rlinf_like.runners.reasoning import train
 
     asyn = train(staleness_0_config(Path(tmp) / "async", "async")).history
     resumed = staleness_0_config(Path(tmp) / "async", "async")
     resumed.runner.max_steps, resumed.runner.resume = 3, True
-    return asyn, train(resumed).history
+    return asyn, train(resumed)
 
 
 @pytest.mark.slow
 def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_path):
     sync = sync_run(str(tmp_path))
-    asyn, more = async_runs(str(tmp_path))
+    asyn, resumed = async_runs(str(tmp_path))
+    more, samples = resumed.history, resumed.extras["samples"]
     keys = ("reward", "policy_loss", "grad_norm", "response_tokens", "eval_accuracy")
     assert all(k in h for h in asyn[1:] for k in keys[:-1]) and "eval_accuracy" in asyn[2]
     for a, b in zip(sync, asyn, strict=True):
@@ -235,3 +284,6 @@ def test_async_with_staleness_0_equals_the_synchronous_schedule_and_resumes(tmp_
     # a step boundary means nothing to the serve loops: their throughput is reported, not a rollout phase
     assert all(h["serve_tokens_per_s"] > 0 and "rollout_s" not in h for h in asyn[1:])
     assert [h["step"] for h in more] == [0, 1, 2, 3] and more[3]["staleness_max"] == 0.0
+    # the resumed run's ledger continues the checkpoint's: three steps' draws, each group trained on once
+    per_step = staleness_0_config(tmp_path, "async").runner.prompts_per_step
+    assert samples.complete and samples.steps == [0, 1, 2] and samples.trained == 3 * per_step, str(samples)

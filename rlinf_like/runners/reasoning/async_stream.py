@@ -11,6 +11,12 @@ so the data order depends on the group number alone and survives a resume. `runn
 * `drop`: at most (k + 1) * B groups are out (generating or waiting); a step trains on the first B to finish,
   whichever draw they are from. A group whose oldest token is more than k versions behind is dropped
   (counted), and a new group starts in its place.
+
+Each take writes down the request ids it trained on and the ones it dropped (`GroupStream.ledger`, saved with the
+stream in each checkpoint). A run that resumes, by hand or after a dead worker, continues the committed ledger, so
+`account` can show that every group was trained on at most once and none went missing, by request id. The samples
+themselves are not replayed bit for bit: the replicas serve ahead of the trainer and take new weights between decode
+steps, so a group generated again after a restart meets the weight changes at other tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 
 from rlinf_like.data.tasks import Problem
+from rlinf_like.runners.reasoning.phases import request_id
 from rlinf_like.runtime import Channel, GroupResult, WorkerGroup
 from rlinf_like.runtime.errors import ChannelTimeout
 from rlinf_like.workers.rollout import RolloutRequest, RolloutResult
@@ -98,6 +105,7 @@ class GroupStream:
         self.out: dict[str, int] = {}  # request id -> group, for groups submitted and not yet trained on
         self.finished: dict[int, RolloutResult] = {}  # group -> its result, arrived and not yet trained on
         self._draws: dict[int, tuple[list, list]] = {}
+        self.ledger: list[dict] = []  # per take: {"step", "trained": [request ids], "dropped": [request ids]}
         # for the serve metrics: when groups went out and came back, and the tokens served since the last take
         self.submitted_at: dict[int, float] = {}
         self.arrived_at: dict[int, float] = {}
@@ -150,7 +158,7 @@ class GroupStream:
 
     def take(self, step: int, version: int) -> Taken:
         """The groups step `step` trains on, the trainer holding weights `version` (blocks until they are in)."""
-        start, dropped = time.perf_counter(), 0
+        start, dropped = time.perf_counter(), []
         if self.policy == "wait":  # exactly that step's draw, in order
             chosen = list(range(step * self.per_step, (step + 1) * self.per_step))
             while any(g not in self.finished for g in chosen):
@@ -163,10 +171,10 @@ class GroupStream:
                     self._receive()
                     continue
                 if staleness(self.finished[waiting[0]], version) > self.max_staleness:
-                    self.out.pop(self.finished.pop(waiting[0]).request_id)
+                    dropped.append(self.finished.pop(waiting[0]).request_id)
+                    self.out.pop(dropped[-1])
                     for kept in (self.scoring, self.submitted_at, self.arrived_at):
                         kept.pop(waiting[0], None)
-                    dropped += 1
                     self.top_up(step)  # a fresh group in its place
                     continue
                 chosen.append(waiting[0])
@@ -176,7 +184,8 @@ class GroupStream:
         now = time.perf_counter()
         arrived = [self.arrived_at.pop(g, now) for g in chosen]  # restored groups arrived before this attempt
         submitted = [self.submitted_at.pop(g, None) for g in chosen]
-        taken = Taken(results=results, problems=[self._group(g)[1] for g in chosen], dropped=dropped,
+        self.ledger.append({"step": step, "trained": [r.request_id for r in results], "dropped": dropped})
+        taken = Taken(results=results, problems=[self._group(g)[1] for g in chosen], dropped=len(dropped),
                       wait_s=now - start, scoring=[self.scoring.pop(g, None) for g in chosen],
                       served_tokens=self.served_tokens, served_s=now - self.last_take,
                       queued_s=[now - a for a in arrived],
@@ -190,15 +199,55 @@ class GroupStream:
         resume (under the checkpoint's weights). No finished sample is lost."""
         return {"next_group": self.next_group,
                 "generating": sorted(g for g in self.out.values() if g not in self.finished),
-                "finished": {str(g): asdict(r) for g, r in self.finished.items()}}
+                "finished": {str(g): asdict(r) for g, r in self.finished.items()},
+                "ledger": [dict(entry) for entry in self.ledger]}
 
     def restore(self, state: dict) -> None:
         self.next_group = state["next_group"]
+        self.ledger = [dict(entry) for entry in state.get("ledger", [])]
         for g, result in state["finished"].items():
             self.finished[int(g)] = RolloutResult(**result)
             self.out[result["request_id"]] = int(g)
         if state["generating"]:
             self._submit(state["generating"])
+
+
+@dataclass(frozen=True)
+class Account:
+    """What a run's ledger says about its samples, by request id."""
+
+    trained: int  # groups trained on
+    dropped: int  # groups dropped as too stale (never trained on)
+    twice: list[str]  # request ids trained on more than once, or both trained on and dropped
+    missing: list[str]  # under `wait`: request ids of the steps' draws that were not trained on
+    steps: list[int]  # the steps the ledger holds, in order: 0..n-1 once each for a run that lost no step
+
+    def __str__(self) -> str:
+        verdict = ("each once, none missing" if self.complete
+                   else f"counted twice: {self.twice[:5]}, missing: {self.missing[:5]}, steps {self.steps}")
+        return f"{self.trained} groups trained on and {self.dropped} dropped, by request id: {verdict}"
+
+    @property
+    def complete(self) -> bool:
+        return not (self.twice or self.missing) and self.steps == list(range(len(self.steps)))
+
+
+def account(ledger: list[dict], per_step: int, policy: str) -> Account:
+    """Check a ledger: one entry per step, no request id trained on twice (or trained on and dropped), and, under
+    `wait`, every group of each step's draw trained on (under `drop` a group may still be out when the run ends, so
+    only duplicates are errors there)."""
+
+    trained = [rid for entry in ledger for rid in entry["trained"]]
+    dropped = [rid for entry in ledger for rid in entry["dropped"]]
+    seen: dict[str, int] = {}
+    for rid in trained + dropped:
+        seen[rid] = seen.get(rid, 0) + 1
+    missing = []
+    if policy == "wait":
+        expected = [request_id(entry["step"], i) for entry in ledger for i in range(per_step)]
+        missing = [rid for rid in expected if rid not in seen]
+    return Account(trained=len(trained), dropped=len(dropped), twice=sorted(r for r, n in seen.items() if n > 1),
+                   missing=missing, steps=[entry["step"] for entry in ledger])
 
 
 def staleness_metrics(taken: Taken, version: int) -> dict[str, float]:

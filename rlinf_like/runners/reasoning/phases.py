@@ -47,6 +47,11 @@ class Scored:
     groups: Sequence[Sequence[SampleScore]] = ()  # per request, per sample: the reward worker's scores
 
 
+def request_id(step: int, i: int) -> str:
+    """The id of draw `step`'s i-th prompt group: the same in a resumed run (the async schedule's ledger counts by it)."""
+    return f"s{step}-{i}"
+
+
 def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
                   prompt_ids: Callable[[Problem], list[int]]) -> tuple[list[RolloutRequest], list[Problem]]:
     """Step `step`'s prompts and their problems. The draw depends on the step only, so a resumed run asks
@@ -56,7 +61,7 @@ def make_requests(cfg: ReasoningConfig, tasks: Tasks, step: int,
     problems = tasks.draw(step, r.prompts_per_step, rng, cfg.data.seed)
     params = [SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=rng.getrandbits(31))
               for _ in problems]
-    requests = [RolloutRequest(f"s{step}-{i}", prompt_ids(p), sp, cfg.algorithm.samples_per_prompt,
+    requests = [RolloutRequest(request_id(step, i), prompt_ids(p), sp, cfg.algorithm.samples_per_prompt,
                                row=task_row(cfg, p)) for i, (p, sp) in enumerate(zip(problems, params))]
     return requests, problems
 

@@ -12,13 +12,15 @@ serve loop.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rlinf_like.runners.reasoning.async_stream import GroupStream, Taken, serve_metrics, served_generate, staleness_metrics
+from rlinf_like.runners.reasoning.async_stream import (GroupStream, Taken, account, serve_metrics, served_generate,
+                                                      staleness_metrics)
 from rlinf_like.runners.reasoning.config import ReasoningConfig
 from rlinf_like.runners.reasoning.phases import Scored, batch_metrics, make_requests, prepare, scored, submit_scores, update
 from rlinf_like.runners.reasoning.run import ReasoningRun, RunResult
@@ -28,6 +30,7 @@ from rlinf_like.workers.rollout import RolloutResult
 from rlinf_like.workers.rollout.engine import check_serves_continuously
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 PUMP_S = 0.02  # how long each wait for a finished group lasts while the trainer works
 
 
@@ -60,7 +63,10 @@ def train(cfg: ReasoningConfig, cluster: Cluster | None = None) -> RunResult:
                 run.sync_weights()  # the serve loops pick the new version up between decode steps
                 run.end_step(step, metrics, Generated(results=taken.results, problems=taken.problems,
                                                       scores=graded.groups))
-            result = run.finish()
+            # the committed ledger, a resumed run's included: each group trained on once, none lost
+            samples = account(stream.ledger, r.prompts_per_step, r.stale_policy)
+            (log.info if samples.complete else log.warning)(f"async samples: {samples}")
+            result = run.finish(samples=samples)
         except BaseException:
             stop_serving(w, serving, channel, failing=True)  # the first error is the one to report
             raise
