@@ -25,6 +25,7 @@ EXTENDED = {
     # a seeded chaos run against a fault-free one (~2.5 min); the fault test's one restart stays in the suite
     "test_chaos.py::test_a_seeded_chaos_run_ends_with_the_weights_of_a_fault_free_run",
     "test_chaos.py::test_embodied_ppo_survives_a_killed_env_worker_with_a_fault_free_runs_weights",
+    "test_chaos.py::test_an_async_run_survives_kills_and_trains_each_group_once",
 }
 # the files that hold the guarantees: none of their tests may be extended
 GUARANTEES = ("test_golden_runs.py", "test_faults.py", "test_local_backend.py", "test_dynamic_schedule.py",
