@@ -1,0 +1,70 @@
+"""Tinker's `asample` on our native engine: the JSON request to a `RolloutRequest`, the result to a protobuf
+SampleResponse. `compute_logprobs` is a sample of one token with `prompt_logprobs`: each prompt position's logprob
+from one pass over the prompt (NaN at position 0, which nothing predicts)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from rlinf_like.tinker import wire
+from rlinf_like.tinker.losses import UnsupportedLoss
+from rlinf_like.workers.rollout import RolloutRequest, SamplingParams
+
+DEFAULT_MAX_TOKENS = 256  # when the client sends none
+_ids = itertools.count()
+_UNSUPPORTED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
+
+
+def prompt_tokens(prompt: dict) -> list[int]:
+    tokens: list[int] = []
+    for chunk in prompt.get("chunks", []):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise UnsupportedLoss(f"the prompt has a {chunk.get('type')} chunk; this server serves a text model: "
+                                  f"encoded_text chunks only")
+        tokens.extend(chunk["tokens"])
+    return tokens
+
+
+def request(body: dict) -> RolloutRequest:
+    """The engine's request for an `asample` body; what it cannot serve is refused by name."""
+    asked = [k for k in _UNSUPPORTED if body.get(k)]
+    if asked or body.get("prompt_logprobs_last_n") is not None or body.get("target_prompt_logprobs") is not None:
+        raise UnsupportedLoss(f"asample options not supported here: {asked or 'prompt_logprobs_last_n/target'}")
+    params = body.get("sampling_params", {})
+    stop = params.get("stop")
+    stop_ids, stop_strings, ignore_eos = (), (), False
+    if isinstance(stop, str):
+        stop_strings = (stop,)
+    elif isinstance(stop, list) and stop and all(isinstance(s, int) for s in stop):
+        stop_ids = tuple(stop)
+    elif isinstance(stop, list) and stop:
+        stop_strings = tuple(stop)
+    elif stop == []:  # no stop at all, the model's EOS included
+        ignore_eos = True
+    top_k = params.get("top_k", -1)
+    sampling = SamplingParams(max_new_tokens=params.get("max_tokens") or DEFAULT_MAX_TOKENS,
+                              temperature=params.get("temperature", 1.0), top_k=max(top_k, 0),
+                              top_p=params.get("top_p", 1.0), stop_token_ids=stop_ids, stop_strings=stop_strings,
+                              ignore_eos=ignore_eos, seed=params.get("seed"))
+    return RolloutRequest(f"tinker-sample-{next(_ids)}", prompt_tokens(body["prompt"]), sampling,
+                          n=int(body.get("num_samples", 1)))
+
+
+def prompt_logprobs(engine, tokens: list[int]) -> list[float]:
+    """log p(token i | tokens before it) for each prompt position, NaN at 0."""
+    logits = engine.decoder.score(torch.tensor(tokens, device=engine.device))[:-1].float()
+    chosen = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:], device=logits.device)[:, None])
+    return [math.nan, *chosen[:, 0].tolist()]
+
+
+def run(engine, req: RolloutRequest, body: dict) -> bytes:
+    [result] = engine.generate([req])
+    if result.error:
+        raise UnsupportedLoss(result.error)
+    sequences = [(ids, lps, "length" if reason == "length" else "stop")
+                 for ids, lps, reason in zip(result.response_ids, result.logprobs, result.finish_reasons, strict=True)]
+    return wire.encode_sample(sequences, prompt_logprobs(engine, req.prompt_ids) if body.get("prompt_logprobs")
+                              else None)

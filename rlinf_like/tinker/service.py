@@ -1,0 +1,260 @@
+"""What a Tinker-compatible server holds: sessions, training models and sampling sessions, and the futures the
+client polls. Training runs on our worker system (one `TinkerActor` group a model: in this process by default,
+on Ray with `cluster.backend=ray`); sampling on our native engine.
+
+Ordering: the client numbers each model's operations (`seq_id` from 1) and sends the chunks of one
+`forward_backward` concurrently, first chunk last; a model runs them strictly in `seq_id` order, one at a time.
+A retry re-posts the same `seq_id`: it gets the first post's future, so a gradient is never applied twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+log = logging.getLogger(__name__)
+ALPHA = 32.0  # LoRA alpha (Tinker's: the update is (32 / rank) * B @ A)
+
+
+class ProtocolError(ValueError):
+    """A request this server refuses, with the reason the client shows."""
+
+
+@dataclass
+class Operation:
+    seq_id: int
+    run: Callable[[], Any]
+    future: Future
+
+
+@dataclass
+class TrainedModel:
+    """One LoRA training client's model: its actor group and its operations queued by `seq_id`."""
+
+    model_id: str
+    rank: int
+    actor: Any  # WorkerGroup of TinkerActor
+    next_seq: int = 1
+    queued: dict[int, Operation] = field(default_factory=dict)
+    posted: dict[int, str] = field(default_factory=dict)  # seq_id -> request id (retries get the same)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+
+
+class Futures:
+    """Request ids and their futures, which `retrieve_future` long-polls."""
+
+    def __init__(self):
+        self._futures: dict[str, Future] = {}
+        self._ids = itertools.count()
+
+    def add(self, future: Future, kind: str) -> str:
+        request_id = f"{kind}-{next(self._ids)}"
+        self._futures[request_id] = future
+        return request_id
+
+    def get(self, request_id: str) -> Future | None:
+        return self._futures.get(request_id)
+
+
+class TinkerService:
+    def __init__(self, model_path: str, names: list[str], out: Path, cluster, precision: str = "fp32"):
+        self.model_path, self.names, self.out, self.cluster = model_path, names, out, cluster
+        self.precision = precision
+        self.futures = Futures()
+        self.models: dict[str, TrainedModel] = {}
+        self.samplers: dict[str, Any] = {}  # sampling session id -> native engine
+        self.sampler_paths: dict[str, str] = {}  # tinker:// path -> exported folder
+        self._sampling = ThreadPoolExecutor(1, thread_name_prefix="tinker-sample")
+        self._create = ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
+        self._lock = threading.Lock()
+
+    # --- sessions and models ----------------------------------------------------------------------------
+    def check_base_model(self, base_model: str | None) -> None:
+        if base_model is not None and base_model not in self.names:
+            raise ProtocolError(f"base_model={base_model!r} is not served here; this server serves {self.names}")
+
+    def create_model(self, session_id: str, model_seq_id: int, base_model: str, lora: dict) -> str:
+        self.check_base_model(base_model)
+        rank = int(lora.get("rank", 32))
+        unknown = [k for k in ("train_unembed", "train_mlp", "train_attn") if lora.get(k) is False]
+        if unknown:
+            raise ProtocolError(f"lora_config {unknown} = false is not supported here: every linear layer is adapted")
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if self.models:
+            raise ProtocolError(f"this server trains one model at a time; {list(self.models)} exists")
+        return self.futures.add(self._create.submit(self._launch, model_id, rank), "create")
+
+    def _launch(self, model_id: str, rank: int) -> dict:
+        from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
+        from rlinf_like.hybrid_engines.fsdp.manager import FSDPConfig
+        from rlinf_like.tinker.worker import TinkerActor
+        from rlinf_like.workers.actor.config import ActorConfig
+
+        config = ActorConfig(model_path=self.model_path,
+                             fsdp=FSDPConfig(precision=self.precision, lora=LoraConfig(rank=rank, alpha=ALPHA)))
+        placement = self.cluster.place({"actor": "0"})
+        actor = TinkerActor.create_group(config).launch(self.cluster, placement, "actor")
+        self.models[model_id] = TrainedModel(model_id, rank, actor)
+        threading.Thread(target=self._run_in_order, args=(self.models[model_id],), daemon=True,
+                         name=f"tinker-{model_id}").start()
+        return {"model_id": model_id}
+
+    def model(self, model_id: str) -> TrainedModel:
+        if model_id not in self.models:
+            raise ProtocolError(f"model_id={model_id!r} is not a model of this server: {list(self.models)}")
+        return self.models[model_id]
+
+    def info(self, model_id: str) -> dict:
+        model = self.model(model_id)
+        return {"model_id": model_id, "is_lora": True, "lora_rank": model.rank, "model_name": self.names[-1],
+                "model_data": {"model_name": self.names[-1], "arch": "causal_lm", "tokenizer_id": self.names[-1]}}
+
+    # --- training operations, in seq_id order ------------------------------------------------------------
+    def submit(self, model_id: str, seq_id: int, kind: str, run: Callable[[TrainedModel], Any]) -> str:
+        model = self.model(model_id)
+        with model.lock:
+            if seq_id in model.posted:  # a retry of an operation already queued or done
+                return model.posted[seq_id]
+            if seq_id < model.next_seq:
+                raise ProtocolError(f"seq_id={seq_id} for {model_id} is before the next expected ({model.next_seq}) "
+                                    f"and was never posted")
+            future: Future = Future()
+            request_id = self.futures.add(future, kind)
+            model.posted[seq_id] = request_id
+            model.queued[seq_id] = Operation(seq_id, lambda: run(model), future)
+            model.lock.notify_all()
+        return request_id
+
+    def _run_in_order(self, model: TrainedModel) -> None:
+        while True:
+            with model.lock:
+                while model.next_seq not in model.queued:
+                    model.lock.wait()
+                op = model.queued.pop(model.next_seq)
+                model.next_seq += 1
+            if not op.future.set_running_or_notify_cancel():
+                continue
+            try:
+                op.future.set_result(op.run())
+            except BaseException as e:  # noqa: BLE001 - the client gets it as the operation's error
+                op.future.set_exception(e)
+
+    def forward_backward(self, model_id: str, seq_id: int, data, loss_fn: str, config: dict,
+                         forward_only: bool) -> str:
+        from rlinf_like.tinker import wire
+
+        def run(model: TrainedModel) -> bytes:
+            outputs, metrics = model.actor.tinker_forward_backward(data, loss_fn, config, forward_only).wait()[0]
+            return wire.encode_forward_backward(outputs, metrics)
+
+        return self.submit(model_id, seq_id, "forward" if forward_only else "fwdbwd", run)
+
+    def optim_step(self, model_id: str, seq_id: int, adam: dict | None) -> str:
+        if adam is None:
+            raise ProtocolError("optim_step needs adam_params: other optimizers are not supported here")
+        return self.submit(model_id, seq_id, "optim",
+                           lambda model: {"metrics": model.actor.tinker_optim_step(adam).wait()[0]})
+
+    def save_for_sampler(self, model_id: str, seq_id: int, name: str | None, sampling_seq: int | None,
+                         session_id: str) -> str:
+        def run(model: TrainedModel) -> dict:
+            label = name or f"ephemeral-{sampling_seq}"
+            folder = self.out / model_id.replace(":", "_") / "sampler_weights" / label
+            model.actor.export_hf(str(folder)).wait()
+            path = f"tinker://{model_id}/sampler_weights/{label}"
+            self.sampler_paths[path] = str(folder)
+            if name is not None:
+                return {"path": path}
+            return {"sampling_session_id": self._open_sampler(session_id, sampling_seq, str(folder))}
+
+        return self.submit(model_id, seq_id, "save-sampler", run)
+
+    def save_state(self, model_id: str, seq_id: int, name: str) -> str:
+        def run(model: TrainedModel) -> dict:
+            folder = self.out / model_id.replace(":", "_") / "weights" / name
+            model.actor.save(str(folder)).wait()
+            return {"path": f"tinker://{model_id}/weights/{name}"}
+
+        return self.submit(model_id, seq_id, "save", run)
+
+    def load_state(self, model_id: str, seq_id: int, path: str, optimizer: bool) -> str:
+        if not path.startswith("tinker://") or "/weights/" not in path:
+            raise ProtocolError(f"path={path!r} is not a tinker://<model>/weights/<name> path this server wrote")
+        source_model, name = path.removeprefix("tinker://").split("/weights/", 1)
+        folder = self.out / source_model.replace(":", "_") / "weights" / name
+        if not folder.is_dir():
+            raise ProtocolError(f"no saved state at {path}")
+        if not optimizer:
+            raise ProtocolError("load_weights without the optimizer state is not supported here: use "
+                                "load_state_with_optimizer (weights and Adam's moments together)")
+        def run(model: TrainedModel) -> dict:
+            model.actor.load(str(folder)).wait()  # the adapters and Adam's moments, as `save_state` wrote them
+            return {"path": path}
+
+        return self.submit(model_id, seq_id, "load", run)
+
+    # --- sampling ------------------------------------------------------------------------------------------
+    def _open_sampler(self, session_id: str, sampling_seq: int | None, folder: str) -> str:
+        from rlinf_like.workers.rollout import RolloutConfig, make_engine
+
+        sampler_id = f"{session_id}:sample:{sampling_seq if sampling_seq is not None else uuid.uuid4().hex[:6]}"
+        dtype = "float32" if self.precision == "fp32" else "auto"
+        self.samplers[sampler_id] = make_engine(RolloutConfig(engine="native", model_path=folder, dtype=dtype,
+                                                              max_batch_size=16))
+        return sampler_id
+
+    def create_sampling_session(self, session_id: str, sampling_seq: int, model_path: str | None,
+                                base_model: str | None) -> str:
+        if model_path is not None:
+            if model_path not in self.sampler_paths:
+                raise ProtocolError(f"model_path={model_path!r} is not a sampler checkpoint of this server: "
+                                    f"{sorted(self.sampler_paths)}")
+            return self._open_sampler(session_id, sampling_seq, self.sampler_paths[model_path])
+        self.check_base_model(base_model)
+        return self._open_sampler(session_id, sampling_seq, self.model_path)
+
+    def sample(self, body: dict) -> tuple[str, list[str]]:
+        from rlinf_like.tinker import sampling
+
+        sampler_id = body.get("sampling_session_id")
+        if sampler_id not in self.samplers:
+            raise ProtocolError(f"sampling_session_id={sampler_id!r} is not open here: {sorted(self.samplers)}")
+        request = sampling.request(body)  # checked now: a bad request is refused at the call
+        engine = self.samplers[sampler_id]
+        future = self._sampling.submit(sampling.run, engine, request, body)
+        request_id = self.futures.add(future, "sample")
+        return request_id, [f"{request_id}:{i}" for i in range(request.n)]
+
+    def sampler_info(self, sampler_id: str) -> dict:
+        if sampler_id not in self.samplers:
+            raise ProtocolError(f"sampling session {sampler_id!r} is not open here")
+        return {"sampler_id": sampler_id, "base_model": self.names[-1]}
+
+    def close(self) -> None:
+        self._sampling.shutdown(wait=False, cancel_futures=True)
+        self._create.shutdown(wait=False, cancel_futures=True)
+
+
+def served_names(model_path: str) -> list[str]:
+    """The names the served model answers to: its local path, and its hub id where the checkpoint records one
+    (config.json's `_name_or_path`, or an offline package's `hub_id` file)."""
+    names = [model_path, str(Path(model_path).resolve())]
+    folder = Path(model_path)
+    for source in (folder / "hub_id",):
+        if source.is_file():
+            names.append(source.read_text().strip())
+    config = folder / "config.json"
+    if config.is_file():
+        hub = json.loads(config.read_text()).get("_name_or_path")
+        if hub and "/" in hub and not Path(hub).exists():
+            names.append(hub)
+    return list(dict.fromkeys(names))
+
