@@ -59,6 +59,9 @@ setup(
         # data.source=ifeval_train, reward.fn=ifeval and `python -m rlinf_like.eval.ifeval`: IFEval's official
         # checkers as lm-eval ships them (it pulls evaluate, sacrebleu, scikit-learn, ...; 0.4.13 tested)
         "ifeval": ["lm-eval==0.4.13", "langdetect>=1.0.9", "immutabledict>=4", "nltk>=3.9.1"],
+        # `python -m rlinf_like.tinker serve`: the Tinker-compatible server speaks the protocol of this client release
+        # and reads its protobuf schema from the package; FastAPI and uvicorn serve it
+        "tinker": ["tinker==0.38.0", "fastapi>=0.110", "uvicorn>=0.29"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
         # pytest-xdist: the suite runs on two workers (pyproject.toml); wandb: tests/test_tracking.py runs it offline

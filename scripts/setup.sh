@@ -10,7 +10,7 @@ PYTHON="${PYTHON:-python3}"
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -c constraints-cpu.txt -e ".[dev,embodied,reasoning_gym,agent,openenv,textarena,verifiers,ifeval]"
+"${PIP[@]}" -c constraints-cpu.txt -e ".[dev,embodied,reasoning_gym,agent,openenv,textarena,verifiers,ifeval,tinker]"
 # verifiers 0.4.0 pins mcp==2.0.0, while openenv-core's fastmcp client imports what mcp 2.3 added. verifiers' own
 # tool servers run on mcp 2.3.0 (tests/test_verifiers.py), so the newer one is installed over its pin; pip then
 # names the conflict, which is expected.

@@ -25,7 +25,9 @@ PROTOBUF = "application/x-protobuf"
 REFUSED = (ProtocolError, losses.UnsupportedLoss)
 
 
-def build_app(service: TinkerService) -> FastAPI:
+def build_app(service: TinkerService, settings: dict | None = None) -> FastAPI:
+    """`settings`: what the client reads at start (`tinker.types.ClientConfigResponse`), e.g.
+    `fwdbwd_max_chunk_len`, which splits a large forward_backward into chunks."""
     app = FastAPI()
 
     @app.exception_handler(ProtocolError)
@@ -47,7 +49,7 @@ def build_app(service: TinkerService) -> FastAPI:
 
     @app.post("/api/v1/client/config")
     async def client_config() -> dict:
-        return {"pjwt_auth_enabled": False}
+        return {"pjwt_auth_enabled": False, **(settings or {})}
 
     @app.post("/api/v1/client/dynamic_config")
     async def dynamic_config() -> dict:
@@ -160,9 +162,10 @@ def build_app(service: TinkerService) -> FastAPI:
 class TinkerServer:
     """The app served by uvicorn on a background thread (`start`), or in the foreground (`run`)."""
 
-    def __init__(self, service: TinkerService, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, service: TinkerService, host: str = "127.0.0.1", port: int = 0,
+                 client_config: dict | None = None):
         self.service, self.host, self.port = service, host, port
-        self.app = build_app(service)
+        self.app = build_app(service, client_config)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rlinf_like.models.export import complete_export
+from rlinf_like.models import load_tokenizer
+
 
 log = logging.getLogger(__name__)
 ALPHA = 32.0  # LoRA alpha (Tinker's: the update is (32 / rank) * B @ A)
@@ -75,6 +78,7 @@ class TinkerService:
         self._sampling = ThreadPoolExecutor(1, thread_name_prefix="tinker-sample")
         self._create = ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
         self._lock = threading.Lock()
+        self.tokenizer = load_tokenizer(model_path)  # what an exported sampler checkpoint is completed with
 
     # --- sessions and models ----------------------------------------------------------------------------
     def check_base_model(self, base_model: str | None) -> None:
@@ -169,6 +173,7 @@ class TinkerService:
             label = name or f"ephemeral-{sampling_seq}"
             folder = self.out / model_id.replace(":", "_") / "sampler_weights" / label
             model.actor.export_hf(str(folder)).wait()
+            complete_export(folder, self.tokenizer, self.tokenizer.chat_template, base_model=self.model_path)
             path = f"tinker://{model_id}/sampler_weights/{label}"
             self.sampler_paths[path] = str(folder)
             if name is not None:

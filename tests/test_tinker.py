@@ -1,0 +1,154 @@
+"""The Tinker-compatible server (`python -m rlinf_like.tinker serve`) driven by the real `tinker` 0.38 client, in
+this process on a tiny model: the routes a LoRA training client and a sampling client call, Tinker's losses,
+ordering and retries by seq_id, chunked forward_backward, a save/load round trip, and the refusals."""
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from rlinf_like.models.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
+from rlinf_like.runtime import Cluster, ClusterConfig  # noqa: E402
+from rlinf_like.tinker import losses  # noqa: E402
+from rlinf_like.tinker.server import TinkerServer  # noqa: E402
+from rlinf_like.tinker.service import TinkerService, served_names  # noqa: E402
+
+TOKENS = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = str(write_tiny_model(tmp_path_factory.mktemp("model"), TinyModelSpec(seed=3)))
+    with Cluster(ClusterConfig(backend="local", num_cpus=1)) as cluster:
+        service = TinkerService(path, served_names(path), tmp_path_factory.mktemp("out"), cluster)
+        srv = TinkerServer(service, client_config={"fwdbwd_max_chunk_len": 2})  # 3+ data go in chunks
+        srv.start()
+        try:
+            yield srv
+        finally:
+            srv.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with tinker.ServiceClient(base_url=server.base_url, api_key="tml-test") as service:
+        yield service, service.create_lora_training_client(base_model=server.service.model_path, rank=4).result()
+
+
+def datum(tokens, weights=None):
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights or [1.0] * (len(tokens) - 1)})
+
+
+def reference_logprobs(folder: str, tokens: list[int]) -> list[float]:
+    """log p(tokens[i] | tokens[:i]) from transformers on an exported checkpoint, in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, :-1]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens[1:])[:, None])[:, 0].tolist()
+
+
+def test_a_lora_client_trains_samples_and_its_logprobs_match_a_reference_forward(client, server):
+    service, training = client
+    greedy = types.SamplingParams(max_tokens=5, temperature=0.0)
+    prompt = types.ModelInput.from_ints(TOKENS[:3])
+    base = service.create_sampling_client(base_model=server.service.model_path).result()
+    before = base.sample(prompt, 1, greedy).result().sequences[0].tokens
+    losses_seen = []
+    for _ in range(8):  # a fixed target: the continuation TOKENS[3:]
+        result = training.forward_backward([datum(TOKENS)], "cross_entropy").result()
+        training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        losses_seen.append(result.metrics["loss:sum"])
+    assert losses_seen[-1] < 0.2 * losses_seen[0], losses_seen  # summed over 7 tokens, not averaged
+    logprobs = result.loss_fn_outputs[0]["logprobs"].data
+    assert len(logprobs) == len(TOKENS) - 1
+    assert losses_seen[-1] == pytest.approx(-sum(logprobs), rel=1e-5)
+    sampler = training.save_weights_and_get_sampling_client().result()
+    after = sampler.sample(prompt, 2, greedy).result()
+    assert [s.tokens for s in after.sequences] == [TOKENS[3:8]] * 2 and before != TOKENS[3:8]
+    assert after.sequences[0].stop_reason == "length" and len(after.sequences[0].logprobs) == 5
+    # the sampler's prompt logprobs (`compute_logprobs`) equal transformers' forward on the exported weights
+    folder = next(iter(server.service.sampler_paths.values()))
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    assert scored[0] is None
+    np.testing.assert_allclose(scored[1:], reference_logprobs(folder, TOKENS), rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_forward_backward_sums_like_one_call_and_a_retried_seq_id_applies_once(client):
+    _, training = client
+    data = [datum(TOKENS[i:i + 5]) for i in range(3)]  # chunks of 2 and 1 (fwdbwd_max_chunk_len=2)
+    chunked = training.forward(data, "cross_entropy").result()
+    singles = [training.forward([d], "cross_entropy").result() for d in data]
+    assert [len(o["logprobs"].data) for o in chunked.loss_fn_outputs] == [4, 4, 4]
+    assert chunked.metrics["loss:sum"] == pytest.approx(sum(s.metrics["loss:sum"] for s in singles), rel=1e-5)
+    for whole, single in zip(chunked.loss_fn_outputs, singles):
+        np.testing.assert_allclose(whole["logprobs"].data, single.loss_fn_outputs[0]["logprobs"].data, rtol=1e-5)
+
+
+def test_a_retry_of_the_same_seq_id_gets_the_first_posts_request(client, server):
+    _, training = client
+    model = server.service.models[training.model_id]
+    seq = model.next_seq + 100  # a seq_id ahead of any the client sends in this module: it waits its turn
+    headers = {"X-API-Key": "tml-test", "Content-Type": "application/json"}
+    body = {"model_id": training.model_id, "seq_id": seq, "type": "optim_step", "adam_params": {"learning_rate": 0.0}}
+    first = httpx.post(f"{server.base_url}/api/v1/optim_step", json=body, headers=headers).json()
+    again = httpx.post(f"{server.base_url}/api/v1/optim_step", json=body, headers=headers).json()
+    assert first == again and len(model.queued) == 1  # one operation, whatever the retries
+    behind = httpx.post(f"{server.base_url}/api/v1/optim_step", headers=headers,
+                        json={**body, "seq_id": 0}).json()  # never posted, before the next expected
+    assert "seq_id=0" in behind["detail"] and "before the next expected" in behind["detail"]
+    model.queued.clear()
+    model.posted.pop(seq)
+
+
+def test_saved_state_restores_the_adapters_and_adams_moments(client):
+    _, training = client
+    adam = types.AdamParams(learning_rate=1e-2)
+    step = lambda: (training.forward_backward([datum(TOKENS[::-1])], "cross_entropy").result(),
+                    training.optim_step(adam).result())
+    step()  # Adam's moments are non-zero from here
+    saved = training.save_state("round-trip").result().path
+    step()
+    straight = training.forward([datum(TOKENS[::-1])], "cross_entropy").result().metrics["loss:sum"]
+    training.load_state_with_optimizer(saved).result()
+    step()  # the same step again: equal only if the moments came back too
+    again = training.forward([datum(TOKENS[::-1])], "cross_entropy").result().metrics["loss:sum"]
+    assert again == straight
+
+
+def test_refusals_name_what_is_not_served(client, server):
+    service, training = client
+    with pytest.raises(Exception, match=r"stable_reinforce.*not supported here; supported: \['cross_entropy'"):
+        training.forward_backward([datum(TOKENS)], "stable_reinforce").result()
+    image = types.Datum(model_input=types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png",
+                                                                                expected_tokens=4)]),
+                        loss_fn_inputs={"target_tokens": [1, 2, 3, 4], "weights": [1.0] * 4})
+    with pytest.raises(Exception, match="image chunk"):
+        training.forward_backward([image], "cross_entropy").result()
+    with pytest.raises(Exception, match=r"base_model='org/other-model' is not served here"):
+        service.create_lora_training_client(base_model="org/other-model", rank=4).result()
+    assert httpx.post(f"{server.base_url}/api/v1/client/config", json={}).status_code == 401  # no tml- key
+
+
+def test_policy_losses_follow_their_definitions():
+    logp = torch.tensor([-1.0, -0.5, -2.0], requires_grad=True)
+    sampled, adv = torch.tensor([-1.2, -0.4, -1.0]), torch.tensor([1.0, -1.0, 2.0])
+    inputs = {"logprobs": sampled, "advantages": adv}
+    ratio = torch.exp(logp.detach() - sampled)
+    clip = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    assert torch.allclose(losses.elementwise_loss("importance_sampling", logp, inputs, clip), -ratio * adv)
+    ppo = losses.elementwise_loss("ppo", logp, inputs, clip)
+    assert torch.allclose(ppo, -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv))
+    cispo = losses.elementwise_loss("cispo", logp, inputs, clip)
+    cispo.sum().backward()  # the clipped ratio is a weight: d/dlogp = -clip(r) * A
+    assert torch.allclose(logp.grad, -ratio.clamp(0.8, 1.2) * adv)
+    with pytest.raises(losses.UnsupportedLoss, match=r"loss_fn_config \['eps'\]"):
+        losses.check_loss("ppo", {"eps": 0.2}, [])
+    assert math.isclose(losses.check_loss("ppo", {"clip_high_threshold": 1.28}, [])["clip_high_threshold"], 1.28)
