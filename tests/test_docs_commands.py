@@ -43,7 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh ", "tensorboard ")
 SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
            "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
-           "vllm install": "scripts/install_vllm_cpu.sh", "gemma3 install": "scripts/get_gemma3.sh"}
+           "vllm install": "scripts/install_vllm_cpu.sh", "gemma3 install": "scripts/get_gemma3.sh",
+           # a server runs until stopped; tests/test_tinker.py serves it in process to the real client
+           "server": "rlinf_like.tinker serve"}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
@@ -62,6 +64,7 @@ CUT = {"examples/agentic/main_agent.py": _AGENT,
        "examples/channel_demo.py": "demo.num_items=4 demo.item_mib=0.05 demo.log_dir={out}/tb",
        "rlinf_like.config.show": "",
        "rlinf_like.eval.ifeval": "--limit 2 --max-new-tokens 8",  # IFEval on a checkpoint: two prompts, short
+       "examples/tinker/sl_loop.py": "--steps 1",  # the Tinker client loop, its server in process
        # the agentic presets' data writers: they rewrite the shipped files, byte for byte the same
        "examples/agentic/data/make_calculator_tasks.py": "", "examples/agentic/data/make_search_tasks.py": "",
        "examples/agentic/data/make_guess_tasks.py": ""}
@@ -145,7 +148,7 @@ LAUNCH = launched()
 def test_only_setup_cluster_and_viewer_commands_are_skipped():
     skipped = sorted((skip_reason(c), c) for _, c in COMMANDS if skip_reason(c))
     assert [why for why, _ in skipped] == ["gemma3 install", "gpu", "multi-node driver", *["ray cluster"] * 5,
-                                           "setup", "setup", "slurm", "viewer", "vllm install"], skipped
+                                           "server", "setup", "setup", "slurm", "viewer", "vllm install"], skipped
     scripts = {_script(c) for _, c in CHECKED}
     assert scripts == {*CUT, GOLDEN_SCRIPT}, f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
     assert len(CHECKED) >= 20
@@ -289,7 +292,7 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
 
 # what a command takes, roughly (seconds on the 2-core VM, cut): the channel demo on Ray ~11, the agent preset ~9,
 # an embodied run ~5, the behaviour-cloning warm start ~3, the data writers <1
-COST = {"examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4, "examples/embodied/main_embodied.py": 2,
+COST = {"examples/tinker/sl_loop.py": 3, "examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4, "examples/embodied/main_embodied.py": 2,
         "rlinf_like.eval.ifeval": 2, "examples/embodied/bc_warmstart.py": 1}
 
 
