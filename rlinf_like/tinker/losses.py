@@ -29,7 +29,8 @@ CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
 
 class UnsupportedLoss(ValueError):
-    """A loss or loss input this server does not implement: refused by name at the call."""
+    """What this server does not implement (a loss, a loss input, an image chunk, a sampling option): refused by
+    name at the call."""
 
 
 @dataclass

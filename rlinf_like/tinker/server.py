@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rlinf_like.tinker import losses, wire
@@ -47,41 +47,57 @@ def build_app(service: TinkerService, settings: dict | None = None) -> FastAPI:
     async def healthz() -> dict:
         return {"ok": True, "served": service.names}
 
-    @app.post("/api/v1/client/config")
+    for router in (session_routes(settings), training_routes(service), sampling_routes(service)):
+        app.include_router(router, prefix="/api/v1")
+    return app
+
+
+def session_routes(settings: dict | None) -> APIRouter:
+    """The client's start-up and background calls: configuration, the session, heartbeats, telemetry."""
+    router = APIRouter()
+
+    @router.post("/client/config")
     async def client_config() -> dict:
         return {"pjwt_auth_enabled": False, **(settings or {})}
 
-    @app.post("/api/v1/client/dynamic_config")
+    @router.post("/client/dynamic_config")
     async def dynamic_config() -> dict:
         return {}
 
-    @app.post("/api/v1/create_session")
+    @router.post("/create_session")
     async def create_session() -> dict:
         return {"session_id": uuid.uuid4().hex[:12]}
 
-    @app.post("/api/v1/session_heartbeat")
+    @router.post("/session_heartbeat")
     async def heartbeat() -> dict:
         return {}
 
-    @app.post("/api/v1/telemetry")
+    @router.post("/telemetry")
     async def telemetry() -> dict:
         return {"status": "accepted"}
 
-    @app.post("/api/v1/sessions/{session_id}/finish")
+    @router.post("/sessions/{session_id}/finish")
     async def finish(session_id: str) -> dict:
         return {}
 
-    @app.post("/api/v1/create_model")
+    return router
+
+
+def training_routes(service: TinkerService) -> APIRouter:
+    """A training client's calls; each answers a request id whose result `retrieve_future` gives."""
+    router = APIRouter()
+
+    @router.post("/create_model")
     async def create_model(request: Request) -> dict:
         body = await request.json()
         return {"request_id": service.create_model(body["session_id"], body["model_seq_id"], body["base_model"],
                                                    body.get("lora_config") or {})}
 
-    @app.post("/api/v1/get_info")
+    @router.post("/get_info")
     async def get_info(request: Request) -> dict:
         return service.info((await request.json())["model_id"])
 
-    @app.post("/api/v1/forward_backward")
+    @router.post("/forward_backward")
     async def forward_backward(request: Request) -> dict:
         if PROTOBUF not in request.headers.get("content-type", ""):
             raise ProtocolError("forward_backward bodies are protobuf (application/x-protobuf)")
@@ -89,30 +105,26 @@ def build_app(service: TinkerService, settings: dict | None = None) -> FastAPI:
         losses.check_loss(loss_fn, config, data)  # refused at the call, by name
         return {"request_id": service.forward_backward(model_id, seq_id, data, loss_fn, config, forward_only)}
 
-    @app.post("/api/v1/forward")
-    async def forward(request: Request) -> dict:
-        return await forward_backward(request)
-
-    @app.post("/api/v1/optim_step")
+    @router.post("/optim_step")
     async def optim_step(request: Request) -> dict:
         body = await request.json()
         if body.get("optimizer_params") is not None:
             raise ProtocolError(f"optimizer_params {body['optimizer_params'].get('type')!r}: only adam_params here")
         return {"request_id": service.optim_step(body["model_id"], body["seq_id"], body.get("adam_params"))}
 
-    @app.post("/api/v1/save_weights_for_sampler")
+    @router.post("/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict:
         body = await request.json()
         session_id = body["model_id"].split(":train:")[0]
         return {"request_id": service.save_for_sampler(body["model_id"], body["seq_id"], body.get("path"),
                                                        body.get("sampling_session_seq_id"), session_id)}
 
-    @app.post("/api/v1/save_weights")
+    @router.post("/save_weights")
     async def save_weights(request: Request) -> dict:
         body = await request.json()
         return {"request_id": service.save_state(body["model_id"], body["seq_id"], body["path"])}
 
-    @app.post("/api/v1/load_weights")
+    @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
         body = await request.json()
         if "model_id" not in body:
@@ -121,7 +133,14 @@ def build_app(service: TinkerService, settings: dict | None = None) -> FastAPI:
         return {"request_id": service.load_state(body["model_id"], body["seq_id"], body["path"],
                                                  bool(body.get("optimizer")))}
 
-    @app.post("/api/v1/create_sampling_session")
+    return router
+
+
+def sampling_routes(service: TinkerService) -> APIRouter:
+    """Sampling sessions and samples, and `retrieve_future`, which every asynchronous call's result comes through."""
+    router = APIRouter()
+
+    @router.post("/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
         body = await request.json()
         sampler = await asyncio.to_thread(service.create_sampling_session, body["session_id"],
@@ -129,34 +148,38 @@ def build_app(service: TinkerService, settings: dict | None = None) -> FastAPI:
                                           body.get("base_model"))
         return {"sampling_session_id": sampler}
 
-    @app.get("/api/v1/samplers/{sampler_id}")
+    @router.get("/samplers/{sampler_id}")
     async def sampler(sampler_id: str) -> dict:
         return service.sampler_info(sampler_id)
 
-    @app.post("/api/v1/asample")
+    @router.post("/asample")
     async def asample(request: Request) -> dict:
         request_id, sequence_ids = service.sample(await request.json())
         return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
 
-    @app.post("/api/v1/retrieve_future")
+    @router.post("/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
-        request_id = (await request.json())["request_id"]
-        future = service.futures.get(request_id)
-        if future is None:
-            return JSONResponse({"detail": f"no request {request_id!r} here"}, status_code=404)
-        try:
-            result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), HOLD_S)
-        except TimeoutError:
-            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
-        except REFUSED as error:
-            return JSONResponse({"error": str(error), "category": "user"})
-        except Exception as error:  # noqa: BLE001 - the client raises it as the operation's failure
-            return JSONResponse({"error": f"{type(error).__name__}: {error}", "category": "server"})
-        if isinstance(result, bytes):
-            return Response(result, media_type=PROTOBUF)
-        return JSONResponse(result)
+        return await retrieve(service, (await request.json())["request_id"])
 
-    return app
+    return router
+
+
+async def retrieve(service: TinkerService, request_id: str) -> Response:
+    """A request's result once it is done (protobuf bytes or JSON), `try_again` after HOLD_S, or its error."""
+    future = service.futures.get(request_id)
+    if future is None:
+        return JSONResponse({"detail": f"no request {request_id!r} here"}, status_code=404)
+    try:
+        result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), HOLD_S)
+    except TimeoutError:
+        return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+    except REFUSED as error:
+        return JSONResponse({"error": str(error), "category": "user"})
+    except Exception as error:  # noqa: BLE001 - the client raises it as the operation's failure
+        return JSONResponse({"error": f"{type(error).__name__}: {error}", "category": "server"})
+    if isinstance(result, bytes):
+        return Response(result, media_type=PROTOBUF)
+    return JSONResponse(result)
 
 
 class TinkerServer:
