@@ -2,7 +2,13 @@
 this process on a tiny model: the routes a LoRA training client and a sampling client call, Tinker's losses,
 ordering and retries by seq_id, chunked forward_backward, a save/load round trip, and the refusals."""
 
+import contextlib
 import math
+import os
+import socket
+import subprocess
+import sys
+import time
 
 import httpx
 import numpy as np
@@ -108,7 +114,7 @@ def test_a_retry_of_the_same_seq_id_gets_the_first_posts_request(client, server)
     model.posted.pop(seq)
 
 
-def test_saved_state_restores_the_adapters_and_adams_moments(client):
+def test_saved_state_restores_the_adapters_and_adams_moments(client, server):
     _, training = client
     adam = types.AdamParams(learning_rate=1e-2)
     step = lambda: (training.forward_backward([datum(TOKENS[::-1])], "cross_entropy").result(),
@@ -121,6 +127,39 @@ def test_saved_state_restores_the_adapters_and_adams_moments(client):
     step()  # the same step again: equal only if the moments came back too
     again = training.forward([datum(TOKENS[::-1])], "cross_entropy").result().metrics["loss:sum"]
     assert again == straight
+    # the server restarted (`python -m rlinf_like.tinker serve` in a new process on the same --out): a client
+    # created at the saved state takes the same step
+    with serve_in_a_process(server.service.model_path, server.service.out) as base_url:
+        with tinker.ServiceClient(base_url=base_url, api_key="tml-test") as service:
+            resumed = service.create_training_client_from_state_with_optimizer(saved).result()
+            resumed.forward_backward([datum(TOKENS[::-1])], "cross_entropy").result()
+            resumed.optim_step(adam).result()
+            assert resumed.forward([datum(TOKENS[::-1])], "cross_entropy").result().metrics["loss:sum"] == straight
+            with pytest.raises(Exception, match="without the optimizer state is not supported"):
+                service.create_training_client_from_state(saved).result()
+
+
+@contextlib.contextmanager
+def serve_in_a_process(model: str, out):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "rlinf_like.tinker", "serve", "--model", model, "--port",
+                             str(port), "--out", str(out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_refusals_name_what_is_not_served(client, server):

@@ -127,9 +127,9 @@ def training_routes(service: TinkerService) -> APIRouter:
     @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
         body = await request.json()
-        if "model_id" not in body:
-            raise ProtocolError("creating a training client from saved state is not supported here: create a "
-                                "LoRA training client, then load_state_with_optimizer")
+        if "model_id" not in body:  # create_training_client_from_state*: a new model at the saved state
+            return {"request_id": service.create_from_state(body["session_id"], body["model_seq_id"], body["path"],
+                                                            bool(body.get("optimizer")))}
         return {"request_id": service.load_state(body["model_id"], body["seq_id"], body["path"],
                                                  bool(body.get("optimizer")))}
 

@@ -24,6 +24,7 @@ from rlinf_like.models import load_tokenizer
 
 
 log = logging.getLogger(__name__)
+STATE_FILE = "tinker.json"  # beside a saved state: its LoRA rank, for a client created from it
 ALPHA = 32.0  # LoRA alpha (Tinker's: the update is (32 / rank) * B @ A)
 
 
@@ -95,6 +96,21 @@ class TinkerService:
         if self.models:
             raise ProtocolError(f"this server trains one model at a time; {list(self.models)} exists")
         return self.futures.add(self._create.submit(self._launch, model_id, rank), "create")
+
+    def create_from_state(self, session_id: str, model_seq_id: int, path: str, optimizer: bool) -> str:
+        """`create_training_client_from_state[_with_optimizer]`: a new model at a saved state, its LoRA rank the
+        saved one's; the client names it `<session>:train:<model_seq_id>`."""
+        folder = self.state_folder(path, optimizer)
+        if self.models:
+            raise ProtocolError(f"this server trains one model at a time; {list(self.models)} exists")
+        model_id, rank = f"{session_id}:train:{model_seq_id}", json.loads((folder / STATE_FILE).read_text())["rank"]
+
+        def create() -> dict:
+            self._launch(model_id, rank)
+            self.models[model_id].actor.load(str(folder)).wait()
+            return {"model_id": model_id, "path": path}
+
+        return self.futures.add(self._create.submit(create), "load")
 
     def _launch(self, model_id: str, rank: int) -> dict:
         from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
@@ -186,20 +202,27 @@ class TinkerService:
         def run(model: TrainedModel) -> dict:
             folder = self.out / model_id.replace(":", "_") / "weights" / name
             model.actor.save(str(folder)).wait()
+            (folder / STATE_FILE).write_text(json.dumps({"rank": model.rank, "base_model": self.model_path}))
             return {"path": f"tinker://{model_id}/weights/{name}"}
 
         return self.submit(model_id, seq_id, "save", run)
 
-    def load_state(self, model_id: str, seq_id: int, path: str, optimizer: bool) -> str:
+    def state_folder(self, path: str, optimizer: bool) -> Path:
+        """The folder `save_state` wrote for a `tinker://<model>/weights/<name>` path."""
         if not path.startswith("tinker://") or "/weights/" not in path:
             raise ProtocolError(f"path={path!r} is not a tinker://<model>/weights/<name> path this server wrote")
         source_model, name = path.removeprefix("tinker://").split("/weights/", 1)
         folder = self.out / source_model.replace(":", "_") / "weights" / name
-        if not folder.is_dir():
+        if not (folder / STATE_FILE).is_file():
             raise ProtocolError(f"no saved state at {path}")
         if not optimizer:
-            raise ProtocolError("load_weights without the optimizer state is not supported here: use "
-                                "load_state_with_optimizer (weights and Adam's moments together)")
+            raise ProtocolError("loading weights without the optimizer state is not supported here: use the "
+                                "*_with_optimizer call (weights and Adam's moments together)")
+        return folder
+
+    def load_state(self, model_id: str, seq_id: int, path: str, optimizer: bool) -> str:
+        folder = self.state_folder(path, optimizer)
+
         def run(model: TrainedModel) -> dict:
             model.actor.load(str(folder)).wait()  # the adapters and Adam's moments, as `save_state` wrote them
             return {"path": path}
