@@ -66,6 +66,7 @@ CUT = {"examples/agentic/main_agent.py": _AGENT,
        "rlinf_like.eval.ifeval": "--limit 2 --max-new-tokens 8",  # IFEval on a checkpoint: two prompts, short
        # the Tinker client loop, its server in process, on SmolLM2's first 8 layers (scripts/setup.sh writes them)
        "examples/tinker/sl_loop.py": "--steps 1 --model models/smollm2-8l",
+       "examples/tinker/rl_loop.py": "--steps 1 --prompts 2 --group 2 --model models/smollm2-8l",
        # the agentic presets' data writers: they rewrite the shipped files, byte for byte the same
        "examples/agentic/data/make_calculator_tasks.py": "", "examples/agentic/data/make_search_tasks.py": "",
        "examples/agentic/data/make_guess_tasks.py": ""}
@@ -293,7 +294,7 @@ def run_command(index: int, command: str, scratch: Path) -> subprocess.Completed
 
 # what a command takes, roughly (seconds on the 2-core VM, cut): the channel demo on Ray ~11, the agent preset ~9,
 # an embodied run ~5, the behaviour-cloning warm start ~3, the data writers <1
-COST = {"examples/tinker/sl_loop.py": 3, "examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4,
+COST = {"examples/tinker/sl_loop.py": 3, "examples/tinker/rl_loop.py": 3, "examples/channel_demo.py": 5, "examples/agentic/main_agent.py": 4,
         "examples/embodied/main_embodied.py": 2,
         "rlinf_like.eval.ifeval": 2, "examples/embodied/bc_warmstart.py": 1}
 

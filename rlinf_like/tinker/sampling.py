@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import queue
+import threading
+from concurrent.futures import Future
 
 import torch
 
@@ -60,11 +63,56 @@ def prompt_logprobs(engine, tokens: list[int]) -> list[float]:
     return [math.nan, *chosen[:, 0].tolist()]
 
 
-def run(engine, req: RolloutRequest, body: dict) -> bytes:
-    [result] = engine.generate([req])
+def respond(engine, req: RolloutRequest, result, body: dict) -> bytes:
+    """One request's SampleResponse from its engine result."""
     if result.error:
         raise UnsupportedLoss(result.error)
     sequences = [(ids, lps, "length" if reason == "length" else "stop")
                  for ids, lps, reason in zip(result.response_ids, result.logprobs, result.finish_reasons, strict=True)]
     return wire.encode_sample(sequences, prompt_logprobs(engine, req.prompt_ids) if body.get("prompt_logprobs")
                               else None)
+
+
+class Batcher:
+    """Samples requests on one thread, each engine's waiting requests in one `generate` call: a client that sends a
+    step's prompts at once (an RL loop) gets them decoded together, as the engine's continuous batching allows."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="tinker-sample")
+        self._thread.start()
+
+    def submit(self, engine, req: RolloutRequest, body: dict) -> Future:
+        future: Future = Future()
+        self._queue.put((engine, req, body, future))
+        return future
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _loop(self) -> None:
+        while (first := self._queue.get()) is not None:
+            waiting = [first]
+            while not self._queue.empty():
+                item = self._queue.get()
+                if item is None:
+                    self._queue.put(None)
+                    break
+                waiting.append(item)
+            for engine in {id(w[0]): w[0] for w in waiting}.values():
+                mine = [w for w in waiting if w[0] is engine]
+                self._run(engine, mine)
+
+    @staticmethod
+    def _run(engine, items: list) -> None:
+        try:
+            results = engine.generate([req for _, req, _, _ in items])
+        except BaseException as error:  # noqa: BLE001 - each waiting request fails with it
+            for *_, future in items:
+                future.set_exception(error)
+            return
+        for (_, req, body, future), result in zip(items, results, strict=True):
+            try:
+                future.set_result(respond(engine, req, result, body))
+            except BaseException as error:  # noqa: BLE001
+                future.set_exception(error)

@@ -21,10 +21,13 @@ from typing import Any, Callable
 
 from rlinf_like.models.export import complete_export
 from rlinf_like.models import load_tokenizer
+from rlinf_like.tinker.sampling import Batcher
+from rlinf_like.tinker.sampling import request as sampling_request
 
 
 log = logging.getLogger(__name__)
 STATE_FILE = "tinker.json"  # beside a saved state: its LoRA rank, for a client created from it
+SAMPLER_KV_GB = 0.5  # each sampling session's KV cache (SmolLM2: ~2,600 tokens, one 2,048-token sequence)
 ALPHA = 32.0  # LoRA alpha (Tinker's: the update is (32 / rank) * B @ A)
 
 
@@ -76,7 +79,7 @@ class TinkerService:
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, Any] = {}  # sampling session id -> native engine
         self.sampler_paths: dict[str, str] = {}  # tinker:// path -> exported folder
-        self._sampling = ThreadPoolExecutor(1, thread_name_prefix="tinker-sample")
+        self._sampling = Batcher()
         self._create = ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
         self._lock = threading.Lock()
         self.tokenizer = load_tokenizer(model_path)  # what an exported sampler checkpoint is completed with
@@ -235,8 +238,10 @@ class TinkerService:
 
         sampler_id = f"{session_id}:sample:{sampling_seq if sampling_seq is not None else uuid.uuid4().hex[:6]}"
         dtype = "float32" if self.precision == "fp32" else "auto"
+        # a fixed KV cache: the default share of free memory (~2 GB here) would be allocated again for every
+        # sampler checkpoint an RL loop saves, each step
         self.samplers[sampler_id] = make_engine(RolloutConfig(engine="native", model_path=folder, dtype=dtype,
-                                                              max_batch_size=16))
+                                                              max_batch_size=64, kv_cache_memory_gb=SAMPLER_KV_GB))
         return sampler_id
 
     def create_sampling_session(self, session_id: str, sampling_seq: int, model_path: str | None,
@@ -250,14 +255,12 @@ class TinkerService:
         return self._open_sampler(session_id, sampling_seq, self.model_path)
 
     def sample(self, body: dict) -> tuple[str, list[str]]:
-        from rlinf_like.tinker import sampling
-
         sampler_id = body.get("sampling_session_id")
         if sampler_id not in self.samplers:
             raise ProtocolError(f"sampling_session_id={sampler_id!r} is not open here: {sorted(self.samplers)}")
-        request = sampling.request(body)  # checked now: a bad request is refused at the call
+        request = sampling_request(body)  # checked now: a bad request is refused at the call
         engine = self.samplers[sampler_id]
-        future = self._sampling.submit(sampling.run, engine, request, body)
+        future = self._sampling.submit(engine, request, body)
         request_id = self.futures.add(future, "sample")
         return request_id, [f"{request_id}:{i}" for i in range(request.n)]
 
@@ -267,7 +270,7 @@ class TinkerService:
         return {"sampler_id": sampler_id, "base_model": self.names[-1]}
 
     def close(self) -> None:
-        self._sampling.shutdown(wait=False, cancel_futures=True)
+        self._sampling.close()
         self._create.shutdown(wait=False, cancel_futures=True)
 
 
