@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,10 +24,11 @@ from rlinf_like.tinker.sampling import Batcher
 from rlinf_like.tinker.sampling import request as sampling_request
 
 
-log = logging.getLogger(__name__)
 STATE_FILE = "tinker.json"  # beside a saved state: its LoRA rank, for a client created from it
 SAMPLER_KV_GB = 0.5  # each sampling session's KV cache (SmolLM2: ~2,600 tokens, one 2,048-token sequence)
-ALPHA = 32.0  # LoRA alpha (Tinker's: the update is (32 / rank) * B @ A)
+ALPHA = 32.0  # LoRA alpha: the update is (32 / rank) * B @ A (the protocol sends no alpha)
+# sampling sessions kept open, the newest: an RL loop opens one per step, and each holds its weights and KV cache
+MAX_SAMPLERS = 4
 
 
 class ProtocolError(ValueError):
@@ -81,7 +81,6 @@ class TinkerService:
         self.sampler_paths: dict[str, str] = {}  # tinker:// path -> exported folder
         self._sampling = Batcher()
         self._create = ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
-        self._lock = threading.Lock()
         self.tokenizer = load_tokenizer(model_path)  # what an exported sampler checkpoint is completed with
 
     # --- sessions and models ----------------------------------------------------------------------------
@@ -240,6 +239,8 @@ class TinkerService:
         dtype = "float32" if self.precision == "fp32" else "auto"
         # a fixed KV cache: the default share of free memory (~2 GB here) would be allocated again for every
         # sampler checkpoint an RL loop saves, each step
+        while len(self.samplers) >= MAX_SAMPLERS:  # the oldest goes; asking it later is refused by name
+            self.samplers.pop(next(iter(self.samplers)))
         self.samplers[sampler_id] = make_engine(RolloutConfig(engine="native", model_path=folder, dtype=dtype,
                                                               max_batch_size=64, kv_cache_memory_gb=SAMPLER_KV_GB))
         return sampler_id
@@ -257,7 +258,8 @@ class TinkerService:
     def sample(self, body: dict) -> tuple[str, list[str]]:
         sampler_id = body.get("sampling_session_id")
         if sampler_id not in self.samplers:
-            raise ProtocolError(f"sampling_session_id={sampler_id!r} is not open here: {sorted(self.samplers)}")
+            raise ProtocolError(f"sampling_session_id={sampler_id!r} is not open here (the {MAX_SAMPLERS} newest stay "
+                                f"open): {sorted(self.samplers)}")
         request = sampling_request(body)  # checked now: a bad request is refused at the call
         engine = self.samplers[sampler_id]
         future = self._sampling.submit(engine, request, body)
