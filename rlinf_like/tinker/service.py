@@ -95,16 +95,14 @@ class TinkerService:
         if unknown:
             raise ProtocolError(f"lora_config {unknown} = false is not supported here: every linear layer is adapted")
         model_id = f"{session_id}:train:{model_seq_id}"
-        if self.models:
-            raise ProtocolError(f"this server trains one model at a time; {list(self.models)} exists")
+        self._check_no_model()
         return self.futures.add(self._create.submit(self._launch, model_id, rank), "create")
 
     def create_from_state(self, session_id: str, model_seq_id: int, path: str, optimizer: bool) -> str:
         """`create_training_client_from_state[_with_optimizer]`: a new model at a saved state, its LoRA rank the
         saved one's; the client names it `<session>:train:<model_seq_id>`."""
         folder = self.state_folder(path, optimizer)
-        if self.models:
-            raise ProtocolError(f"this server trains one model at a time; {list(self.models)} exists")
+        self._check_no_model()
         model_id, rank = f"{session_id}:train:{model_seq_id}", json.loads((folder / STATE_FILE).read_text())["rank"]
 
         def create() -> dict:
@@ -113,6 +111,10 @@ class TinkerService:
             return {"model_id": model_id, "path": path}
 
         return self.futures.add(self._create.submit(create), "load")
+
+    def _check_no_model(self) -> None:
+        if self.models:
+            raise ProtocolError(f"this server trains one model at a time; {list(self.models)} exists")
 
     def _launch(self, model_id: str, rank: int) -> dict:
         from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
