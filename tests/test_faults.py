@@ -54,6 +54,15 @@ def runner_state(out: Path) -> dict:
     return json.loads((out / "checkpoint" / "runner.json").read_text())
 
 
+def copy_committed(ckpt: Path, dest: Path) -> None:
+    """The committed checkpoint (runner.json and the step directory it names) copied while its run goes on.
+    Only that one: a commit deletes the older step directories right after flipping runner.json."""
+    state = (ckpt / "runner.json").read_text()
+    step_dir = json.loads(state)["checkpoint"]
+    shutil.copytree(ckpt / step_dir, dest / step_dir)
+    (dest / "runner.json").write_text(state)
+
+
 def wait_until_gone(pids: list[int], timeout: float = 30) -> list[int]:
     """The pids still alive after `timeout` (zombies count as gone)."""
     deadline = time.monotonic() + timeout
@@ -117,7 +126,7 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
         time.sleep(0.02)
     assert resumed.poll() is None, finish(resumed)[-3000:]  # still running, in step 5 or later
     straight = tmp_path / "straight"
-    shutil.copytree(ckpt, straight / "checkpoint")
+    copy_committed(ckpt, straight / "checkpoint")
     at_kill = runner_state(straight)
     actor_pid = json.loads((run / "workers.json").read_text())["actor"][0]
     assert actor_pid not in workers
