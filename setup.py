@@ -64,7 +64,10 @@ setup(
         "tinker": ["tinker==0.38.0", "fastapi>=0.110", "uvicorn>=0.29"],
         "bench": ["stable-baselines3"],  # bench/ppo_vs_sb3.py only; install with -c constraints-cpu.txt
         "wandb": ["wandb"],  # logger.wandb=true (rlinf_like/utils/tracking.py)
-        # pytest-xdist: the suite runs on two workers (pyproject.toml); wandb: tests/test_tracking.py runs it offline
-        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist", "wandb"],
+        # the docs site (mkdocs.yml): MkDocs with the Material theme, built offline by tests/test_docs_site.py
+        "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.2"],
+        # pytest-xdist: the suite runs on two workers (pyproject.toml); wandb: tests/test_tracking.py runs it offline;
+        # the docs site is built by the suite, so its packages come with the tests'
+        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist", "wandb", "mkdocs==1.6.1", "mkdocs-material==9.8.2"],
     },
 )
