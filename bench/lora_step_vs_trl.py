@@ -8,7 +8,7 @@ an FSDP dp=2 actor and two native-engine replicas taking turns on the 2 cores, `
 runs in its own process with 2 torch threads, HF `generate` (no vLLM on this CPU), peft's LoRA with the same
 rank, alpha and modules, and every differing default set (below, printed as the effective config); its
 precision follows the same rule as ours: bf16 where the CPU has bf16 units, else fp32 (`--trl-precision` sets it;
-on a Zen 4 host TRL's fp32 step was slower than its bf16 one, docs/benchmarks.md).
+on a Zen 4 host TRL's fp32 step was slower than its bf16 one, docs/benchmarks/reasoning.md).
 
 Each side is a fresh process per repetition (nothing cached between repetitions: no warm prefix, no compiled
 kernels), the sides alternated (ours first on even repetitions). A repetition runs `--steps` steps on the same

@@ -1,4 +1,4 @@
-"""Run every benchmark in bench/, one after another, and write their ratios and targets into docs/benchmarks.md.
+"""Run every benchmark in bench/, one after another, and write their ratios and targets into docs/benchmarks/index.md.
 
     python bench/run_all.py            # full runs (an hour or more on 2 cores)
     python bench/run_all.py --quick    # each bench's quick mode: checks they all run (~8 min on 2 cores)
@@ -7,7 +7,7 @@
 
 Each bench runs in its own process (never two at once: they would share the cores and time each other); its
 output is echoed, and its last line, one JSON object, gives the ratios. The generated table goes between the
-markers below in docs/benchmarks.md; the hand-written sections after them are left as they are. Each bench's rows
+markers below in docs/benchmarks/index.md; the hand-written sections around them are left as they are. Each bench's rows
 carry their run's provenance (full or quick, start time, wall time, load at its start and end, extra flags), so
 `--merge` can run a few benches and keep the other benches' rows from the table already there. A bench that
 fails, or whose optional package (trl, stable-baselines3, megatron-core) is missing, gets a row saying so; so does
@@ -37,7 +37,7 @@ from bench.rollout_versus import missing_vllm  # noqa: E402
 from bench.summary_table import BEGIN, END, Table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "benchmarks" / "index.md"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +88,7 @@ BENCHES = (
 )
 
 # bench -> JSON key (dotted for nested objects) -> (direction, target); None: shown without a target.
-# The targets the project set itself; docs/benchmarks.md records each bench's measurements.
+# The targets the project set itself; the pages under docs/benchmarks/ record each bench's measurements.
 TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "channel": {"throughput.1MiB.ratio": (">=", 0.8), "throughput.64MiB.ratio": (">=", 0.8),
                 "latency_ratio": ("<=", 2.0)},
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="each bench's quick mode")
     p.add_argument("--only", nargs="+", metavar="BENCH", help=f"a subset of {[b.name for b in BENCHES]}")
-    p.add_argument("--no-write", action="store_true", help="print the table, leave docs/benchmarks.md alone")
+    p.add_argument("--no-write", action="store_true", help="print the table, leave docs/benchmarks/index.md alone")
     p.add_argument("--merge", action="store_true", help="replace only these benches' rows in the table already there")
     p.add_argument("--extra", default="", help="flags appended to the one --only bench's command (recorded in its row)")
     args = p.parse_args(argv)

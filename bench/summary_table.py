@@ -1,4 +1,4 @@
-"""The generated table of docs/benchmarks.md: render it, read it back, and merge a partial run into it.
+"""The generated table of docs/benchmarks/index.md: render it, read it back, and merge a partial run into it.
 
 Each bench's rows carry their own provenance in the last column (full or **quick**, when the bench started, its
 wall time, the 1-minute load average at its start and end, flags beyond its defaults), so a table assembled from

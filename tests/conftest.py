@@ -132,7 +132,7 @@ def host_lines() -> list[str]:
 
 def speed_probe(seconds: float = 0.3) -> str:
     """How fast this host runs one thread now: the same machine kind's speed moves by a third between quarter-hours
-    (docs/benchmarks.md, "Test timings"), so the suite prints it at its start and end beside its time."""
+    (docs/benchmarks/test-timings.md), so the suite prints it at its start and end beside its time."""
     a = torch.randn(256, 256)
     start, n = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:

@@ -1,5 +1,5 @@
 """bench/run_all.py's logic on canned output: reading a bench's last JSON line, judging ratios against their
-targets, writing the table between the markers of docs/benchmarks.md, and rows for benches that fail or lack a
+targets, writing the table between the markers of docs/benchmarks/index.md, and rows for benches that fail or lack a
 package. No real benchmark runs here (the fake benches are three-line scripts)."""
 
 from pathlib import Path
@@ -116,7 +116,7 @@ def test_the_older_single_run_table_is_read_with_its_run_as_each_rows_provenance
 def test_merge_run_writes_only_its_bench(tmp_path, monkeypatch):
     script = tmp_path / "fake.py"
     script.write_text('print("rep 1")\nprint(\'{"bench": "offload", "offload_ratio": 0.95, "onload_ratio": 0.9}\')\n')
-    doc = tmp_path / "benchmarks.md"
+    doc = tmp_path / "index.md"
     doc.write_text(f"# B\n\n{OLD_BLOCK}\n\n## Offload\nhand-written\n")
     monkeypatch.setattr(run_all, "DOC", doc)
     monkeypatch.setattr(run_all, "BENCHES", (Bench(name="offload", script=str(script)),))

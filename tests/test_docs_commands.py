@@ -22,8 +22,8 @@ Then one command per entry script really runs, as a shell would split it, with i
 interpreter and the overrides of `CUT` appended (hydra and argparse take the last value of a key), so each trains
 for one step on tiny batches and writes under the scratch directory (`test_one_command_per_script_runs`): the
 agentic and embodied scripts in process (cluster.backend=local), the channel demo on Ray, the behaviour-cloning
-warm start and the data writers. The reasoning script's commands run in tests/test_golden_runs.py instead, README's
-in-process debugging command and the pipelined preset among them, for 6 steps with every step's metrics checked:
+warm start and the data writers. The reasoning script's commands run in tests/test_golden_runs.py instead, the
+debugging guide's in-process command and the pipelined preset among them, for 6 steps with every step's metrics checked:
 they run there, not twice.
 """
 
@@ -43,8 +43,11 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 ROOT = Path(__file__).resolve().parents[1]
-# README and every page of the docs site (the changelog is history: its commands were true when written)
-DOC_PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "changelog.md")]
+# README and every page of the docs site (the changelog is history: its commands were true when written), the guides
+# first: a script's first documented command, the one that runs (`launched`), is the one its guide gives a user
+_GUIDES = ROOT / "docs" / "guides"
+DOC_PAGES = [ROOT / "README.md", *sorted(_GUIDES.rglob("*.md")),
+             *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "changelog.md" and _GUIDES not in p.parents)]
 STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh ", "tensorboard ")
 SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
            "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
@@ -112,7 +115,7 @@ def is_synopsis(command: str) -> bool:
     """A usage line rather than a command: a placeholder (`MODEL`, `SRC DST`), an optional part `[...]` or
     alternatives `a|b`. Its script must parse, and every flag it names must be one its parser has."""
     args = " ".join(command.split()[2:])
-    return bool(re.search(r"\[|\||(?<![\w.=/:-])[A-Z][A-Z_]+(?![\w.=/:-])", args))
+    return bool(re.search(r"(?:^|\s)\[|\||(?<![\w.=/:-])[A-Z][A-Z_]+(?![\w.=/:-])", args))  # not `key=[a,b]`
 
 
 def _lines(text: str) -> list[str]:
@@ -152,12 +155,12 @@ def golden_run(command: str) -> str | None:
 
 COMMANDS = doc_commands()
 CHECKED = [(where, command) for where, command in COMMANDS if skip_reason(command) is None]
-DEBUG_MARK = "cluster.backend=local"  # README's "Debugging a run in one process" command
+DEBUG_MARK = "cluster.backend=local"  # the command of docs/guides/debugging.md
 
 
 def launched() -> list[tuple[str, str]]:
     """The commands that really run: each entry script's first documented command, except main_grpo.py's (its
-    presets are the golden runs, README's in-process debugging command among them, each with every step checked),
+    presets are the golden runs, the debugging guide's in-process command among them, each with every step checked),
     and no `--help` or listing (checked in process)."""
     first: dict[str, tuple[str, str]] = {}
     for where, command in CHECKED:
@@ -177,7 +180,7 @@ def test_only_setup_cluster_and_viewer_commands_are_skipped():
     scripts = {_script(c) for _, c in CHECKED}
     assert set(CUT) <= scripts, f"cut-down overrides for a script no page documents: {set(CUT) - scripts}"
     assert len(CHECKED) >= 20
-    # the preset runs left to the golden test are exactly its collocated (README's in-process debugging command)
+    # the preset runs left to the golden test are exactly its collocated (the debugging guide's in-process command)
     # and pipelined runs
     assert sorted({golden_run(c) for _, c in COMMANDS} - {None}) == ["collocated", "pipelined"]
     assert [golden_run(c) for _, c in CHECKED if DEBUG_MARK in c and _script(c) == GOLDEN_SCRIPT][:1] == ["collocated"]
@@ -185,8 +188,8 @@ def test_only_setup_cluster_and_viewer_commands_are_skipped():
     assert {_script(c) for _, c in LAUNCH} == set(CUT) - {"rlinf_like.config.show"}
 
 
-def test_readme_placement_overrides_compose_to_the_placement_they_describe():
-    """The README's placement overrides for a GPU node, composed over the preset, planned on 8 GPUs."""
+def test_guide_placement_overrides_compose_to_the_placement_they_describe():
+    """The scaling-out guide's placement overrides for a GPU node, composed over the preset, planned on 8 GPUs."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
@@ -194,8 +197,8 @@ def test_readme_placement_overrides_compose_to_the_placement_they_describe():
     from rlinf_like.runners.reasoning.config import ReasoningConfig
     from rlinf_like.runtime.placement import Device, PlacementMode, plan_placement
 
-    readme = (ROOT / "README.md").read_text()
-    forms = [" ".join(s.split()).strip("'") for s in re.findall(r"`'?(cluster\.component_placement[^`]+)`", readme)]
+    guide = (ROOT / "docs/guides/scaling-out.md").read_text()
+    forms = [" ".join(s.split()).strip("'") for s in re.findall(r"`'?(cluster\.component_placement[^`]+)`", guide)]
     assert len(forms) >= 2, forms
     devices = {"gpu": [Device("gpu", i, 0, "n", "ip") for i in range(8)], "cpu": [Device("cpu", 0, 0, "n", "ip")]}
     ConfigStore.instance().store(name="reasoning_schema", node=hydra_schema(ReasoningConfig))
@@ -218,7 +221,7 @@ def _split(form: str) -> list[str]:
 def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     (root / "examples").symlink_to(ROOT / "examples")
-    (root / "tests").symlink_to(ROOT / "tests")  # the README's sample data
+    (root / "tests").symlink_to(ROOT / "tests")  # the guides' sample data
     (root / "models").symlink_to(ROOT / "models")  # the real model the grpo_smollm2 preset names (scripts/setup.sh)
     return root
 
@@ -400,9 +403,10 @@ def test_one_command_per_script_runs(where, command, results, scratch):
 
 
 @pytest.mark.slow
-def test_readme_python_snippet_runs(scratch):
-    """README's Worker / Channel snippet, as written: a two-rank group on Ray, a typed channel."""
-    text = (ROOT / "README.md").read_text()
+def test_guide_python_snippet_runs(scratch):
+    """The Worker / Channel snippet of docs/guides/workers-and-channels.md, as written: a two-rank group on Ray, a
+    typed channel."""
+    text = (ROOT / "docs/guides/workers-and-channels.md").read_text()
     snippets = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(snippets) == 1
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -12,7 +12,7 @@ that hook the model's outputs (FSDP2's pre-backward unshard) see it as the forwa
 
 A chunk's numbers are the same ops on the same rows as a full pass: log_softmax and the entropy reduce within a
 row. Only the output layer's matmul sees fewer rows, and GEMM kernels may round a row differently when given
-very few (below ~64 rows on one Zen 4 host; docs/benchmarks.md), so chunks are never cut that small.
+very few (below ~64 rows on one Zen 4 host; docs/benchmarks/exactness.md), so chunks are never cut that small.
 """
 
 from __future__ import annotations

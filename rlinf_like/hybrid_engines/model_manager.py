@@ -165,7 +165,7 @@ def logprobs_by_length(compute: Callable[[Batch], torch.Tensor], batch: Batch, l
     """`compute`'s logprobs of a right-padded batch, one forward per row length, each over that length's rows
     and no padding: a row's numbers then depend on its own tokens only. A padded forward runs attention over
     the batch's longest length, and on CPU that changes the last bits of a row's logprobs; the native engine's
-    rescoring runs each sequence unpadded, so in fp32 the two agree bit for bit (docs/benchmarks.md).
+    rescoring runs each sequence unpadded, so in fp32 the two agree bit for bit (docs/benchmarks/exactness.md).
     `lengths` are the whole batch's (every rank's), so every rank runs the same forwards, as FSDP's collective
     parameter gathers need: a length this rank has no row of runs on a dummy row. Padding positions are 0."""
     ids, mask = batch["input_ids"], batch["attention_mask"]

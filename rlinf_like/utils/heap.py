@@ -4,7 +4,7 @@ glibc's malloc keeps freed heap memory for reuse, and after a large block alloca
 mmap threshold (up to 32 MiB), so that later tensors of that size come from the heap too. A training step allocates
 activations of a different shape every step (the answers' lengths change), so the heap fragments and a rank's
 resident memory climbs step after step: on SmolLM2 with 256-token answers an FSDP rank went 4.0 -> 6.3 GB in three
-steps, and `malloc_trim(0)` took it back to 3.2 GB (docs/benchmarks.md). Ray's memory monitor reads resident memory,
+steps, and `malloc_trim(0)` took it back to 3.2 GB (docs/benchmarks/reasoning.md, IFEval). Ray's memory monitor reads resident memory,
 so the held pages kill runs that fit."""
 
 from __future__ import annotations

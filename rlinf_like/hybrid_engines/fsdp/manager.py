@@ -78,7 +78,7 @@ class FSDPConfig:
     # Sharded: trade speed for memory (the launcher sets it for a model the default memory share cannot hold):
     # gather the weights per micro-batch instead of holding them over a step (CPU), and reduce-scatter the gradients
     # of every micro-batch instead of accumulating unsharded ones (on Gemma 3 270M it saved 0.3-0.6 GB a rank, less
-    # than the two unsharded copies of the weights it avoids, and cost ~30% of the step: docs/benchmarks.md)
+    # than the two unsharded copies of the weights it avoids, and cost ~30% of the step: docs/benchmarks/training-step.md)
     lean: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

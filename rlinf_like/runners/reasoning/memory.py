@@ -6,7 +6,7 @@ The per-token figure counts, per decoder layer, the tensors an HF Llama-style la
 about 10 hidden-sized (norms, q/k/v, attention and MLP outputs, residuals) and 4 intermediate-sized (gate, up,
 their activation and product), in fp32, with a quarter on top. Measured on SmolLM2-135M (30 layers, hidden 576,
 intermediate 1536), one forward+backward on 8 x 128 tokens: 1.78 MB per token in fp32 and 1.56 MB under bf16
-autocast, against 1.79 MB estimated (docs/benchmarks.md). The output layer never adds a [B, T, V] tensor
+autocast, against 1.79 MB estimated (docs/benchmarks/training-step.md). The output layer never adds a [B, T, V] tensor
 (hybrid_engines/head_stats.py): it adds a few chunks of `CHUNK_BYTES`.
 """
 
@@ -24,7 +24,7 @@ DEFAULT_SHARE = 0.3  # of this machine's memory, split over the actor's ranks, w
 # machine, and its ranks trade speed for memory (FSDPConfig.lean: no unsharded weights held or gradients
 # accumulated): the default runs it, not refuses. Gemma 3 270M (its 262k-row embedding is 63% of its weights), 2
 # GRPO steps of the default preset: 512-token micro-batches peaked at +18.9 GB with 118-151 s steps, 256-token ones
-# at +18.2 GB with 178-192 s steps (docs/benchmarks.md)
+# at +18.2 GB with 178-192 s steps (docs/benchmarks/training-step.md)
 FLOOR_TOKENS = 256
 RAISED_TOKENS = 512
 DEFAULT_CEILING = 0.5

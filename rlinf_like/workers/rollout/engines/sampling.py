@@ -9,7 +9,7 @@ cumulative probability exceeds u * total. Only floating-point passes touch the w
 exp, block sums); the integer hash runs once per row. The search is two-level so no [B, V] cumulative sum is
 built: block sums (in float64) pick the block, then one block's cumulative sum picks the token. A Gumbel-max draw
 needs a hashed noise value per vocabulary entry, which at 49k-262k entries took longer than the decode step's
-matmuls (`docs/benchmarks.md`).
+matmuls (`docs/benchmarks/rollout.md`).
 """
 
 from __future__ import annotations

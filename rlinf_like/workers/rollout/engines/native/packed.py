@@ -5,7 +5,7 @@ prepacks its weights the same way). Two kernels, by the weights' dtype:
 - float32: MKL's packed GEMM (`cblas_sgemm_pack`), ~10% less time, used from `MIN_ROWS` rows (a prefill's hundreds
   of rows and a few stragglers' rows were slower packed);
 - bfloat16: oneDNN's prepacked matmul (the kernel `torch.compile`'s freezing uses), measured on a Zen 4 host 2x
-  F.linear at one row, ~20% at 32, ~5% at 128 (`docs/benchmarks.md`), so used at every batch size;
+  F.linear at one row, ~20% at 32, ~5% at 128 (`docs/benchmarks/rollout.md`), so used at every batch size;
 - float32 with `rollout.fp32_kernels=onednn`: oneDNN's prepacked matmul too, 2.4-3.5x F.linear on that host at
   decode shapes (MKL's sgemm there is slow), at every batch size, without F.linear's bits (sums in another order:
   logprobs move by ~1e-6 relative), so not by default.
