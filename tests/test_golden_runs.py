@@ -12,8 +12,8 @@ to 1e-6 and the exported weights must be bit-identical. On a path not yet record
 within `CROSS_PATH_TOL` of every recording (the gap measured between the paths we have): after it the runs follow
 what each path sampled (`golden.record.check` says why); `python tests/golden/record.py` then records the new path.
 
-Two paths are recorded, each run on both: a Zen 4 host's (AVX-512 + bf16) and an Intel Xeon's with AMX. An AVX2-only
-host has no recording yet. Each run's "commit" names the commit it was recorded at (the recording's, for runs
+Three paths are recorded, each run on each: a Zen 4 host's (AVX-512 + bf16), an Intel Xeon's with AMX and an
+AVX2-only AMD EPYC's (cpu family 25, `avx2 fma`, no AVX-512). Each run's "commit" names the commit it was recorded at (the recording's, for runs
 recorded before runs had their own).
 """
 
