@@ -70,6 +70,17 @@ def real_model_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def real_model_8l_path(real_model_path) -> str:
+    """SmolLM2-135M-Instruct's first 8 decoder layers with its tokenizer (scripts/setup.sh writes it): the real
+    checkpoint's names, shapes, tokenizer and chat template at ~1/3.5 of its compute, for tests of a preset's
+    wiring rather than of the whole model."""
+    path = Path(real_model_path).parent / "smollm2-8l"
+    if not (path / "config.json").is_file():
+        pytest.skip(f"needs {path}: run `python -m rlinf_like.models.truncate {real_model_path} {path} --layers 8`")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def gemma3_path() -> str:
     """The Gemma 3 270M HF folder (tests using it carry @pytest.mark.gemma3)."""
     from rlinf_like.models.get import is_complete

@@ -170,14 +170,16 @@ def test_the_evaluation_command_is_deterministic_and_refuses_bad_arguments(real_
 
 
 @pytest.mark.real_model
-def test_the_preset_runs_a_step_in_process_on_the_real_model(real_model_path, tmp_path):
+def test_the_preset_runs_a_step_in_process_on_the_real_model(real_model_8l_path, tmp_path):
+    """The preset's wiring (its data, reward, held-out scores and their TensorBoard group) on SmolLM2's first 8
+    layers: the real tokenizer, chat template and checkpoint layout, a third of the compute."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
     small = ["runner.max_steps=1", "runner.eval_every=1", "runner.save_every=1", "runner.prompts_per_step=2",
              "algorithm.samples_per_prompt=2", "runner.max_new_tokens=24", "data.test_problems=4",
              "+data.options.pool=100", "cluster.backend=local", "cluster.component_placement.actor=0",
-             "cluster.component_placement.rollout=0", f"runner.output_dir={out}"]
+             "cluster.component_placement.rollout=0", f"runner.output_dir={out}", f"model.path={real_model_8l_path}"]
     done = subprocess.run([sys.executable, "examples/reasoning/main_grpo.py", "--config-name", "grpo_ifeval_smollm2",
                            *small], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -393,8 +393,9 @@ TIMED = ("_s", "tokens_per_s")  # wall-clock metrics: differ between any two run
 
 @pytest.mark.real_model
 @pytest.mark.timeout(600)
-def test_grpo_with_lora_on_the_real_model(real_model_path, tmp_path):
-    """2 GRPO steps on SmolLM2-135M-Instruct with LoRA (all linear layers), then the same run resumed from its
+def test_grpo_with_lora_on_the_real_model(real_model_8l_path, tmp_path):
+    """2 GRPO steps on SmolLM2-135M-Instruct's first 8 layers (its checkpoint's names and shapes, its tokenizer; a
+    third of the compute) with LoRA (all linear layers), then the same run resumed from its
     step-1 checkpoint, one after the other in one spawned process (its workers in process, the rollout class
     replaced there only): (a) the reward is
     computed; (b) the adapters trained (B != 0) and the base is bit-unchanged; (c) the rollout serves peft's
@@ -406,9 +407,9 @@ def test_grpo_with_lora_on_the_real_model(real_model_path, tmp_path):
     out = tmp_path / "run"
     start = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        history, report = pool.submit(real_lora_run, str(out), real_model_path, False, 1).result()
+        history, report = pool.submit(real_lora_run, str(out), real_model_8l_path, False, 1).result()
         first_s = time.perf_counter() - start
-        resumed_history, resumed = pool.submit(real_lora_run, str(resumed_dir(out)), real_model_path, True).result()
+        resumed_history, resumed = pool.submit(real_lora_run, str(resumed_dir(out)), real_model_8l_path, True).result()
     steps = history[1:]
     assert [h["step"] for h in steps] == [1, 2]
     # (a) the reward is computed and finite at every step, with its accuracy and format rate; the held-out ones
