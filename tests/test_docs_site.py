@@ -58,3 +58,19 @@ def test_a_changed_schema_comment_makes_the_reference_stale(tmp_path, monkeypatc
     (tmp_path / "reasoning" / "extra.md").write_text("left over")
     monkeypatch.setattr(reference, "field_comments", real)
     assert reference.stale(tmp_path) == ["reasoning/extra.md"]
+
+
+def test_the_benchmark_plots_are_drawn_from_the_pages_tables(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plot_pages", ROOT / "bench" / "plot_pages.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    header, *rows = plots.table(ROOT / "docs/benchmarks/rollout.md", "batch | native | transformers")
+    assert header[0] == "batch" and [r[0] for r in rows] == ["1", "32", "128", "256"]
+    plots.main(["--out", str(tmp_path)])
+    for name in ("main_job_accuracy.png", "decode_step_by_batch.png"):
+        drawn = (tmp_path / name).read_bytes()
+        assert drawn[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"img/{name}" in "".join(p.read_text() for p in (ROOT / "docs/benchmarks").glob("*.md"))
+        assert (ROOT / "docs/benchmarks/img" / name).read_bytes() == drawn  # the committed plot is the table's
