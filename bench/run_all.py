@@ -54,7 +54,8 @@ class Bench:
 # modules in bench/ that are not benchmarks: the shared helpers, this runner, one side of a two-process bench, and
 # the one-process SAC loop the SAC bench and tests import
 SUPPORT = frozenset({"common.py", "run_all.py", "summary_table.py", "weight_sync_baselines.py", "grpo_trl_side.py",
-                     "rollout_side.py", "rollout_versus.py", "sac_local.py"})
+                     "rollout_side.py", "rollout_versus.py", "sac_local.py",
+                     "plot_pages.py"})  # plot_pages: draws the pages' plots from their tables, no bench
 
 BENCHES = (
     Bench(name="channel", script="channel.py"),
