@@ -229,17 +229,19 @@ def changed_keys(cls: type, values, prefix: str = "") -> list[str]:
     return out
 
 
-def preset_listing(cls: type, schema_name: str, config_dirs: list[Path]) -> str:
-    """Each preset of the folders (their presets build on `schema_name`) with what it sets away from the schema's
-    defaults, a line each."""
+def preset_changes(cls: type, schema_name: str, config_dirs: list[Path]) -> list[tuple[Path, str, list[str]]]:
+    """(folder, preset, what it sets away from the schema's defaults) for each preset of the folders (their presets
+    build on `schema_name`)."""
     from hydra.core.config_store import ConfigStore
 
     from rlinf_like.config.schema import hydra_schema
 
     ConfigStore.instance().store(name=schema_name, node=hydra_schema(cls))
-    lines = []
-    for folder in map(Path, config_dirs):
-        for preset in presets(folder):
-            changes = changed_keys(cls, composed(cls, folder, preset, []))
-            lines.append(f"{folder.parent.name}/ --config-name {preset}: {' '.join(changes)}")
-    return "\n".join(lines)
+    return [(folder, preset, changed_keys(cls, composed(cls, folder, preset, [])))
+            for folder in map(Path, config_dirs) for preset in presets(folder)]
+
+
+def preset_listing(cls: type, schema_name: str, config_dirs: list[Path]) -> str:
+    """Each preset of the folders with what it sets away from the schema's defaults, a line each."""
+    return "\n".join(f"{folder.parent.name}/ --config-name {preset}: {' '.join(changes)}"
+                     for folder, preset, changes in preset_changes(cls, schema_name, config_dirs))

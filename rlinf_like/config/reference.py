@@ -64,10 +64,7 @@ def index_page() -> str:
     for name in SCHEMAS:
         cls = schema(name)
         lines += [f"## {name.capitalize()} runs (`{SCHEMAS[name]}`)", "", "| section | what it holds |", "|---|---|"]
-        comments = field_comments(cls)
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(getattr(cls(), f.name)):
-                lines.append(f"| [`{f.name}`]({name}/{f.name}.md) | {_text(comments[f.name])} |")
+        lines += [f"| [`{section}`]({name}/{section}.md) | {_text(comment)} |" for section, comment in _sections(cls)]
         listing = _presets(name, cls)
         if listing:
             lines += ["", f"Each preset of the {name} examples (`--config-name`) and what it sets away from the "
@@ -81,19 +78,20 @@ def _presets(name: str, cls: type) -> list[str]:
     schema_name, folders = PRESET_DIRS[name]
     if not all((EXAMPLES / f).is_dir() for f in folders):
         return []
-    from hydra.core.config_store import ConfigStore
+    from rlinf_like.config.cli import preset_changes
 
-    from rlinf_like.config.cli import changed_keys, composed, presets
-    from rlinf_like.config.schema import hydra_schema
-
-    ConfigStore.instance().store(name=schema_name, node=hydra_schema(cls))
     lines = []
-    for folder in (EXAMPLES / f for f in folders):
-        for preset in presets(folder):
-            changes = changed_keys(cls, composed(cls, folder, preset, []))
-            lines += ["", f"### `{preset}` (`examples/{folder.parent.name}/config/`)", "",
-                      *(f"- `{_cell(change)}`" for change in changes)]
+    for folder, preset, changes in preset_changes(cls, schema_name, [EXAMPLES / f for f in folders]):
+        lines += ["", f"### `{preset}` (`examples/{folder.parent.name}/config/`)", "",
+                  *(f"- `{_cell(change)}`" for change in changes)]
     return lines
+
+
+def _sections(cls: type) -> list[tuple[str, str]]:
+    """(name, comment) of each top-level section of schema `cls`."""
+    default, comments = cls(), field_comments(cls)
+    return [(f.name, comments[f.name]) for f in dataclasses.fields(cls)
+            if dataclasses.is_dataclass(getattr(default, f.name))]
 
 
 def pages() -> dict[str, str]:
@@ -101,10 +99,8 @@ def pages() -> dict[str, str]:
     out = {"index.md": index_page()}
     for name in SCHEMAS:
         cls = schema(name)
-        comments = field_comments(cls)
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(getattr(cls(), f.name)):
-                out[f"{name}/{f.name}.md"] = section_page(name, cls, f.name, comments[f.name])
+        for section, comment in _sections(cls):
+            out[f"{name}/{section}.md"] = section_page(name, cls, section, comment)
     return out
 
 
