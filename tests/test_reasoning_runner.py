@@ -20,13 +20,14 @@ MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
 # Held-out greedy accuracy after 30 GRPO steps over the step-0 (SFT) accuracy. The run pins fp32 (the actor, and so
 # the rollout): `actor.precision=auto` picks bf16 on a CPU with bf16 units and fp32 elsewhere, and the two sample
 # different tokens from the first step, so with auto each host type would run another experiment. fp32 is also
-# the faster here on the tiny model (an Intel Xeon with AMX: 55 s against 86 s for the first 15 steps). Measured
-# in fp32 in process on that Intel host for seeds 0-3: +0.145, +0.130, +0.075, +0.115 (step-0 accuracy 0.505 to
-# 0.710); in fp32 on a Zen 4 host, seed 0: +0.170 (0.500 -> 0.670). Earlier, in bf16 on a Zen 4 host: +0.080 to
-# +0.135 over six runs. The margin is half the smallest.
+# the faster here on the tiny model (an Intel Xeon with AMX: 55 s against 86 s for the first 15 steps). The SFT
+# warm start keeps the preset's 300 steps on half its rows (`runner.sft_batch_size=32`): SFT was most of the test's
+# compute. Measured so, in fp32 in process on the Intel AMX host for seeds 0-3: +0.195, +0.100, +0.075, +0.100
+# (step-0 accuracy 0.295 to 0.615); with the preset's 64 rows +0.145, +0.130, +0.075, +0.115 there and +0.170 on a
+# Zen 4 host (seed 0). The margin is half the smallest.
 ACCURACY_GAIN = 0.035
 # the main job's preset in process (cluster.backend=local: one rank per group, no Ray start-up) through its script
-COLLOCATED = ["runner.save_every=15", "runner.eval_every=15", "cluster.backend=local",
+COLLOCATED = ["runner.save_every=15", "runner.eval_every=15", "runner.sft_batch_size=32", "cluster.backend=local",
               "cluster.component_placement.actor=0", "cluster.component_placement.rollout=0", "actor.precision=fp32"]
 
 
