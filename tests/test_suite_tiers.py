@@ -46,3 +46,18 @@ def marked(mark: str) -> set[str]:
 def test_the_extended_tier_is_the_listed_tests_and_no_guarantee():
     assert marked("extended") == EXTENDED
     assert not [t for t in EXTENDED if t.split("::")[0] in GUARANTEES]
+
+
+def test_the_heavy_files_named_for_the_schedule_exist_and_come_first():
+    from conftest import HEAVY_FIRST, heaviest_first
+
+    assert len(set(HEAVY_FIRST)) == len(HEAVY_FIRST) and all((TESTS / name).is_file() for name in HEAVY_FIRST)
+
+    class Item:
+        def __init__(self, name, i):
+            self.path, self.i = TESTS / name, i
+
+    items = [Item("test_zzz_unlisted.py", 0), Item(HEAVY_FIRST[1], 1), Item("test_aaa_unlisted.py", 2),
+             Item(HEAVY_FIRST[0], 3), Item(HEAVY_FIRST[1], 4)]
+    heaviest_first(items)
+    assert [it.i for it in items] == [3, 1, 4, 0, 2]  # listed by rank, a file's tests in order, the rest after
