@@ -116,12 +116,12 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
     shutil.copytree(ckpt / "step_4", tmp_path / "uncommitted_step_4")  # what an uninterrupted run has at step 4
     shutil.copytree(ckpt / "step_2", tmp_path / "step_2")
     workers = [p for ps in json.loads((run / "workers.json").read_text()).values() for p in ps]
-    assert not wait_until_gone(workers)  # the dead driver's workers went with it
 
     # 2. resumed from step 2 with one restart allowed; once step 4 is committed (its state copied aside: where a
     # fault-free run stands), the actor's process is SIGKILLed during step 5. The run recovers by itself: it names
     # the dead worker, relaunches every group, resumes from step 4 and ends with rc 0
     procs.append(resumed := start(GRPO, run, *TINY_GRPO, "runner.resume=true", "runner.max_restarts=1"))
+    assert not wait_until_gone(workers)  # the dead driver's workers went with it (while the new run starts)
     while resumed.poll() is None and runner_state(run)["step"] < 4:
         time.sleep(0.02)
     assert resumed.poll() is None, finish(resumed)[-3000:]  # still running, in step 5 or later
