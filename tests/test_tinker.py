@@ -191,3 +191,30 @@ def test_policy_losses_follow_their_definitions():
     with pytest.raises(losses.UnsupportedLoss, match=r"loss_fn_config \['eps'\]"):
         losses.check_loss("ppo", {"eps": 0.2}, [])
     assert math.isclose(losses.check_loss("ppo", {"clip_high_threshold": 1.28}, [])["clip_high_threshold"], 1.28)
+
+
+def test_a_finished_session_frees_its_model_for_the_next_client(server, tmp_path):
+    """One training model at a time, but only while its session lasts: the end of `with ServiceClient()` posts
+    `sessions/{id}/finish`, which drops the session's model (its workers end) and sampling sessions, so a recipe
+    run twice against one server creates its model again instead of being refused."""
+    path = server.service.model_path  # a second server on the module's in-process cluster (one a process)
+    service = TinkerService(path, served_names(path), tmp_path / "out", server.service.cluster)
+    srv = TinkerServer(service)
+    srv.start()
+    try:
+        with tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test") as first:
+            training = first.create_lora_training_client(base_model=path, rank=4).result()
+            training.forward_backward([datum(TOKENS)], "cross_entropy").result()
+            training.save_weights_and_get_sampling_client("s").result()
+            [old] = service.models
+            assert list(service.samplers) and all(s.startswith(old.split(":")[0]) for s in service.samplers)
+            with tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test") as meanwhile:
+                with pytest.raises(Exception, match="one model at a time"):
+                    meanwhile.create_lora_training_client(base_model=path, rank=4).result()
+        assert service.models == {} and service.samplers == {}
+        with tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test") as second:
+            again = second.create_lora_training_client(base_model=path, rank=4).result()
+            again.forward_backward([datum(TOKENS)], "cross_entropy").result()
+            assert list(service.models) != [old] and len(service.models) == 1
+    finally:
+        srv.close()

@@ -47,13 +47,14 @@ def build_app(service: TinkerService, settings: dict | None = None) -> FastAPI:
     async def healthz() -> dict:
         return {"ok": True, "served": service.names}
 
-    for router in (session_routes(settings), training_routes(service), sampling_routes(service)):
+    for router in (session_routes(service, settings), training_routes(service), sampling_routes(service)):
         app.include_router(router, prefix="/api/v1")
     return app
 
 
-def session_routes(settings: dict | None) -> APIRouter:
-    """The client's start-up and background calls: configuration, the session, heartbeats, telemetry."""
+def session_routes(service: TinkerService, settings: dict | None) -> APIRouter:
+    """The client's start-up and background calls: configuration, the session (its end frees its models),
+    heartbeats, telemetry."""
     router = APIRouter()
 
     @router.post("/client/config")
@@ -78,6 +79,7 @@ def session_routes(settings: dict | None) -> APIRouter:
 
     @router.post("/sessions/{session_id}/finish")
     async def finish(session_id: str) -> dict:
+        await asyncio.to_thread(service.finish_session, session_id)
         return {}
 
     return router

@@ -53,6 +53,8 @@ class TrainedModel:
     queued: dict[int, Operation] = field(default_factory=dict)
     posted: dict[int, str] = field(default_factory=dict)  # seq_id -> request id (retries get the same)
     lock: threading.Condition = field(default_factory=threading.Condition)
+    finished: bool = False  # its session finished: the operations in order run, then its thread ends
+    runner: threading.Thread | None = None
 
 
 class Futures:
@@ -126,10 +128,32 @@ class TinkerService:
                              fsdp=FSDPConfig(precision=self.precision, lora=LoraConfig(rank=rank, alpha=ALPHA)))
         placement = self.cluster.place({"actor": "0"})
         actor = TinkerActor.create_group(config).launch(self.cluster, placement, "actor")
-        self.models[model_id] = TrainedModel(model_id, rank, actor)
-        threading.Thread(target=self._run_in_order, args=(self.models[model_id],), daemon=True,
-                         name=f"tinker-{model_id}").start()
+        model = self.models[model_id] = TrainedModel(model_id, rank, actor)
+        model.runner = threading.Thread(target=self._run_in_order, args=(model,), daemon=True, name=f"tinker-{model_id}")
+        model.runner.start()
         return {"model_id": model_id}
+
+    def finish_session(self, session_id: str) -> None:
+        """`sessions/{id}/finish` (the client's `with ServiceClient()` ends): the session's models and sampling
+        sessions are dropped, so that the next client, a recipe run again, can create its model. The model's
+        workers end on the creating thread, before any model created after this call is launched on the same
+        devices."""
+        mine = [m for m in self.models.values() if m.model_id.startswith(f"{session_id}:")]
+        for model in mine:
+            del self.models[model.model_id]
+            with model.lock:
+                model.finished = True
+                model.lock.notify_all()
+            self._create.submit(self._end_model, model)
+        for sampler_id in [s for s in self.samplers if s.startswith(f"{session_id}:")]:
+            del self.samplers[sampler_id]
+
+    @staticmethod
+    def _end_model(model: TrainedModel) -> None:
+        model.runner.join()
+        for op in model.queued.values():  # posted after a gap that never filled: they cannot run in order
+            op.future.cancel()
+        model.actor.shutdown()
 
     def model(self, model_id: str) -> TrainedModel:
         if model_id not in self.models:
@@ -160,8 +184,10 @@ class TinkerService:
     def _run_in_order(self, model: TrainedModel) -> None:
         while True:
             with model.lock:
-                while model.next_seq not in model.queued:
+                while model.next_seq not in model.queued and not model.finished:
                     model.lock.wait()
+                if model.next_seq not in model.queued:
+                    return
                 op = model.queued.pop(model.next_seq)
                 model.next_seq += 1
             if not op.future.set_running_or_notify_cancel():
