@@ -7,7 +7,8 @@ or `tensorboard`. A line ending in `\\` continues on the next; a trailing ` # co
 
 Skipped, and only these (`test_only_setup_cluster_and_viewer_commands_are_skipped` asserts it):
 `bash scripts/setup.sh && ...` (the setup CI runs anyway), `bash scripts/get_gemma3.sh` (an optional model's
-~238 MB download), `sbatch ...` (SLURM), `./ray_launch.sh ...`
+~238 MB download), the optional extras' install scripts and tinker-cookbook's recipes (they need a served model and
+the cookbook), `sbatch ...` (SLURM), `./ray_launch.sh ...`
 and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray cluster), `tensorboard ...`
 (a viewer that never exits).
 
@@ -52,7 +53,10 @@ STARTS = ("python ", ".venv/bin/python ", "bash ", "sbatch ", "./ray_launch.sh "
 SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": "./ray_launch.sh ",
            "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
            "vllm install": "scripts/install_vllm_cpu.sh",
-           "maniskill install": "scripts/install_maniskill.sh", "gemma3 install": "scripts/get_gemma3.sh"}
+           "maniskill install": "scripts/install_maniskill.sh", "gemma3 install": "scripts/get_gemma3.sh",
+           # the cookbook's recipes need a running server and the cookbook, which CI does not install
+           "tinker-cookbook install": "scripts/install_tinker_cookbook.sh",
+           "tinker-cookbook recipe": "-m tinker_cookbook."}
 
 _REASONING = ("runner.max_steps=1 runner.sft_steps=1 runner.sft_batch_size=4 runner.eval_every=1 runner.save_every=1 "
               "runner.prompts_per_step=2 algorithm.samples_per_prompt=2 runner.output_dir={out}")

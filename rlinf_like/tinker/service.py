@@ -129,7 +129,8 @@ class TinkerService:
         placement = self.cluster.place({"actor": "0"})
         actor = TinkerActor.create_group(config).launch(self.cluster, placement, "actor")
         model = self.models[model_id] = TrainedModel(model_id, rank, actor)
-        model.runner = threading.Thread(target=self._run_in_order, args=(model,), daemon=True, name=f"tinker-{model_id}")
+        model.runner = threading.Thread(target=self._run_in_order, args=(model,), daemon=True,
+                                        name=f"tinker-{model_id}")
         model.runner.start()
         return {"model_id": model_id}
 
