@@ -27,17 +27,24 @@ from rlinf_like.tinker.service import TinkerService, served_names  # noqa: E402
 TOKENS = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
+@contextlib.contextmanager
+def serving(cluster, path: str, out, **options):
+    """A server for the model at `path` on `cluster`, in this process, closed on leaving."""
+    srv = TinkerServer(TinkerService(path, served_names(path), out, cluster), **options)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = str(write_tiny_model(tmp_path_factory.mktemp("model"), TinyModelSpec(seed=3)))
-    with Cluster(ClusterConfig(backend="local", num_cpus=1)) as cluster:
-        service = TinkerService(path, served_names(path), tmp_path_factory.mktemp("out"), cluster)
-        srv = TinkerServer(service, client_config={"fwdbwd_max_chunk_len": 2})  # 3+ data go in chunks
-        srv.start()
-        try:
-            yield srv
-        finally:
-            srv.close()
+    with Cluster(ClusterConfig(backend="local", num_cpus=1)) as cluster, \
+            serving(cluster, path, tmp_path_factory.mktemp("out"),
+                    client_config={"fwdbwd_max_chunk_len": 2}) as srv:  # 3+ data go in chunks
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +205,8 @@ def test_a_finished_session_frees_its_model_for_the_next_client(server, tmp_path
     `sessions/{id}/finish`, which drops the session's model (its workers end) and sampling sessions, so a recipe
     run twice against one server creates its model again instead of being refused."""
     path = server.service.model_path  # a second server on the module's in-process cluster (one a process)
-    service = TinkerService(path, served_names(path), tmp_path / "out", server.service.cluster)
-    srv = TinkerServer(service)
-    srv.start()
-    try:
+    with serving(server.service.cluster, path, tmp_path / "out") as srv:
+        service = srv.service
         with tinker.ServiceClient(base_url=srv.base_url, api_key="tml-test") as first:
             training = first.create_lora_training_client(base_model=path, rank=4).result()
             training.forward_backward([datum(TOKENS)], "cross_entropy").result()
@@ -216,5 +221,3 @@ def test_a_finished_session_frees_its_model_for_the_next_client(server, tmp_path
             again = second.create_lora_training_client(base_model=path, rank=4).result()
             again.forward_backward([datum(TOKENS)], "cross_entropy").result()
             assert list(service.models) != [old] and len(service.models) == 1
-    finally:
-        srv.close()
