@@ -229,3 +229,66 @@ def test_a_group_is_laid_out_shared_only_where_its_dense_mask_costs_less_than_it
     long = group(100, [600] * 8)
     assert "shared_prompts" not in share_batch(long, cost) and not shares(smollm2, 100, [600] * 8)
     assert "shared_prompts" in share_batch(long, 0.0)  # no cost given: always shared
+
+
+def tinker_groups(seed: int = 5) -> list[list[int]]:
+    """Token rows as a Tinker client sends GRPO samples: one few-shot prefix for all, three questions of their own
+    with three sampled answers each, and one row alone; shuffled, and nothing says where a prompt ends."""
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda n: torch.randint(4, 64, (n,), generator=g).tolist()  # noqa: E731
+    few_shot, rows = draw(12), []
+    for _ in range(3):
+        question = few_shot + draw(6)
+        rows += [question + draw(int(torch.randint(2, 9, (1,), generator=g))) for _ in range(3)]
+    rows.append(draw(10))
+    return [rows[i] for i in torch.randperm(len(rows), generator=g).tolist()]
+
+
+def test_rows_that_do_not_say_where_their_prompt_ends_share_their_question_not_only_the_few_shot_prefix():
+    from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes
+
+    rows = tinker_groups()
+    groups = prompt_groups(rows, common_prefixes(rows, 3.3e-4))  # SmolLM2's pair cost
+    assert sorted(len(g) for g in groups.values()) == [1, 3, 3, 3]  # each question's answers, and the lone row
+    assert all(len(prompt) >= 18 for prompt, g in groups.items() if len(g) == 3)  # few-shot prefix + question
+    # a 4-token prompt with answers of 60: one laid-out sequence's attention would cost more than the prompt's repeats
+    long = [[1, 2, 3, 4, *range(10 + i, 70 + i)] for i in range(3)]
+    assert sorted(len(g) for g in prompt_groups(long, common_prefixes(long, 0.05)).values()) == [1, 1, 1]
+    assert sorted(len(g) for g in prompt_groups(long, common_prefixes(long, 1e-4)).values()) == [3]
+
+
+def prompt_groups(rows: list[list[int]], prefixes: list[int]) -> dict:
+    """Rows by the prompt they share: a lone row (its prompt all but its last token) is its own group."""
+    out = {}
+    for i, (row, p) in enumerate(zip(rows, prefixes, strict=True)):
+        out.setdefault(tuple(row[:p]) if p < len(row) - 1 else i, []).append(row)
+    return out
+
+
+def test_tinker_data_run_their_common_prefix_once_with_the_logprobs_and_gradient_of_rows():
+    from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes
+    from rlinf_like.tinker.losses import Datum, _any_target_logprobs, target_logprobs
+
+    model = tiny_llama()
+    rows = tinker_groups()
+    data = [Datum(row[:-1], {"target_tokens": torch.tensor(row[1:])}) for row in rows]
+    laid = share_batch({"input_ids": torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True),
+                        "attention_mask": torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in rows], True),
+                        "prompt_lengths": torch.tensor(common_prefixes(rows, 3.3e-4))}, 3.3e-4)
+    assert laid["shared_prompts"].tokens < sum(map(len, rows)) - 2 * 3 * 17  # each group's prompt once
+
+    def run(how):
+        model.zero_grad()
+        logprobs = how()
+        torch.stack([lp.sum() * (i + 1) for i, lp in enumerate(logprobs)]).sum().backward()
+        return [lp.detach() for lp in logprobs], torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    shared, shared_grad = run(lambda: target_logprobs(model, data, 3.3e-4))
+    plain, plain_grad = run(lambda: target_logprobs(model, data))
+    every, every_grad = run(lambda: _any_target_logprobs(model, data, torch.device("cpu")))
+    for a, b, c, d in zip(shared, plain, every, data, strict=True):
+        assert a.shape == (len(d.tokens),)
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(b, c, rtol=1e-6, atol=1e-6)
+    assert (shared_grad - every_grad).norm() <= 1e-5 * every_grad.norm()
+    assert (plain_grad - every_grad).norm() <= 1e-5 * every_grad.norm()

@@ -147,3 +147,51 @@ def group_ids(batch: dict) -> torch.Tensor:
 def group_members(groups: torch.Tensor) -> list[list[int]]:
     """`group_ids`' answer as each group's rows, groups in order of first appearance."""
     return [(groups == g).nonzero()[:, 0].tolist() for g in range(int(groups.max()) + 1)] if len(groups) else []
+
+
+def common_prefixes(rows: list[list[int]], pairs: float) -> list[int]:
+    """Per row, the length of a prompt it shares, for rows that do not say where their prompt ends (a Tinker client's
+    data): the grouping of the rows, sorted by their tokens, into runs laid out `[prefix, rest_1, ..., rest_n]` that
+    costs least by `share_batch`'s rule (S + S^2 x `pairs` a laid-out sequence of S positions). So a GRPO group's
+    samples share their prompt, and groups whose prompts only begin alike (a chat template, a few-shot example) stay
+    apart, unless joining them costs less. A row alone keeps all but its last token as its prompt."""
+    pairs = max(pairs, MIN_PAIR_COST)
+    order = sorted(range(len(rows)), key=lambda i: rows[i])
+    sizes = [len(rows[i]) for i in order]
+    between = [_common_length(rows[a], rows[b]) for a, b in zip(order, order[1:])]
+    best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):  # best[end]: the cheapest grouping of the first `end` sorted rows
+        shared, total = 1 << 30, 0
+        for start in range(end - 1, -1, -1):  # the run order[start:end], laid out as one sequence of `span`
+            total += sizes[start]
+            if start < end - 1:
+                shared = min(shared, between[start], sizes[start] - 1, sizes[end - 1] - 1)
+                if shared < 1:
+                    break  # runs that begin further back share nothing either
+            span = total - (0 if start == end - 1 else shared * (end - start - 1))
+            if best[start] + span + span * span * pairs < best[end]:
+                best[end], cut[end] = best[start] + span + span * span * pairs, start
+    prompts = [0] * len(rows)
+    end = len(order)
+    while end > 0:
+        start = cut[end]
+        run = order[start:end]
+        prefix = sizes[start] - 1 if len(run) == 1 else min(*between[start:end - 1], min(sizes[start:end]) - 1)
+        for i in run:
+            prompts[i] = max(prefix, 1)
+        end = start
+    return prompts
+
+
+# a query-key pair's cost is never 0 in attention: 0 from `pair_cost` means the model's shape is unknown, and with 0
+# every run of rows sharing one first token would join into one sequence
+MIN_PAIR_COST = 1e-4
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rlinf_like.hybrid_engines.model_manager import token_stats
+from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes, share_batch
+
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 # each loss's inputs besides `target_tokens`, and which of them may be left out (a weight of 1)
 INPUTS = {"cross_entropy": ("weights",), "importance_sampling": ("logprobs", "advantages"),
@@ -63,15 +66,37 @@ def check_loss(loss_fn: str, config: dict | None, data: Sequence[Datum]) -> dict
     return {**CLIP, **config}
 
 
-def target_logprobs(model: nn.Module, data: Sequence[Datum]) -> list[torch.Tensor]:
-    """Per datum, log p(target_tokens[i] | tokens[:i+1]) for each position i, in float32, with the gradient."""
+def target_logprobs(model: nn.Module, data: Sequence[Datum], share_pairs: float | None = None) -> list[torch.Tensor]:
+    """Per datum, log p(target_tokens[i] | tokens[:i+1]) for each position i, in float32, with the gradient.
+
+    Where every datum's targets are its own tokens shifted by one (as the cookbook builds them), the rows run through
+    the trainer's `token_stats`, and with `share_pairs` (the actor shares prompts, `actor.loop.share_prompt`) the
+    data that begin alike, a GRPO group's samples, run their common prefix once (`prompt_sharing.common_prefixes`):
+    the same numbers up to float rounding, as in RL training."""
+    device = next(model.parameters()).device
+    if not all(d.inputs["target_tokens"][:-1].tolist() == d.tokens[1:] for d in data):
+        return _any_target_logprobs(model, data, device)
+    rows = [d.tokens + [int(d.inputs["target_tokens"][-1])] for d in data]
+    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(rows):
+        ids[row, : len(tokens)], mask[row, : len(tokens)] = torch.tensor(tokens), 1
+    batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if share_pairs is not None:
+        batch["prompt_lengths"] = torch.tensor(common_prefixes(rows, share_pairs), device=device)
+        batch = share_batch(batch, share_pairs)
+    logprobs, _ = token_stats(model, batch)
+    return [logprobs[row, : len(d.tokens)] for row, d in enumerate(data)]
+
+
+def _any_target_logprobs(model: nn.Module, data: Sequence[Datum], device: torch.device) -> list[torch.Tensor]:
+    """`target_logprobs` for targets that are not the next tokens: every position's logits, one row at a time."""
     longest = max(len(d.tokens) for d in data)
     ids = torch.zeros(len(data), longest, dtype=torch.long)
     mask = torch.zeros(len(data), longest, dtype=torch.long)
     for row, datum in enumerate(data):
         ids[row, : len(datum.tokens)] = torch.tensor(datum.tokens)
         mask[row, : len(datum.tokens)] = 1
-    device = next(model.parameters()).device
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
     logits = out.logits if hasattr(out, "logits") else out
     result = []
@@ -99,13 +124,13 @@ def elementwise_loss(loss_fn: str, logp: torch.Tensor, inputs: dict[str, torch.T
 
 
 def loss_closure(data: Sequence[Datum], loss_fn: str, config: dict | None,
-                 outputs: list[dict[str, torch.Tensor]]):
+                 outputs: list[dict[str, torch.Tensor]], share_pairs: float | None = None):
     """A `ModelManager.forward_backward` loss: the loss summed over every datum's tokens; per datum its `logprobs`
     and `elementwise_loss` are appended to `outputs`. The loss and its inputs are checked first."""
     clip = check_loss(loss_fn, config, data)
 
     def loss(model: nn.Module, _batch) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs = target_logprobs(model, data)
+        logprobs = target_logprobs(model, data, share_pairs)
         losses = [elementwise_loss(loss_fn, lp, d.inputs, clip) for lp, d in zip(logprobs, data, strict=True)]
         outputs.extend({"logprobs": lp.detach().cpu(), "elementwise_loss": el.detach().cpu()}
                        for lp, el in zip(logprobs, losses, strict=True))

@@ -15,7 +15,9 @@ class TinkerActor(ActorWorker):
         """Per datum its target logprobs and per-token loss, and `loss:sum`; the gradient accumulates until
         `tinker_optim_step` (Tinker's chunked forward_backward calls add up)."""
         outputs: list[dict] = []
-        loss = loss_closure(data, loss_fn, config, outputs)
+        # the actor's prompt sharing (`actor.loop.share_prompt`, auto resolved for its model) covers a client's data
+        share = self.config.loop_terms.share_pair_cost if self.shares_prompts() else None
+        loss = loss_closure(data, loss_fn, config, outputs, share)
         try:
             if forward_only:
                 with torch.no_grad():
