@@ -81,6 +81,8 @@ BENCHES = (
     Bench(name="grpo_vs_trl", script="grpo_vs_trl.py", needs=("trl",)),
     Bench(name="lora_step_vs_trl", script="lora_step_vs_trl.py", needs=("trl", "peft")),
     Bench(name="moe_replay", script="moe_replay.py"),
+    Bench(name="tinker_vs_grpo", script="tinker_vs_grpo.py", quick=("--reps", "1", "--steps", "2"),
+          needs=("tinker_cookbook",)),
     Bench(name="ppo_vs_sb3", script="ppo_vs_sb3.py", needs=("stable_baselines3",)),
     Bench(name="embodied_pipeline", script="embodied_pipeline.py", needs=("mujoco",)),
     Bench(name="sac_vs_sb3", script="sac_vs_sb3.py", needs=("stable_baselines3", "mujoco")),
@@ -124,6 +126,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     # issue 51: R3 halves the train/rollout KL (bf16 rollout, fp32 trainer); keeping the routes costs <= 5%
     "moe_replay": {"kl_ratio": ("<=", 0.5), "route_time_ratio": ("<=", 1.05), "agreement": None,
                    "bytes_per_token": None},
+    # issue 53: tinker-cookbook's math_rl through our Tinker server against our own GRPO step, same task and batch
+    "tinker_vs_grpo": {"step_ratio": ("<=", 1.3)},
     "ppo_vs_sb3": {"time_ratio": ("<=", 1.0)},
     "embodied_pipeline": {"speedup": (">=", 1.3)},
     "sac_vs_sb3": {"time_ratio": ("<=", 1.0), "return_ours": None, "return_sb3": None},  # at equal or better return

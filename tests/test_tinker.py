@@ -87,10 +87,32 @@ def test_a_lora_client_trains_samples_and_its_logprobs_match_a_reference_forward
     after = sampler.sample(prompt, 2, greedy).result()
     assert [s.tokens for s in after.sequences] == [TOKENS[3:8]] * 2 and before != TOKENS[3:8]
     assert after.sequences[0].stop_reason == "length" and len(after.sequences[0].logprobs) == 5
-    # the sampler's prompt logprobs (`compute_logprobs`) equal transformers' forward on the exported weights
-    folder = next(iter(server.service.sampler_paths.values()))
+    # the sampler's prompt logprobs (`compute_logprobs`; its weights came from the actor in memory) equal
+    # transformers' forward on the same weights exported by a named save
+    path = training.save_weights_for_sampler("exported").result().path
+    folder = server.service.sampler_paths[path]
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
     assert scored[0] is None
+    np.testing.assert_allclose(scored[1:], reference_logprobs(folder, TOKENS), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sampler_a_step_takes_the_weights_in_memory_on_the_oldest_sessions_engine(client, server, monkeypatch):
+    from rlinf_like.tinker.service import MAX_SAMPLERS
+
+    _, training = client
+    samplers = server.service.samplers
+    for _ in range(MAX_SAMPLERS):  # every open session now one of these steps'
+        training.save_weights_and_get_sampling_client().result()
+    oldest_id, oldest = next(iter(samplers.items()))
+    monkeypatch.setattr(server.service, "_new_engine", lambda folder: pytest.fail("a new engine was built"))
+    training.forward_backward([datum(TOKENS)], "cross_entropy").result()
+    training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    assert oldest_id not in samplers and list(samplers.values())[-1] is oldest  # its engine, reused
+    assert len(samplers) == MAX_SAMPLERS
+    # the reused engine serves the step's weights: its prompt logprobs equal transformers' on their export
+    folder = server.service.sampler_paths[training.save_weights_for_sampler("after-step").result().path]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
     np.testing.assert_allclose(scored[1:], reference_logprobs(folder, TOKENS), rtol=1e-5, atol=1e-5)
 
 

@@ -8,7 +8,9 @@ import itertools
 import math
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import torch
 
@@ -73,6 +75,9 @@ def respond(engine, req: RolloutRequest, result, body: dict) -> bytes:
                               else None)
 
 
+_NEXT = object()  # `_loop`: nothing taken from the queue yet
+
+
 class Batcher:
     """Samples requests on one thread, each engine's waiting requests in one `generate` call: a client that sends a
     step's prompts at once (an RL loop) gets them decoded together, as the engine's continuous batching allows."""
@@ -87,21 +92,38 @@ class Batcher:
         self._queue.put((engine, req, body, future))
         return future
 
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """`fn()` on the sampling thread, after the requests submitted before it: what changes an engine (its
+        weights) never runs while that engine decodes."""
+        future: Future = Future()
+        self._queue.put((None, fn, None, future))
+        return future
+
     def close(self) -> None:
         self._queue.put(None)
 
     def _loop(self) -> None:
-        while (first := self._queue.get()) is not None:
-            waiting = [first]
-            while not self._queue.empty():
+        item = self._queue.get()
+        while item is not None:  # None: closed
+            if item[0] is None:  # a call
+                _, fn, _, future = item
+                try:
+                    future.set_result(fn())
+                except BaseException as error:  # noqa: BLE001 - the caller's future carries it
+                    future.set_exception(error)
                 item = self._queue.get()
-                if item is None:
-                    self._queue.put(None)
+                continue
+            waiting, item = [item], _NEXT
+            while not self._queue.empty():
+                queued = self._queue.get()
+                if queued is None or queued[0] is None:  # the end, or a call: after the requests gathered so far
+                    item = queued
                     break
-                waiting.append(item)
+                waiting.append(queued)
             for engine in {id(w[0]): w[0] for w in waiting}.values():
-                mine = [w for w in waiting if w[0] is engine]
-                self._run(engine, mine)
+                self._run(engine, [w for w in waiting if w[0] is engine])
+            if item is _NEXT:
+                item = self._queue.get()
 
     @staticmethod
     def _run(engine, items: list) -> None:

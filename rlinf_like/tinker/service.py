@@ -216,16 +216,19 @@ class TinkerService:
 
     def save_for_sampler(self, model_id: str, seq_id: int, name: str | None, sampling_seq: int | None,
                          session_id: str) -> str:
+        """A named save exports the merged weights to a folder its `tinker://` path names. An unnamed one (the
+        client's `save_weights_and_get_sampling_client`, an RL loop's every step) gets a sampler whose weights
+        come from the actor in memory: no path reaches the client, so nothing is written."""
         def run(model: TrainedModel) -> dict:
-            label = name or f"ephemeral-{sampling_seq}"
-            folder = self.out / model_id.replace(":", "_") / "sampler_weights" / label
+            if name is None:
+                weights = model.actor.sampler_weights().wait()[0]
+                return {"sampling_session_id": self._open_sampler(session_id, sampling_seq, weights=weights)}
+            folder = self.out / model_id.replace(":", "_") / "sampler_weights" / name
             model.actor.export_hf(str(folder)).wait()
             complete_export(folder, self.tokenizer, self.tokenizer.chat_template, base_model=self.model_path)
-            path = f"tinker://{model_id}/sampler_weights/{label}"
+            path = f"tinker://{model_id}/sampler_weights/{name}"
             self.sampler_paths[path] = str(folder)
-            if name is not None:
-                return {"path": path}
-            return {"sampling_session_id": self._open_sampler(session_id, sampling_seq, str(folder))}
+            return {"path": path}
 
         return self.submit(model_id, seq_id, "save-sampler", run)
 
@@ -261,18 +264,32 @@ class TinkerService:
         return self.submit(model_id, seq_id, "load", run)
 
     # --- sampling ------------------------------------------------------------------------------------------
-    def _open_sampler(self, session_id: str, sampling_seq: int | None, folder: str) -> str:
+    def _open_sampler(self, session_id: str, sampling_seq: int | None, folder: str | None = None,
+                      weights: dict | None = None) -> str:
+        """A sampling session on the weights of `folder`, or on `weights` (HF names, whole). The oldest session
+        goes once `MAX_SAMPLERS` are open; its engine, warm and with its KV cache allocated, takes `weights` in
+        place on the sampling thread, so an RL loop's per-step sampler costs a copy of the weights, not a load."""
+        sampler_id = f"{session_id}:sample:{sampling_seq if sampling_seq is not None else uuid.uuid4().hex[:6]}"
+        spare = None
+        while len(self.samplers) >= MAX_SAMPLERS:  # the oldest goes; asking it later is refused by name
+            spare = self.samplers.pop(next(iter(self.samplers)))
+        if weights is not None and spare is not None:
+            self._sampling.call(lambda: spare.load_weights(weights)).result()
+            engine = spare
+        else:
+            engine = self._new_engine(folder or self.model_path)
+            if weights is not None:
+                engine.load_weights(weights)
+        self.samplers[sampler_id] = engine
+        return sampler_id
+
+    def _new_engine(self, folder: str):
         from rlinf_like.workers.rollout import RolloutConfig, make_engine
 
-        sampler_id = f"{session_id}:sample:{sampling_seq if sampling_seq is not None else uuid.uuid4().hex[:6]}"
         dtype = "float32" if self.precision == "fp32" else "auto"
-        # a fixed KV cache: the default share of free memory (~2 GB here) would be allocated again for every
-        # sampler checkpoint an RL loop saves, each step
-        while len(self.samplers) >= MAX_SAMPLERS:  # the oldest goes; asking it later is refused by name
-            self.samplers.pop(next(iter(self.samplers)))
-        self.samplers[sampler_id] = make_engine(RolloutConfig(engine="native", model_path=folder, dtype=dtype,
-                                                              max_batch_size=64, kv_cache_memory_gb=SAMPLER_KV_GB))
-        return sampler_id
+        # a fixed KV cache: the default share of free memory (~2 GB here) would be allocated for every session
+        return make_engine(RolloutConfig(engine="native", model_path=folder, dtype=dtype, max_batch_size=64,
+                                         kv_cache_memory_gb=SAMPLER_KV_GB))
 
     def create_sampling_session(self, session_id: str, sampling_seq: int, model_path: str | None,
                                 base_model: str | None) -> str:

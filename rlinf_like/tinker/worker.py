@@ -40,3 +40,8 @@ class TinkerActor(ActorWorker):
         self.manager.config.optim.clip_grad = adam.get("grad_clip_norm") or None
         metrics = self.manager.optim_step()
         return {f"{k}:mean": float(v) for k, v in metrics.items()}
+
+    def sampler_weights(self) -> dict[str, torch.Tensor] | None:
+        """The weights a sampler serves (the base merged with the adapters), at rank 0: a sampler for the client's
+        next rollouts takes them in memory, without an export to disk."""
+        return self.manager.merged_weights()

@@ -320,8 +320,7 @@ class FSDPModelManager(ModelManager):
         """Full weights to `path` as safetensors (with config.json for HF models), written by rank 0. Under
         LoRA: the merged model there, and the adapters in peft's format in `path/adapter`
         (`peft.PeftModel.from_pretrained(base, path/adapter)` loads them)."""
-        self._reshard()
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = self._full_state()
         if self.rank == 0 and self.lora is not None:
             Path(path).mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(str(Path(path) / ADAPTER_DIR), state_dict=full, safe_serialization=True)
@@ -336,6 +335,18 @@ class FSDPModelManager(ModelManager):
 
                 save_file({k: v.contiguous() for k, v in full.items()}, str(Path(path) / "model.safetensors"))
         dist.barrier()
+
+    def merged_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights under their HF names on CPU, what an inference engine serves (under LoRA the
+        base merged with its adapters), at rank 0; None on the other ranks."""
+        full = self._full_state()
+        if self.rank != 0:
+            return None
+        return lora.merged_full(full, self.lora.scaling) if self.lora is not None else full
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        self._reshard()
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     # --- weight sync, introspection ---------------------------------------------------------------
     def named_shards(self) -> dict[str, torch.Tensor]:

@@ -139,6 +139,20 @@ class RolloutEngine(ABC):
     def _weights_changed(self) -> None:
         """Called after a sync wrote `weight_tensors()`; engines with private weights load them here."""
 
+    def load_weights(self, named: dict[str, torch.Tensor]) -> None:
+        """Every weight of one unsharded engine replaced by the full tensor of its HF name in `named`, in place (a
+        process that holds the trained weights itself, without a weight sync: the Tinker server's samplers)."""
+        tensors = self.weight_tensors()
+        missing = sorted(set(tensors) - set(named))
+        shapes = [n for n, t in tensors.items() if n in named and tuple(named[n].shape) != tuple(t.shape)]
+        if missing or shapes:
+            raise ValueError(f"load_weights needs every weight whole: missing {missing[:4]}, shaped otherwise "
+                             f"{shapes[:4]} (a tensor-parallel engine holds shards: use a weight sync)")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                tensor.copy_(named[name])
+        self._weights_changed()
+
     def connect_weights(self, group, plan: SyncPlan, rank: int, transport: str = "group",
                         adapters: AdapterSpec | None = None) -> None:
         """`adapters`: the actor trains LoRA and sends its adapters; this engine merges them (`lora_sync`)."""
