@@ -96,7 +96,7 @@ def test_a_lora_client_trains_samples_and_its_logprobs_match_a_reference_forward
     np.testing.assert_allclose(scored[1:], reference_logprobs(folder, TOKENS), rtol=1e-5, atol=1e-5)
 
 
-def test_a_sampler_a_step_takes_the_weights_in_memory_on_the_oldest_sessions_engine(client, server, monkeypatch):
+def test_a_sampler_a_step_merges_the_steps_adapters_on_the_oldest_sessions_engine(client, server, monkeypatch):
     from rlinf_like.tinker.service import MAX_SAMPLERS
 
     _, training = client

@@ -65,7 +65,8 @@ class AdapterMerger:
     """Rollout side: receive buffers for this rank's slice of every adapter, a copy of the base weights they
     adapt, and the merge into the served weights after each round."""
 
-    def __init__(self, spec: AdapterSpec, weights: dict[str, torch.Tensor], layouts: list[TensorLayout], rank: int):
+    def __init__(self, spec: AdapterSpec, weights: dict[str, torch.Tensor], layouts: list[TensorLayout], rank: int,
+                 base: dict[str, torch.Tensor] | None = None):
         self.spec, self.weights = spec, weights
         by_name = {layout.name: layout for layout in layouts}
         self.buffers: dict[str, torch.Tensor] = {}
@@ -76,6 +77,9 @@ class AdapterMerger:
                 self.buffers[layout.name] = torch.zeros([hi - lo for lo, hi in box], dtype=weight.dtype,
                                                         device=weight.device)
         # on the host: on a GPU shared with the actor the copy must not hold device memory while the actor trains
+        if base is not None:  # a copy kept elsewhere: engines serving one model share it
+            self.base = base
+            return
         self.base = {t: weights[t].detach().to("cpu", copy=True) for t in spec.targets}
         if any(w.is_cuda for w in weights.values()):
             self.base = {t: b.pin_memory() for t, b in self.base.items()}

@@ -55,6 +55,7 @@ class TrainedModel:
     lock: threading.Condition = field(default_factory=threading.Condition)
     finished: bool = False  # its session finished: the operations in order run, then its thread ends
     runner: threading.Thread | None = None
+    adapters: Any = None  # its AdapterSpec, asked of the actor at its first in-memory sampler
 
 
 class Futures:
@@ -80,6 +81,7 @@ class TinkerService:
         self.futures = Futures()
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, Any] = {}  # sampling session id -> native engine
+        self._base: dict | None = None  # the served model's adapted weights, which in-memory samplers merge onto
         self.sampler_paths: dict[str, str] = {}  # tinker:// path -> exported folder
         self._sampling = Batcher()
         self._create = ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
@@ -218,11 +220,14 @@ class TinkerService:
                          session_id: str) -> str:
         """A named save exports the merged weights to a folder its `tinker://` path names. An unnamed one (the
         client's `save_weights_and_get_sampling_client`, an RL loop's every step) gets a sampler whose weights
-        come from the actor in memory: no path reaches the client, so nothing is written."""
+        come from the actor in memory, the adapters merged onto the base weights: no path reaches the client, so
+        nothing is written."""
         def run(model: TrainedModel) -> dict:
             if name is None:
-                weights = model.actor.sampler_weights().wait()[0]
-                return {"sampling_session_id": self._open_sampler(session_id, sampling_seq, weights=weights)}
+                if model.adapters is None:
+                    model.adapters = model.actor.adapter_spec().wait()[0]
+                adapters = (model.adapters, model.actor.sampler_adapters().wait()[0])
+                return {"sampling_session_id": self._open_sampler(session_id, sampling_seq, adapters=adapters)}
             folder = self.out / model_id.replace(":", "_") / "sampler_weights" / name
             model.actor.export_hf(str(folder)).wait()
             complete_export(folder, self.tokenizer, self.tokenizer.chat_template, base_model=self.model_path)
@@ -265,21 +270,30 @@ class TinkerService:
 
     # --- sampling ------------------------------------------------------------------------------------------
     def _open_sampler(self, session_id: str, sampling_seq: int | None, folder: str | None = None,
-                      weights: dict | None = None) -> str:
-        """A sampling session on the weights of `folder`, or on `weights` (HF names, whole). The oldest session
-        goes once `MAX_SAMPLERS` are open; its engine, warm and with its KV cache allocated, takes `weights` in
-        place on the sampling thread, so an RL loop's per-step sampler costs a copy of the weights, not a load."""
+                      adapters: tuple | None = None) -> str:
+        """A sampling session on the weights of `folder`, or on the served base merged with `adapters` (an
+        `AdapterSpec` and the tensors). The oldest session goes once `MAX_SAMPLERS` are open; for adapters its
+        engine, warm and with its KV cache allocated, merges them in place on the sampling thread, so an RL loop's
+        sampler a step costs the adapters' few MB and a merge, not an export and a load."""
         sampler_id = f"{session_id}:sample:{sampling_seq if sampling_seq is not None else uuid.uuid4().hex[:6]}"
         spare = None
         while len(self.samplers) >= MAX_SAMPLERS:  # the oldest goes; asking it later is refused by name
             spare = self.samplers.pop(next(iter(self.samplers)))
-        if weights is not None and spare is not None:
-            self._sampling.call(lambda: spare.load_weights(weights)).result()
-            engine = spare
-        else:
+        if adapters is None:
             engine = self._new_engine(folder or self.model_path)
-            if weights is not None:
-                engine.load_weights(weights)
+        else:
+            # every engine merges onto one copy of the base's adapted weights, taken from the first engine on the
+            # served folder (its weights are the base); a reused engine's weights are overwritten where adapted
+            engine = spare if spare is not None and self._base is not None else self._new_engine(self.model_path)
+
+            def merge() -> None:
+                engine.load_adapters(*adapters, base=self._base)
+                self._base = engine.adapter_base()
+
+            if engine is spare:  # it may still be decoding a request for its old session
+                self._sampling.call(merge).result()
+            else:
+                merge()
         self.samplers[sampler_id] = engine
         return sampler_id
 

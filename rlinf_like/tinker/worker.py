@@ -41,7 +41,7 @@ class TinkerActor(ActorWorker):
         metrics = self.manager.optim_step()
         return {f"{k}:mean": float(v) for k, v in metrics.items()}
 
-    def sampler_weights(self) -> dict[str, torch.Tensor] | None:
-        """The weights a sampler serves (the base merged with the adapters), at rank 0: a sampler for the client's
-        next rollouts takes them in memory, without an export to disk."""
-        return self.manager.merged_weights()
+    def sampler_adapters(self) -> dict[str, torch.Tensor] | None:
+        """The adapters (sync names, whole) at rank 0: a sampler that holds the base weights serves the trained
+        model from them, a few MB instead of the merged weights."""
+        return self.manager.adapter_weights()

@@ -336,13 +336,13 @@ class FSDPModelManager(ModelManager):
                 save_file({k: v.contiguous() for k, v in full.items()}, str(Path(path) / "model.safetensors"))
         dist.barrier()
 
-    def merged_weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights under their HF names on CPU, what an inference engine serves (under LoRA the
-        base merged with its adapters), at rank 0; None on the other ranks."""
+    def adapter_weights(self) -> dict[str, torch.Tensor] | None:
+        """Under LoRA, the adapters whole under their sync names (`lora.sync_name`), at rank 0; None on the other
+        ranks: what an engine holding the base weights needs to serve the trained model."""
         full = self._full_state()
         if self.rank != 0:
             return None
-        return lora.merged_full(full, self.lora.scaling) if self.lora is not None else full
+        return {lora.sync_name(n): t for n, t in full.items() if lora.is_adapter(n)}
 
     def _full_state(self) -> dict[str, torch.Tensor]:
         self._reshard()

@@ -139,19 +139,23 @@ class RolloutEngine(ABC):
     def _weights_changed(self) -> None:
         """Called after a sync wrote `weight_tensors()`; engines with private weights load them here."""
 
-    def load_weights(self, named: dict[str, torch.Tensor]) -> None:
-        """Every weight of one unsharded engine replaced by the full tensor of its HF name in `named`, in place (a
-        process that holds the trained weights itself, without a weight sync: the Tinker server's samplers)."""
-        tensors = self.weight_tensors()
-        missing = sorted(set(tensors) - set(named))
-        shapes = [n for n, t in tensors.items() if n in named and tuple(named[n].shape) != tuple(t.shape)]
-        if missing or shapes:
-            raise ValueError(f"load_weights needs every weight whole: missing {missing[:4]}, shaped otherwise "
-                             f"{shapes[:4]} (a tensor-parallel engine holds shards: use a weight sync)")
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                tensor.copy_(named[name])
+    def load_adapters(self, spec: AdapterSpec, adapters: dict[str, torch.Tensor],
+                      base: dict[str, torch.Tensor] | None = None) -> None:
+        """Serve base + (B @ A) * scaling for LoRA `adapters` (sync names, whole tensors: one unsharded engine), as a
+        weight sync's adapter round does, for a process that holds the adapters itself (the Tinker server's
+        samplers). The base is `base` (a copy of the adapted weights kept by the caller, shared between engines),
+        else this engine's weights at the first call."""
+        if self._merger is None or self._merger.spec != spec:
+            self._merger = AdapterMerger(spec, self.weight_tensors(), self.weight_layouts(), self._layout_rank(),
+                                         base=base)
+        for name, buffer in self._merger.buffers.items():
+            buffer.copy_(adapters[name])
+        self._merger.after_round(full=False)
         self._weights_changed()
+
+    def adapter_base(self) -> dict[str, torch.Tensor] | None:
+        """The base weights `load_adapters` merges onto (None before its first call)."""
+        return None if self._merger is None else self._merger.base
 
     def connect_weights(self, group, plan: SyncPlan, rank: int, transport: str = "group",
                         adapters: AdapterSpec | None = None) -> None:
