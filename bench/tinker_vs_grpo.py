@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -113,7 +114,11 @@ def main() -> None:
     def measure(side):
         def one(rep: int) -> float:
             out = scratch / f"{side}{rep}"
-            steps = run_cookbook(out, args.steps, args.server_root) if side == "cookbook" else run_ours(out, args.steps)
+            try:
+                steps = (run_cookbook(out, args.steps, args.server_root) if side == "cookbook"
+                         else run_ours(out, args.steps))
+            finally:  # each side's checkpoints and exports take GBs
+                shutil.rmtree(out, ignore_errors=True)
             print(f"rep {rep} {side}: steps {[round(s, 1) for s in steps]} s", flush=True)
             return statistics.median(steps[1:] if len(steps) > 1 else steps)
         return one
