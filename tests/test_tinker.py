@@ -243,3 +243,27 @@ def test_a_finished_session_frees_its_model_for_the_next_client(server, tmp_path
             again = second.create_lora_training_client(base_model=path, rank=4).result()
             again.forward_backward([datum(TOKENS)], "cross_entropy").result()
             assert list(service.models) != [old] and len(service.models) == 1
+
+
+def test_requests_posted_a_few_ms_apart_are_decoded_in_one_generate():
+    """A recipe posts a step's samples one request at a time; the batcher waits for the rest (GATHER_GAP_S) instead
+    of decoding the first alone. The engine here records its calls only: what is tested is the gathering."""
+    from rlinf_like.tinker.sampling import Batcher
+
+    calls = []
+
+    class Recording:
+        def generate(self, requests):
+            calls.append(len(requests))
+            raise RuntimeError("recorded")
+
+    batcher, engine = Batcher(), Recording()
+    futures = []
+    for _ in range(6):
+        futures.append(batcher.submit(engine, object(), {}))
+        time.sleep(0.005)
+    for future in futures:
+        with pytest.raises(RuntimeError, match="recorded"):
+            future.result(timeout=5)
+    batcher.close()
+    assert calls == [6]
