@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import Machine, alternating, median_ratio, result_line  # noqa: E402
+from rlinf_like.envs.text.openenv_env import free_port  # noqa: E402
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 RECIPE = ["env=arithmetic", "loss_fn=importance_sampling", "group_size=4", "groups_per_batch=8", "lora_rank=16",
@@ -47,12 +47,6 @@ OURS = ["actor.lora.rank=16", "actor.precision=fp32", "data.terms=2", "data.max_
         "runner.sft_steps=0", "runner.eval_every=1000", "runner.save_every=1000", "cluster.backend=local",
         "cluster.component_placement.actor=0", "cluster.component_placement.rollout=0"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": "tml-local"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_cookbook(out: Path, steps: int, server_root: Path) -> list[float]:

@@ -18,6 +18,7 @@ micro-batch; a prompt with one response is laid out as its own row.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -158,7 +159,7 @@ def common_prefixes(rows: list[list[int]], pairs: float) -> list[int]:
     pairs = max(pairs, MIN_PAIR_COST)
     order = sorted(range(len(rows)), key=lambda i: rows[i])
     sizes = [len(rows[i]) for i in order]
-    between = [_common_length(rows[a], rows[b]) for a, b in zip(order, order[1:])]
+    between = [len(os.path.commonprefix([rows[a], rows[b]])) for a, b in zip(order, order[1:])]
     best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):  # best[end]: the cheapest grouping of the first `end` sorted rows
         shared, total = 1 << 30, 0
@@ -186,12 +187,3 @@ def common_prefixes(rows: list[list[int]], pairs: float) -> list[int]:
 # a query-key pair's cost is never 0 in attention: 0 from `pair_cost` means the model's shape is unknown, and with 0
 # every run of rows sharing one first token would join into one sequence
 MIN_PAIR_COST = 1e-4
-
-
-def _common_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -23,6 +23,7 @@ from torch import nn
 
 from rlinf_like.hybrid_engines.model_manager import token_stats
 from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes, share_batch
+from rlinf_like.workers.reward.model import pad_rows
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 # each loss's inputs besides `target_tokens`, and which of them may be left out (a weight of 1)
@@ -77,10 +78,7 @@ def target_logprobs(model: nn.Module, data: Sequence[Datum], share_pairs: float 
     if not all(d.inputs["target_tokens"][:-1].tolist() == d.tokens[1:] for d in data):
         return _any_target_logprobs(model, data, device)
     rows = [d.tokens + [int(d.inputs["target_tokens"][-1])] for d in data]
-    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)], mask[row, : len(tokens)] = torch.tensor(tokens), 1
+    ids, mask = pad_rows(rows, 0)
     batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
     if share_pairs is not None:
         batch["prompt_lengths"] = torch.tensor(common_prefixes(rows, share_pairs), device=device)
@@ -91,12 +89,7 @@ def target_logprobs(model: nn.Module, data: Sequence[Datum], share_pairs: float 
 
 def _any_target_logprobs(model: nn.Module, data: Sequence[Datum], device: torch.device) -> list[torch.Tensor]:
     """`target_logprobs` for targets that are not the next tokens: every position's logits, one row at a time."""
-    longest = max(len(d.tokens) for d in data)
-    ids = torch.zeros(len(data), longest, dtype=torch.long)
-    mask = torch.zeros(len(data), longest, dtype=torch.long)
-    for row, datum in enumerate(data):
-        ids[row, : len(datum.tokens)] = torch.tensor(datum.tokens)
-        mask[row, : len(datum.tokens)] = 1
+    ids, mask = pad_rows([d.tokens for d in data], 0)
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
     logits = out.logits if hasattr(out, "logits") else out
     result = []

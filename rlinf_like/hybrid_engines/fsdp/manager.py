@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from rlinf_like.hybrid_engines import cpu_attention, grad_scaling
 from rlinf_like.hybrid_engines.fsdp import lora
@@ -320,7 +321,8 @@ class FSDPModelManager(ModelManager):
         """Full weights to `path` as safetensors (with config.json for HF models), written by rank 0. Under
         LoRA: the merged model there, and the adapters in peft's format in `path/adapter`
         (`peft.PeftModel.from_pretrained(base, path/adapter)` loads them)."""
-        full = self._full_state()
+        self._reshard()
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0 and self.lora is not None:
             Path(path).mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(str(Path(path) / ADAPTER_DIR), state_dict=full, safe_serialization=True)
@@ -338,15 +340,12 @@ class FSDPModelManager(ModelManager):
 
     def adapter_weights(self) -> dict[str, torch.Tensor] | None:
         """Under LoRA, the adapters whole under their sync names (`lora.sync_name`), at rank 0; None on the other
-        ranks: what an engine holding the base weights needs to serve the trained model."""
-        full = self._full_state()
-        if self.rank != 0:
-            return None
-        return {lora.sync_name(n): t for n, t in full.items() if lora.is_adapter(n)}
-
-    def _full_state(self) -> dict[str, torch.Tensor]:
+        ranks: what an engine holding the base weights needs to serve the trained model. Only the adapters are
+        gathered (every rank takes part), not the frozen base."""
         self._reshard()
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        whole = {lora.sync_name(n): (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
+                 for n, p in self.model.named_parameters() if lora.is_adapter(n)}
+        return whole if self.rank == 0 else None
 
     # --- weight sync, introspection ---------------------------------------------------------------
     def named_shards(self) -> dict[str, torch.Tensor]:
