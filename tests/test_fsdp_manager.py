@@ -1,14 +1,17 @@
 """FSDPModelManager on a tiny HF Llama across two gloo ranks, against an unsharded reference."""
 
+import contextlib
 from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlinf_like.hybrid_engines.fsdp import FSDPConfig, FSDPModelManager
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig
 from rlinf_like.hybrid_engines.model_manager import OptimConfig, token_logprobs, token_nll_loss
-from rlinf_like.runtime import Worker
+from rlinf_like.runtime import Cluster, ClusterConfig, Worker
+from rlinf_like.training.loop import run_steps
 
 VOCAB, SEQ, GLOBAL_BATCH = 64, 12, 8
 
@@ -30,7 +33,7 @@ def global_batch(step):
 
 
 def shard(batch, rank, world):
-    per = GLOBAL_BATCH // world
+    per = batch["input_ids"].shape[0] // world
     return {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
 
 
@@ -63,6 +66,20 @@ class Trainer(Worker):
     def logprobs(self, batch):
         return self.manager.compute_logprobs(batch)
 
+    def train_autocast(self, window: bool, steps=2, micro_batches=4):
+        """Fresh bf16 (CPU autocast) training through the one training loop, `accumulating` on or off: this rank's
+        weights after `steps` optimizer steps of `micro_batches` each, and how many bf16 copies of the weights
+        were made."""
+        manager = FSDPModelManager(tiny_llama(), replace(CONFIG, precision="bf16", lean=self.manager.config.lean))
+        if not window:
+            manager.accumulating = contextlib.nullcontext
+        plan = [[(shard(shard(global_batch(step), self.rank, self.world_size), i, micro_batches), 1 / micro_batches)
+                 for i in range(micro_batches)] for step in range(steps)]
+        with CastCounter(list(manager.model.parameters())) as counter:
+            run_steps(manager, plan, token_nll_loss)
+        local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # an FSDP rank's shard
+        return {n: local(p).detach().clone() for n, p in manager.model.named_parameters()}, counter.casts
+
     def full_params(self):
         return {n: p.full_tensor() for n, p in self.manager.model.named_parameters()}
 
@@ -80,6 +97,39 @@ class Trainer(Worker):
         off = self.manager.get_status()
         self.manager.onload()
         return off.offloaded, off.device_bytes, self.manager.get_status().offloaded, self.manager.get_config()
+
+
+class CastCounter(TorchDispatchMode):
+    """Counts the bf16 copies made of weights (autocast's casts reach the dispatcher as `_to_copy`)."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.shapes, self.casts = {t.shape for t in tensors}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16 \
+                and isinstance(args[0], torch.nn.Parameter) and args[0].shape in self.shapes:
+            self.casts += 1
+        return func(*args, **kwargs)
+
+
+WEIGHTS = 2 * 4 + 2 * 3 + 1  # per layer the 4 attention and 3 MLP projections, and the output layer: what autocast casts
+
+
+def assert_cast_once_a_step(trainer, casts_in_window: int) -> None:
+    """2 steps of 4 micro-batches, `accumulating` off and on: every weight cast once a micro-batch, then
+    `casts_in_window` times a step, and the same weights bit for bit."""
+    off, on = trainer.train_autocast(window=False).wait(), trainer.train_autocast(window=True).wait()
+    for (weights, casts), (windowed, casts_windowed) in zip(off, on):
+        assert all(torch.equal(weights[n], windowed[n]) for n in weights)
+        assert (casts, casts_windowed) == (2 * 4 * WEIGHTS, 2 * casts_in_window * WEIGHTS)
+
+
+def test_a_steps_micro_batches_cast_the_weights_to_bf16_once_with_the_same_gradients():
+    """One unsharded rank (in process): one cast a step."""
+    with Cluster(ClusterConfig(backend="local", num_cpus=1)) as local:
+        assert_cast_once_a_step(Trainer.create_group().launch(local, local.place({"t": "0"}), "t"), 1)
 
 
 @pytest.fixture()
@@ -142,6 +192,9 @@ def test_accumulation_equals_one_big_micro_batch(cluster, lean):
         assert group.holds_gathered().wait() == [not lean] * 2
         group.train(3, micro_batches=2).wait(timeout=120)
         accumulated = group.full_params().wait()[0]
+        # under CPU bf16 autocast, held: the first 3 micro-batches share one cast and the last casts afresh, with
+        # the same training bit for bit (see FSDPModelManager.accumulating); lean: a cast per micro-batch
+        assert_cast_once_a_step(group, 4 if lean else 2)
     finally:
         group.shutdown()
     ref_model, _ = reference_run(3)

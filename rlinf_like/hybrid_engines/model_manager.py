@@ -14,6 +14,7 @@ the shared building block for language models, so algorithm code never touches f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from abc import ABC, abstractmethod
@@ -246,6 +247,11 @@ class ModelManager(ABC):
 
     @abstractmethod
     def named_shards(self) -> dict[str, torch.Tensor]: ...
+
+    def accumulating(self) -> contextlib.AbstractContextManager:
+        """Around one optimizer step's micro-batches (`forward_backward` calls with gradients on, nothing else):
+        what a manager may keep from one micro-batch to the next. Default: nothing."""
+        return contextlib.nullcontext()
 
     def changing_tensors(self) -> list[str] | None:
         """Names (as in `shard_layouts`) of the tensors a training step can change, when that is fewer than

@@ -265,10 +265,12 @@ def run_steps(manager: ModelManager, steps: Iterable[list[tuple[Batch, float]]],
     totals: dict[str, float] = {}
     count = 0
     for micros in steps:
-        for i, (micro, scale) in enumerate(micros):
-            metrics = manager.forward_backward(micro, loss_fn, loss_scale=scale, sync_gradients=i == len(micros) - 1)
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v / len(micros)
+        with manager.accumulating():
+            for i, (micro, scale) in enumerate(micros):
+                metrics = manager.forward_backward(micro, loss_fn, loss_scale=scale,
+                                                   sync_gradients=i == len(micros) - 1)
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v / len(micros)
         for k, v in manager.optim_step().items():
             totals[k] = totals.get(k, 0.0) + v
         count += 1

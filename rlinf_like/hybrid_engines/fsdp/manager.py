@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor
 
 from rlinf_like.hybrid_engines import cpu_attention, grad_scaling
 from rlinf_like.hybrid_engines.fsdp import lora
+from rlinf_like.hybrid_engines.fsdp.cast_window import CastWindow
 from rlinf_like.hybrid_engines.fsdp.lora import LoraConfig
 from rlinf_like.hybrid_engines.lora_sync import AdapterSpec
 from rlinf_like.hybrid_engines.lr_schedule import SchedulerConfig, lr_multiplier
@@ -145,6 +146,7 @@ class FSDPModelManager(ModelManager):
                 fully_shard(block, **shard_kwargs)
             fully_shard(model, **shard_kwargs)
         self.model = model
+        self._casts = CastWindow(self.autocast and not self.config.lean)
 
         o = self.config.optim
         # under LoRA only the adapters: gradients and Adam state are adapter-sized
@@ -189,6 +191,8 @@ class FSDPModelManager(ModelManager):
             if self.hold_gathered:  # the weights stay gathered from this forward until the step's last backward
                 self.model.set_reshard_after_forward(False)
                 self.model.set_reshard_after_backward(sync_gradients)
+        if sync_gradients and self.sharded:
+            self._casts.close()  # the micro-batch that reduce-scatters casts afresh (cast_window.py)
         try:
             with self._compute():
                 loss, metrics = (loss_fn or token_nll_loss)(self.model, self._to_device(batch))
@@ -197,6 +201,11 @@ class FSDPModelManager(ModelManager):
             if self.hold_gathered:
                 self.model.set_reshard_after_forward(self.config.reshard_after_forward)
         return {"loss": loss.item(), **metrics}
+
+    def accumulating(self) -> contextlib.AbstractContextManager:
+        """CPU bf16 (not lean, whose copies would outlive the per-micro-batch gather): the weights cast once a step
+        (`cast_window.py`)."""
+        return self._casts.around_step()
 
     def _reshard(self) -> None:
         """Free gathered weights a step left whole (an accumulation cut short): whatever reads parameters next
