@@ -3,7 +3,7 @@
 # declares tml-renderers>=0.4.1, which the package index this project installs from lacks (it has 0.2.1): both go in
 # with --no-deps, and the cookbook's other requirements missing from scripts/setup.sh's environment normally.
 # With 0.2.1 the cookbook's own renderers (role_colon, qwen3_instruct, llama3, ...) work; what needs a newer
-# tml-renderers fails at its import. Not part of scripts/setup.sh: CI does not run the recipes.
+# tml-renderers fails at its import. scripts/setup.sh runs it (tests/test_tinker_cookbook.py runs math_rl).
 #     bash scripts/install_tinker_cookbook.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

