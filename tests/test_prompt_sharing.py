@@ -292,3 +292,24 @@ def test_tinker_data_run_their_common_prefix_once_with_the_logprobs_and_gradient
         torch.testing.assert_close(b, c, rtol=1e-6, atol=1e-6)
     assert (shared_grad - every_grad).norm() <= 1e-5 * every_grad.norm()
     assert (plain_grad - every_grad).norm() <= 1e-5 * every_grad.norm()
+
+
+def test_a_shared_prompt_position_runs_the_output_layer_once_for_all_its_rows(monkeypatch):
+    """Tinker data score every position: a group's rows read their shared prompt at the same hidden states with the
+    same next tokens, and the output layer runs once per distinct (state, next token), not once per row."""
+    from rlinf_like.hybrid_engines import head_stats
+    from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes
+    from rlinf_like.tinker.losses import Datum, target_logprobs
+
+    rows = tinker_groups()
+    data = [Datum(row[:-1], {"target_tokens": torch.tensor(row[1:])}) for row in rows]
+    seen, real = [], head_stats._rows_stats
+    monkeypatch.setattr(head_stats, "_rows_stats", lambda hidden, *rest: seen.append(len(hidden)) or real(hidden, *rest))
+    with torch.no_grad():
+        target_logprobs(tiny_llama(), data, 3.3e-4)
+    # each laid-out position predicts one next token, but a group's last shared position predicts each row's own
+    laid = share_batch({"input_ids": torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True),
+                        "attention_mask": torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in rows], True),
+                        "prompt_lengths": torch.tensor(common_prefixes(rows, 3.3e-4))}, 3.3e-4)["shared_prompts"]
+    distinct = {(int(s), row[t + 1]) for b, row in enumerate(rows) for t, s in enumerate(laid.source[b, :len(row) - 1])}
+    assert sum(seen) == len(distinct) < sum(len(r) - 1 for r in rows)

@@ -87,8 +87,16 @@ def _stand_in(head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor, t
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         where = positions.nonzero(as_tuple=True)
-        picked = hidden[:, :-1][where] if sources is None else hidden.reshape(-1, hidden.shape[-1])[sources]
-        lp, ent = chunked_stats(picked, head, targets[where], temperature, entropy, rows)
+        wanted = targets[where]
+        if sources is None:
+            lp, ent = chunked_stats(hidden[:, :-1][where], head, wanted, temperature, entropy, rows)
+        else:
+            # a group's rows read their shared prompt at the same hidden states with the same next tokens (a client
+            # that scores every position: the Tinker server): each distinct (state, target) pair runs the head once
+            pairs, inverse = torch.unique(torch.stack([sources, wanted]), dim=1, return_inverse=True)
+            lp, ent = chunked_stats(hidden.reshape(-1, hidden.shape[-1])[pairs[0]], head, pairs[1], temperature,
+                                    entropy, rows)
+            lp, ent = lp[inverse], (None if ent is None else ent[inverse])
         out = torch.zeros(positions.shape[0], positions.shape[1] + 1, 2, dtype=torch.float32, device=hidden.device)
         stacked = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
         return out.index_put(where, stacked)
