@@ -304,7 +304,8 @@ def test_a_shared_prompt_position_runs_the_output_layer_once_for_all_its_rows(mo
     rows = tinker_groups()
     data = [Datum(row[:-1], {"target_tokens": torch.tensor(row[1:])}) for row in rows]
     seen, real = [], head_stats._rows_stats
-    monkeypatch.setattr(head_stats, "_rows_stats", lambda hidden, *rest: seen.append(len(hidden)) or real(hidden, *rest))
+    counted = lambda hidden, *rest: seen.append(len(hidden)) or real(hidden, *rest)  # noqa: E731
+    monkeypatch.setattr(head_stats, "_rows_stats", counted)
     with torch.no_grad():
         target_logprobs(tiny_llama(), data, 3.3e-4)
     # each laid-out position predicts one next token, but a group's last shared position predicts each row's own
@@ -313,3 +314,43 @@ def test_a_shared_prompt_position_runs_the_output_layer_once_for_all_its_rows(mo
                         "prompt_lengths": torch.tensor(common_prefixes(rows, 3.3e-4))}, 3.3e-4)["shared_prompts"]
     distinct = {(int(s), row[t + 1]) for b, row in enumerate(rows) for t, s in enumerate(laid.source[b, :len(row) - 1])}
     assert sum(seen) == len(distinct) < sum(len(r) - 1 for r in rows)
+
+
+def test_tinker_positions_with_a_zero_advantage_run_the_output_layer_without_a_gradient(monkeypatch):
+    """An RL datum's prompt positions carry advantage 0: their logprobs are still returned, but the output layer runs
+    there without autograd (no recompute, no backward), and the gradient and logprobs are those of an all-graded run."""
+    from rlinf_like.hybrid_engines import head_stats
+    from rlinf_like.tinker import losses
+
+    model, rows, g = tiny_llama(), tinker_groups(), torch.Generator().manual_seed(3)
+    data = []
+    for row in rows:
+        n = len(row) - 1
+        advantages = torch.zeros(n)
+        advantages[-3:] = torch.randn(3, generator=g)  # the sampled answer's last three targets
+        data.append(losses.Datum(row[:-1], {"target_tokens": torch.tensor(row[1:]), "advantages": advantages,
+                                            "logprobs": -torch.rand(n, generator=g)}))
+    real, every = head_stats._rows_stats, losses.differentiated
+
+    def run(graded):
+        monkeypatch.setattr(losses, "differentiated", graded)
+        seen = []
+        def counted(hidden, *rest):
+            seen.append((len(hidden), torch.is_grad_enabled()))
+            return real(hidden, *rest)
+        monkeypatch.setattr(head_stats, "_rows_stats", counted)
+        model.zero_grad()
+        outputs = []
+        loss = losses.loss_closure(data, "importance_sampling", None, outputs, 3.3e-4)(model, {})[0]
+        forward = list(seen)  # before the backward's recomputes
+        loss.backward()
+        return [o["logprobs"] for o in outputs], torch.cat([p.grad.flatten() for p in model.parameters()]), forward
+
+    lp, grad, forward = run(every)
+    lp_all, grad_all, forward_all = run(lambda fn, inputs: torch.ones(len(inputs["target_tokens"]), dtype=torch.bool))
+    for a, b in zip(lp, lp_all, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert 0 < (grad - grad_all).norm() <= 1e-5 * grad_all.norm() or torch.equal(grad, grad_all)
+    graded_rows = sum(n for n, grad_on in forward if grad_on)
+    assert sum(n for n, _ in forward) == sum(n for n, _ in forward_all)  # every position's value still computed
+    assert 0 < graded_rows <= 3 * len(rows) < sum(n for n, grad_on in forward_all if grad_on)

@@ -78,24 +78,45 @@ def chunked_stats(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, 
     return logprobs, (torch.cat([ent for _, ent in parts]) if entropy != "none" else None)
 
 
+def _graded_stats(states: torch.Tensor, head: nn.Linear, picks: torch.Tensor, graded: torch.Tensor | None,
+                  temperature: float, entropy: str, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`chunked_stats`, with the rows that no loss term differentiates (`graded` False) outside autograd: their
+    values only, no checkpointed recompute and no backward through the output layer."""
+    if graded is None or not torch.is_grad_enabled() or bool(graded.all()):
+        return chunked_stats(states, head, picks, temperature, entropy, rows)
+    keep, rest = graded.nonzero()[:, 0], (~graded).nonzero()[:, 0]
+    lp_keep, ent_keep = chunked_stats(states[keep], head, picks[keep], temperature, entropy, rows)
+    with torch.no_grad():
+        lp_rest, ent_rest = chunked_stats(states[rest], head, picks[rest], temperature, entropy, rows)
+
+    def join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.new_zeros(len(picks)).index_put((keep,), a).index_put((rest,), b)
+    return join(lp_keep, lp_rest), (None if ent_keep is None else join(ent_keep, ent_rest))
+
+
 def _stand_in(head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor, temperature: float, entropy: str,
-              rows: int, sources: torch.Tensor | None = None):
+              rows: int, sources: torch.Tensor | None = None, graded: torch.Tensor | None = None):
     """The output layer's forward for one pass: hidden states [B, T, H] to [B, T, 2] (logprob of the next token,
     entropy; 0 at the last position and wherever `positions` [B, T-1] is False). With `sources` (shared prompts,
     hybrid_engines/prompt_sharing.py) the hidden states are the laid-out groups' and each read position's comes from
-    its flat index there; the result is still the rows' [B, T, 2]."""
+    its flat index there; the result is still the rows' [B, T, 2]. `graded` [B, T-1]: the read positions whose
+    numbers a loss differentiates (None: all); the others get their values without a gradient."""
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         where = positions.nonzero(as_tuple=True)
         wanted = targets[where]
+        need = None if graded is None else graded[where].to(hidden.device)
         if sources is None:
-            lp, ent = chunked_stats(hidden[:, :-1][where], head, wanted, temperature, entropy, rows)
+            lp, ent = _graded_stats(hidden[:, :-1][where], head, wanted, need, temperature, entropy, rows)
         else:
             # a group's rows read their shared prompt at the same hidden states with the same next tokens (a client
             # that scores every position: the Tinker server): each distinct (state, target) pair runs the head once
             pairs, inverse = torch.unique(torch.stack([sources, wanted]), dim=1, return_inverse=True)
-            lp, ent = chunked_stats(hidden.reshape(-1, hidden.shape[-1])[pairs[0]], head, pairs[1], temperature,
-                                    entropy, rows)
+            if need is not None:  # a pair is differentiated when any of its positions is
+                need = torch.zeros(pairs.shape[1], dtype=torch.int32, device=need.device).index_add_(
+                    0, inverse, need.int()) > 0
+            lp, ent = _graded_stats(hidden.reshape(-1, hidden.shape[-1])[pairs[0]], head, pairs[1], need,
+                                    temperature, entropy, rows)
             lp, ent = lp[inverse], (None if ent is None else ent[inverse])
         out = torch.zeros(positions.shape[0], positions.shape[1] + 1, 2, dtype=torch.float32, device=hidden.device)
         stacked = torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
@@ -106,11 +127,12 @@ def _stand_in(head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor, t
 
 @contextlib.contextmanager
 def stats_head(model: nn.Module, head: nn.Linear, targets: torch.Tensor, positions: torch.Tensor,
-               temperature: float, entropy: str, rows: int, sources: torch.Tensor | None = None) -> Iterator[None]:
+               temperature: float, entropy: str, rows: int, sources: torch.Tensor | None = None,
+               graded: torch.Tensor | None = None) -> Iterator[None]:
     """Inside: `model`'s output layer computes (logprob, entropy) per position instead of logits. The layer's
     own forward is swapped on the instance, so its parameters (tied, sharded, wrapped) stay where they are."""
     head.forward = _stand_in(head, targets, positions, temperature, entropy, rows,  # type: ignore[method-assign]
-                             sources)
+                             sources, graded)
     try:
         yield
     finally:

@@ -87,7 +87,8 @@ def token_stats(model: nn.Module, batch: Batch, temperature: float = 1.0, entrop
     When the batch's fp32 logits would exceed `chunk_bytes`, an HF causal LM's output layer runs only at the
     positions a loss reads (`response_mask`, else `loss_mask`, else the non-padding tokens), `chunk_bytes` of
     logits at a time (hybrid_engines/head_stats.py); the other positions are 0. Smaller batches take one plain
-    pass over every position."""
+    pass over every position. An optional "grad_mask" [B, T-1] names the positions whose numbers the caller will
+    differentiate: on the output-layer paths the others are computed without a gradient."""
     if routing_replay.installed(model):  # a MoE actor: replay the batch's routes, or record its own
         routing_replay.prepare(model, batch)
     if batch.get("shared_prompts") is not None:
@@ -126,7 +127,8 @@ def _chunked_token_stats(model: nn.Module, batch: Batch, head: nn.Linear, temper
     else:  # packed rows hold real tokens only: every position is read
         ids = packing.input_ids
         positions = torch.ones_like(ids[:, 1:], dtype=torch.bool)
-    with head_stats.stats_head(model, head, ids[:, 1:], positions, temperature, entropy, rows):
+    with head_stats.stats_head(model, head, ids[:, 1:], positions, temperature, entropy, rows,
+                               graded=batch.get("grad_mask") if packing is None else None):
         stats = model_logits(model, batch) if packing is None else _packed_logits(model, packing)
     logprobs, ent = stats[:, :-1, 0], (stats[:, :-1, 1] if entropy != "none" else None)
     if packing is not None:
@@ -150,7 +152,7 @@ def _shared_token_stats(model: nn.Module, batch: Batch, temperature: float, entr
     rows = head_stats.chunk_rows(head.out_features, chunk_bytes)
     dtype = next(model.parameters()).dtype
     with head_stats.stats_head(model, head, ids[:, 1:], positions, temperature, entropy, rows,
-                               shared.sources(positions)):
+                               shared.sources(positions), batch.get("grad_mask")):
         out = model(input_ids=shared.input_ids, position_ids=shared.position_ids,
                     attention_mask=shared.attention_mask(model, dtype), use_cache=False)
     stats = out.logits if hasattr(out, "logits") else out

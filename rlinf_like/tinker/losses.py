@@ -67,19 +67,23 @@ def check_loss(loss_fn: str, config: dict | None, data: Sequence[Datum]) -> dict
     return {**CLIP, **config}
 
 
-def target_logprobs(model: nn.Module, data: Sequence[Datum], share_pairs: float | None = None) -> list[torch.Tensor]:
+def target_logprobs(model: nn.Module, data: Sequence[Datum], share_pairs: float | None = None,
+                    graded: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Per datum, log p(target_tokens[i] | tokens[:i+1]) for each position i, in float32, with the gradient.
 
     Where every datum's targets are its own tokens shifted by one (as the cookbook builds them), the rows run through
     the trainer's `token_stats`, and with `share_pairs` (the actor shares prompts, `actor.loop.share_prompt`) the
     data that begin alike, a GRPO group's samples, run their common prefix once (`prompt_sharing.common_prefixes`):
-    the same numbers up to float rounding, as in RL training."""
+    the same numbers up to float rounding, as in RL training. `graded` (per datum, a bool per token): the positions
+    whose logprobs the loss differentiates; the others' are computed without a gradient (values only)."""
     device = next(model.parameters()).device
     if not all(d.inputs["target_tokens"][:-1].tolist() == d.tokens[1:] for d in data):
         return _any_target_logprobs(model, data, device)
     rows = [d.tokens + [int(d.inputs["target_tokens"][-1])] for d in data]
     ids, mask = pad_rows(rows, 0)
     batch = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if graded is not None:
+        batch["grad_mask"] = pad_rows([g.tolist() for g in graded], False)[0].bool().to(device)
     if share_pairs is not None:
         batch["prompt_lengths"] = torch.tensor(common_prefixes(rows, share_pairs), device=device)
         batch = share_batch(batch, share_pairs)
@@ -116,6 +120,15 @@ def elementwise_loss(loss_fn: str, logp: torch.Tensor, inputs: dict[str, torch.T
     return -clipped.detach() * advantages * logp  # cispo
 
 
+def differentiated(loss_fn: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens whose logprob the loss's gradient reaches: a weight or an advantage of exactly 0 makes that
+    token's term (and its gradient) 0 in every loss above (the prompt positions of an RL datum)."""
+    coefficient = inputs.get("weights") if loss_fn == "cross_entropy" else inputs["advantages"]
+    if coefficient is None:
+        return torch.ones(len(inputs["target_tokens"]), dtype=torch.bool)
+    return coefficient != 0
+
+
 def loss_closure(data: Sequence[Datum], loss_fn: str, config: dict | None,
                  outputs: list[dict[str, torch.Tensor]], share_pairs: float | None = None):
     """A `ModelManager.forward_backward` loss: the loss summed over every datum's tokens; per datum its `logprobs`
@@ -123,7 +136,7 @@ def loss_closure(data: Sequence[Datum], loss_fn: str, config: dict | None,
     clip = check_loss(loss_fn, config, data)
 
     def loss(model: nn.Module, _batch) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs = target_logprobs(model, data, share_pairs)
+        logprobs = target_logprobs(model, data, share_pairs, [differentiated(loss_fn, d.inputs) for d in data])
         losses = [elementwise_loss(loss_fn, lp, d.inputs, clip) for lp, d in zip(logprobs, data, strict=True)]
         outputs.extend({"logprobs": lp.detach().cpu(), "elementwise_loss": el.detach().cpu()}
                        for lp, el in zip(logprobs, losses, strict=True))
