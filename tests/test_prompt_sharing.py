@@ -354,3 +354,16 @@ def test_tinker_positions_with_a_zero_advantage_run_the_output_layer_without_a_g
     graded_rows = sum(n for n, grad_on in forward if grad_on)
     assert sum(n for n, _ in forward) == sum(n for n, _ in forward_all)  # every position's value still computed
     assert 0 < graded_rows <= 3 * len(rows) < sum(n for n, grad_on in forward_all if grad_on)
+
+
+def test_a_tinker_step_whose_advantages_are_all_zero_still_runs_its_backward():
+    """A recipe's step where every group's rewards were equal: the loss is 0 and so is its gradient, but the
+    backward must still run (the output layer then runs under autograd everywhere)."""
+    from rlinf_like.tinker import losses
+
+    model = tiny_llama()
+    data = [losses.Datum(row[:-1], {"target_tokens": torch.tensor(row[1:]), "advantages": torch.zeros(len(row) - 1),
+                                    "logprobs": torch.zeros(len(row) - 1)}) for row in tinker_groups()]
+    loss = losses.loss_closure(data, "importance_sampling", None, [], 3.3e-4)(model, {})[0]
+    loss.backward()
+    assert float(loss) == 0 and all(p.grad is None or not p.grad.any() for p in model.parameters())

@@ -81,8 +81,9 @@ def chunked_stats(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, 
 def _graded_stats(states: torch.Tensor, head: nn.Linear, picks: torch.Tensor, graded: torch.Tensor | None,
                   temperature: float, entropy: str, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`chunked_stats`, with the rows that no loss term differentiates (`graded` False) outside autograd: their
-    values only, no checkpointed recompute and no backward through the output layer."""
-    if graded is None or not torch.is_grad_enabled() or bool(graded.all()):
+    values only, no checkpointed recompute and no backward through the output layer. With no row graded all run
+    under autograd: the caller's backward needs a graph (a step whose advantages are all 0 has a zero gradient)."""
+    if graded is None or not torch.is_grad_enabled() or bool(graded.all()) or not bool(graded.any()):
         return chunked_stats(states, head, picks, temperature, entropy, rows)
     keep, rest = graded.nonzero()[:, 0], (~graded).nonzero()[:, 0]
     lp_keep, ent_keep = chunked_stats(states[keep], head, picks[keep], temperature, entropy, rows)
