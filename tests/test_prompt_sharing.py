@@ -265,17 +265,37 @@ def prompt_groups(rows: list[list[int]], prefixes: list[int]) -> dict:
     return out
 
 
-def test_tinker_data_run_their_common_prefix_once_with_the_logprobs_and_gradient_of_rows():
+def tinker_layout(rows: list[list[int]]) -> SharedPrompts:
+    """The shared layout the Tinker server's `target_logprobs` gives `rows` (its prefixes found by the cost rule)."""
     from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes
+
+    return share_batch({"input_ids": torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True),
+                        "attention_mask": torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in rows], True),
+                        "prompt_lengths": torch.tensor(common_prefixes(rows, 3.3e-4))}, 3.3e-4)["shared_prompts"]
+
+
+def head_rows(monkeypatch) -> list[tuple[int, bool]]:
+    """Each output-layer chunk's rows and whether autograd was on, as `head_stats` runs them from now on."""
+    from rlinf_like.hybrid_engines import head_stats
+
+    seen = []
+    real = getattr(head_stats._rows_stats, "__wrapped__", head_stats._rows_stats)  # not an earlier counter
+
+    def counted(hidden, *rest):
+        seen.append((len(hidden), torch.is_grad_enabled()))
+        return real(hidden, *rest)
+    counted.__wrapped__ = real
+    monkeypatch.setattr(head_stats, "_rows_stats", counted)
+    return seen
+
+
+def test_tinker_data_run_their_common_prefix_once_with_the_logprobs_and_gradient_of_rows():
     from rlinf_like.tinker.losses import Datum, _any_target_logprobs, target_logprobs
 
     model = tiny_llama()
     rows = tinker_groups()
     data = [Datum(row[:-1], {"target_tokens": torch.tensor(row[1:])}) for row in rows]
-    laid = share_batch({"input_ids": torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True),
-                        "attention_mask": torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in rows], True),
-                        "prompt_lengths": torch.tensor(common_prefixes(rows, 3.3e-4))}, 3.3e-4)
-    assert laid["shared_prompts"].tokens < sum(map(len, rows)) - 2 * 3 * 17  # each group's prompt once
+    assert tinker_layout(rows).tokens < sum(map(len, rows)) - 2 * 3 * 17  # each group's prompt once
 
     def run(how):
         model.zero_grad()
@@ -297,29 +317,22 @@ def test_tinker_data_run_their_common_prefix_once_with_the_logprobs_and_gradient
 def test_a_shared_prompt_position_runs_the_output_layer_once_for_all_its_rows(monkeypatch):
     """Tinker data score every position: a group's rows read their shared prompt at the same hidden states with the
     same next tokens, and the output layer runs once per distinct (state, next token), not once per row."""
-    from rlinf_like.hybrid_engines import head_stats
-    from rlinf_like.hybrid_engines.prompt_sharing import common_prefixes
     from rlinf_like.tinker.losses import Datum, target_logprobs
 
     rows = tinker_groups()
     data = [Datum(row[:-1], {"target_tokens": torch.tensor(row[1:])}) for row in rows]
-    seen, real = [], head_stats._rows_stats
-    counted = lambda hidden, *rest: seen.append(len(hidden)) or real(hidden, *rest)  # noqa: E731
-    monkeypatch.setattr(head_stats, "_rows_stats", counted)
+    seen = head_rows(monkeypatch)
     with torch.no_grad():
         target_logprobs(tiny_llama(), data, 3.3e-4)
     # each laid-out position predicts one next token, but a group's last shared position predicts each row's own
-    laid = share_batch({"input_ids": torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True),
-                        "attention_mask": torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in rows], True),
-                        "prompt_lengths": torch.tensor(common_prefixes(rows, 3.3e-4))}, 3.3e-4)["shared_prompts"]
-    distinct = {(int(s), row[t + 1]) for b, row in enumerate(rows) for t, s in enumerate(laid.source[b, :len(row) - 1])}
-    assert sum(seen) == len(distinct) < sum(len(r) - 1 for r in rows)
+    source = tinker_layout(rows).source
+    distinct = {(int(s), row[t + 1]) for b, row in enumerate(rows) for t, s in enumerate(source[b, :len(row) - 1])}
+    assert sum(n for n, _ in seen) == len(distinct) < sum(len(r) - 1 for r in rows)
 
 
 def test_tinker_positions_with_a_zero_advantage_run_the_output_layer_without_a_gradient(monkeypatch):
     """An RL datum's prompt positions carry advantage 0: their logprobs are still returned, but the output layer runs
     there without autograd (no recompute, no backward), and the gradient and logprobs are those of an all-graded run."""
-    from rlinf_like.hybrid_engines import head_stats
     from rlinf_like.tinker import losses
 
     model, rows, g = tiny_llama(), tinker_groups(), torch.Generator().manual_seed(3)
@@ -330,15 +343,11 @@ def test_tinker_positions_with_a_zero_advantage_run_the_output_layer_without_a_g
         advantages[-3:] = torch.randn(3, generator=g)  # the sampled answer's last three targets
         data.append(losses.Datum(row[:-1], {"target_tokens": torch.tensor(row[1:]), "advantages": advantages,
                                             "logprobs": -torch.rand(n, generator=g)}))
-    real, every = head_stats._rows_stats, losses.differentiated
+    every = losses.differentiated
 
     def run(graded):
         monkeypatch.setattr(losses, "differentiated", graded)
-        seen = []
-        def counted(hidden, *rest):
-            seen.append((len(hidden), torch.is_grad_enabled()))
-            return real(hidden, *rest)
-        monkeypatch.setattr(head_stats, "_rows_stats", counted)
+        seen = head_rows(monkeypatch)
         model.zero_grad()
         outputs = []
         loss = losses.loss_closure(data, "importance_sampling", None, outputs, 3.3e-4)(model, {})[0]
