@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -243,6 +244,23 @@ def test_a_finished_session_frees_its_model_for_the_next_client(server, tmp_path
             again = second.create_lora_training_client(base_model=path, rank=4).result()
             again.forward_backward([datum(TOKENS)], "cross_entropy").result()
             assert list(service.models) != [old] and len(service.models) == 1
+
+
+def test_closing_the_service_ends_every_thread_it_started(server, tmp_path):
+    """A client that dies leaves its model behind (no `sessions/{id}/finish`). Closing the service still ends that
+    model's workers and the sampling thread before it returns: a thread left to drop tensors while the interpreter
+    exits aborts the process ("terminate called without an active exception")."""
+    path = server.service.model_path
+    before = set(threading.enumerate())
+    service = TinkerService(path, served_names(path), tmp_path / "out", server.service.cluster)
+    created = service.create_model("gone", 0, path, {"rank": 4})
+    service.futures.get(created).result(timeout=120)
+    service.create_sampling_session("gone", 0, None, path)  # an engine, which the sampling thread has held
+    started = {t.name for t in threading.enumerate() if t not in before}
+    assert {"tinker-gone:train:0", "tinker-sample"} <= started, started
+    service.close()
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
+    assert service.models == {} and service.samplers == {}
 
 
 def test_requests_posted_a_few_ms_apart_are_decoded_in_one_generate():

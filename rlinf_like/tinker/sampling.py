@@ -105,8 +105,11 @@ class Batcher:
         self._queue.put((None, fn, None, future))
         return future
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Ends the thread after the requests queued so far, and waits for it: it holds engines, whose tensors must
+        be freed before the interpreter exits (`TinkerService.close`)."""
         self._queue.put(None)
+        self._thread.join(timeout_s)
 
     def _loop(self) -> None:
         item = self._queue.get()

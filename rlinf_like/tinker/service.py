@@ -89,6 +89,7 @@ class TinkerService:
         self.sampler_paths: dict[str, str] = {}  # tinker:// path -> exported folder
         self._sampling = Batcher()
         self._create = ThreadPoolExecutor(1, thread_name_prefix="tinker-create")
+        self._closed = False
         self.tokenizer = load_tokenizer(model_path)  # what an exported sampler checkpoint is completed with
 
     # --- sessions and models ----------------------------------------------------------------------------
@@ -130,6 +131,8 @@ class TinkerService:
         from rlinf_like.tinker.worker import TinkerActor
         from rlinf_like.workers.actor.config import ActorConfig
 
+        if self._closed:
+            raise ProtocolError("the server is shutting down")
         config = ActorConfig(model_path=self.model_path,
                              fsdp=FSDPConfig(precision=self.precision, lora=LoraConfig(rank=rank, alpha=ALPHA)))
         placement = self.cluster.place({"actor": "0"})
@@ -145,15 +148,17 @@ class TinkerService:
         sessions are dropped, so that the next client, a recipe run again, can create its model. The model's
         workers end on the creating thread, before any model created after this call is launched on the same
         devices."""
-        mine = [m for m in self.models.values() if m.model_id.startswith(f"{session_id}:")]
-        for model in mine:
-            del self.models[model.model_id]
-            with model.lock:
-                model.finished = True
-                model.lock.notify_all()
-            self._create.submit(self._end_model, model)
+        for model in [m for m in self.models.values() if m.model_id.startswith(f"{session_id}:")]:
+            self._finish_model(model)
         for sampler_id in [s for s in self.samplers if s.startswith(f"{session_id}:")]:
             del self.samplers[sampler_id]
+
+    def _finish_model(self, model: TrainedModel) -> None:
+        del self.models[model.model_id]
+        with model.lock:
+            model.finished = True
+            model.lock.notify_all()
+        self._create.submit(self._end_model, model)
 
     @staticmethod
     def _end_model(model: TrainedModel) -> None:
@@ -336,8 +341,15 @@ class TinkerService:
         return {"sampler_id": sampler_id, "base_model": self.names[-1]}
 
     def close(self) -> None:
+        """Ends every model's workers and the sampling thread before returning. A thread that drops the last
+        reference to a tensor while the interpreter exits aborts the process (torch frees it without the GIL, and
+        Python ends such a thread by unwinding through C++), so none is left running."""
+        self._closed = True  # a create still queued refuses: no model outlives the server
+        for model in list(self.models.values()):
+            self._finish_model(model)
+        self._create.shutdown(wait=True)
+        self.samplers.clear()
         self._sampling.close()
-        self._create.shutdown(wait=False, cancel_futures=True)
 
 
 def served_names(model_path: str) -> list[str]:
