@@ -8,6 +8,7 @@ zero) are not asserted; that training moves the weights is tests/test_tinker.py'
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -27,6 +28,20 @@ RECIPE = ["env=arithmetic", "loss_fn=importance_sampling", f"group_size={GROUP_S
           "renderer_name=qwen3_instruct"]
 
 
+def run_recipe(command: list[str], env: dict, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+    """The recipe's process; one that outlives `timeout_s` (it takes ~20 s) gets SIGABRT, so that faulthandler
+    prints where each of its threads waits into the failure instead of the test timing out with nothing."""
+    process = subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        out, err = process.communicate()
+        err = f"{err}\n[the recipe did not end within {timeout_s:.0f} s; its threads above]"
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
 def test_math_rl_runs_unmodified_against_the_server(real_model_8l_path, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": "tml-test"}
     service_out = tmp_path / "server"
@@ -35,11 +50,10 @@ def test_math_rl_runs_unmodified_against_the_server(real_model_8l_path, tmp_path
         server = TinkerServer(service)
         server.start()
         try:
-            done = subprocess.run([sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train",
-                                   f"model_name={real_model_8l_path}", f"base_url={server.base_url}", *RECIPE,
-                                   f"log_path={tmp_path / 'recipe'}"],
-                                  env=env, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, f"the recipe failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+            done = run_recipe([sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train",
+                               f"model_name={real_model_8l_path}", f"base_url={server.base_url}", *RECIPE,
+                               f"log_path={tmp_path / 'recipe'}"], env)
+            assert done.returncode == 0, f"the recipe failed:\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
             optim = service.futures.of_kind("optim")
             fwdbwd = service.futures.of_kind("fwdbwd")
             samples = service.futures.of_kind("sample")
