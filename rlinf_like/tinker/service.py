@@ -153,12 +153,15 @@ class TinkerService:
         for sampler_id in [s for s in self.samplers if s.startswith(f"{session_id}:")]:
             del self.samplers[sampler_id]
 
-    def _finish_model(self, model: TrainedModel) -> None:
+    def _finish_model(self, model: TrainedModel, now: bool = False) -> None:
         del self.models[model.model_id]
         with model.lock:
             model.finished = True
             model.lock.notify_all()
-        self._create.submit(self._end_model, model)
+        if now:
+            self._end_model(model)
+        else:
+            self._create.submit(self._end_model, model)
 
     @staticmethod
     def _end_model(model: TrainedModel) -> None:
@@ -348,6 +351,8 @@ class TinkerService:
         for model in list(self.models.values()):
             self._finish_model(model)
         self._create.shutdown(wait=True)
+        for model in list(self.models.values()):  # its launch was running when close began
+            self._finish_model(model, now=True)
         self.samplers.clear()
         self._sampling.close()
 
