@@ -17,8 +17,8 @@ from rlinf_like.workers.rollout.engines.leader_tp import scoped_env
 # Why vLLM is the recommended CPU engine for real checkpoints: the measured native / vLLM throughput
 # (bench/rollout.py --vs vllm; docs/benchmarks/rollout.md, "Native vs vLLM").
 CPU_CHOICE = ("bench/rollout.py --vs vllm on SmolLM2-135M (2 CPU threads each, vLLM bound to them, 32 prompts x 4 "
-              "samples x 64 tokens, AMD Zen 4): native / vLLM tokens/s = 0.93 in bf16, 0.57 in fp32 "
-              "(docs/benchmarks/rollout.md, \"Native vs vLLM\")")
+              "samples x 64 tokens, AMD Zen 4): native / vLLM tokens/s = 0.57 in fp32 (0.94 with "
+              "rollout.fp32_kernels=onednn), 1.05 in bf16, parity (docs/benchmarks/rollout.md, \"Native vs vLLM\")")
 
 
 def tp_kwargs(tp_size: int) -> dict:
