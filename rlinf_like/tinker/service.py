@@ -348,10 +348,8 @@ class TinkerService:
         reference to a tensor while the interpreter exits aborts the process (torch frees it without the GIL, and
         Python ends such a thread by unwinding through C++), so none is left running."""
         self._closed = True  # a create still queued refuses: no model outlives the server
+        self._create.shutdown(wait=True)  # the queued ends and a launch already running finish first
         for model in list(self.models.values()):
-            self._finish_model(model)
-        self._create.shutdown(wait=True)
-        for model in list(self.models.values()):  # its launch was running when close began
             self._finish_model(model, now=True)
         self.samplers.clear()
         self._sampling.close()
