@@ -18,13 +18,18 @@ weight sync), TRL: `on_step_begin` to `on_step_end` (generation with scoring, th
 rollout / generation share printed beside it. Last line: one JSON object, `step_ratio` = median(ours) /
 median(TRL) over the repetitions, with the per-repetition ratios.
 
-    python bench/lora_step_vs_trl.py [--reps 3] [--steps 3] [--trl-precision auto|fp32|bf16]
+`--recipe ifeval` runs issue 50's recipe instead: `--config-name grpo_ifeval_smollm2` (generated instruction-following
+prompts of the twelve trained constraint types, the share of a prompt's constraints followed as the reward, 256 new
+tokens), with the same LoRA, optimizer and group settings; TRL's reward calls the same checkers on the same rows.
+
+    python bench/lora_step_vs_trl.py [--reps 3] [--steps 3] [--trl-precision auto|fp32|bf16] [--recipe gsm8k|ifeval]
     python bench/lora_step_vs_trl.py --quick   # the tiny random model, 16 new tokens, one repetition
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -42,9 +47,11 @@ sys.path.insert(0, str(ROOT))
 from bench.common import Machine, alternating, median_ratio, result_line  # noqa: E402
 
 MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
-PRESET = ["--config-name", "grpo_smollm2", "data=gsm8k_files", "runner.sft_steps=0", "runner.prompts_per_step=4",
-          "algorithm.samples_per_prompt=8", "algorithm.kl_beta=0.0", "runner.eval_every=1000",
-          "runner.save_every=1000"]
+_SHARED = ["runner.sft_steps=0", "runner.prompts_per_step=4", "algorithm.samples_per_prompt=8", "algorithm.kl_beta=0.0",
+           "runner.eval_every=1000", "runner.save_every=1000"]
+# each recipe's preset and its answer cap; the held-out evaluation (at step 0 and the last) is outside the timed steps
+RECIPES = {"gsm8k": (["--config-name", "grpo_smollm2", "data=gsm8k_files", *_SHARED], ["runner.max_new_tokens=200"]),
+           "ifeval": (["--config-name", "grpo_ifeval_smollm2", *_SHARED, "data.test_problems=8"], [])}
 # Every GRPOConfig setting that matters here, explicit; the comment says where TRL 1.16's default differs.
 TRL_SETTINGS = dict(
     per_device_train_batch_size=32,  # 4 prompts x 8 samples per optimizer step (default 8)
@@ -98,17 +105,21 @@ def trl_side(args) -> None:
     from rlinf_like.workers.reward.fn import REWARD_FNS
 
     torch.set_num_threads(args.threads)
-    cfg = compose(PRESET + args.overrides)
+    cfg = compose(RECIPES[args.recipe][0] + args.overrides)
     tok = load_tokenizer(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
     pool = load_tasks(cfg.data).pool
     text = PromptFormat(tok, cfg.data).text  # the prompt exactly as ours sends it (chat template, system prompt)
     rows = [pool[i % len(pool)] for i in range(args.steps * cfg.runner.prompts_per_step)]
-    data = Dataset.from_dict({"prompt": [text(r) for r in rows], "answer": [r.answer for r in rows]})
+    # a row's own fields (IFEval's instruction ids and kwargs) as JSON: Arrow would give every kwargs dict the union
+    # of all rows' keys, filled with None, and the checkers would see arguments the row never had
+    data = Dataset.from_dict({"prompt": [text(r) for r in rows], "answer": [r.answer for r in rows],
+                              "raw_prompt": [r.prompt for r in rows], "fields": [json.dumps(r.fields) for r in rows]})
     fn = REWARD_FNS.get(cfg.reward.fn)
 
-    def reward(completions, answer, **_):
-        return [float(fn(c, a, config=cfg.reward)["reward"]) for c, a in zip(completions, answer)]
+    def reward(completions, answer, raw_prompt, fields, **_):  # the call our reward worker makes, row by row
+        return [float(fn(c, a, config=cfg.reward, prompt=p, **json.loads(f))["reward"])
+                for c, a, p, f in zip(completions, answer, raw_prompt, fields)]
 
     steps: list[float] = []
     generate_s: list[float] = []
@@ -138,7 +149,7 @@ def trl_side(args) -> None:
 # --- the parent: both sides, alternated ----------------------------------------------------------------------------
 def run_ours(out: Path, args) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
-    cmd = [sys.executable, str(MAIN), *PRESET, *args.overrides, f"runner.max_steps={args.steps}",
+    cmd = [sys.executable, str(MAIN), *RECIPES[args.recipe][0], *args.overrides, f"runner.max_steps={args.steps}",
            f"runner.seed={args.seed}", f"runner.output_dir={out}"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode:
@@ -150,7 +161,8 @@ def run_ours(out: Path, args) -> dict:
 
 def run_trl(out: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--side", "trl", "--out", str(out), "--steps", str(args.steps),
-           "--seed", str(args.seed), "--threads", str(args.threads), *(["--bf16"] if args.bf16 else []),
+           "--seed", str(args.seed), "--threads", str(args.threads), "--recipe", args.recipe,
+           *(["--bf16"] if args.bf16 else []),
            "--", *args.overrides]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600,
                           env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
@@ -173,6 +185,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads (ours: one thread a process)")
     p.add_argument("--trl-precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="TRL's precision; auto: bf16 where the CPU has bf16 units, as ours picks")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="gsm8k",
+                   help="gsm8k: issue 49's GSM8K-length step; ifeval: issue 50's instruction-following preset")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--side", choices=["trl"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -181,6 +195,9 @@ def main() -> None:
     args = p.parse_args()
     if args.side == "trl":
         return trl_side(args)
+    missing = [m for m in ("trl", "peft") if importlib.util.find_spec(m) is None]
+    if missing:  # before our side's first repetition, not after it
+        sys.exit(f"the TRL side needs {' and '.join(missing)}: pip install trl==1.16.0 peft")
     if args.quick:
         from rlinf_like.models.tiny import write_tiny_model
 
@@ -189,11 +206,12 @@ def main() -> None:
         args.overrides = [f"model.path={tiny}", "runner.max_new_tokens=16", "rollout.max_context=256",
                           *args.overrides]
     else:
-        args.overrides = ["runner.max_new_tokens=200", *args.overrides]
+        args.overrides = [*RECIPES[args.recipe][1], *args.overrides]
     args.bf16 = bf16_host() if args.trl_precision == "auto" else args.trl_precision == "bf16"
     machine = Machine.start({"reps": args.reps, "steps": args.steps, "seed": args.seed, "trl_threads": args.threads,
                              "trl_precision": "bf16" if args.bf16 else "fp32", "ours_precision": "auto",
-                             "preset": PRESET + args.overrides, "trl_settings": TRL_SETTINGS})
+                             "recipe": args.recipe, "preset": RECIPES[args.recipe][0] + args.overrides,
+                             "trl_settings": TRL_SETTINGS})
     scratch = Path(tempfile.mkdtemp(prefix="lora-step-"))
     detail: dict[str, list] = {"ours": [], "trl": []}
 
@@ -218,7 +236,7 @@ def main() -> None:
     print(f"step s, medians: ours {statistics.median(steps['ours']):.1f} (rollout "
           f"{statistics.median(rollouts['ours']):.1f}), TRL {statistics.median(steps['trl']):.1f} (generation and "
           f"scoring {statistics.median(rollouts['trl']):.1f})", flush=True)
-    print(result_line("lora_step_vs_trl", step_ratio=median_ratio(steps["ours"], steps["trl"]),
+    print(result_line("lora_step_vs_trl", recipe=args.recipe, step_ratio=median_ratio(steps["ours"], steps["trl"]),
                       rollout_ratio=median_ratio(rollouts["ours"], rollouts["trl"]), per_rep_ratios=per_rep,
                       ours_step_s=steps["ours"], trl_step_s=steps["trl"], reps=args.reps, quick=args.quick))
 
