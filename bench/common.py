@@ -12,6 +12,7 @@ Kept free of torch at import time (run_all.py describes the machine without load
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -41,6 +42,17 @@ def version_of(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def missing_package(names: tuple[str, ...]) -> str | None:
+    """The first of these import names that is not installed (a bench's optional packages), or None."""
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ModuleNotFoundError:  # a dotted name whose parent is missing
+            return name
+    return None
 
 
 def describe_machine() -> dict:

@@ -29,7 +29,6 @@ tokens), with the same LoRA, optimizer and group settings; TRL's reward calls th
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -44,7 +43,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Machine, alternating, median_ratio, result_line  # noqa: E402
+from bench.common import Machine, alternating, median_ratio, missing_package, result_line  # noqa: E402
 
 MAIN = ROOT / "examples" / "reasoning" / "main_grpo.py"
 _SHARED = ["runner.sft_steps=0", "runner.prompts_per_step=4", "algorithm.samples_per_prompt=8", "algorithm.kl_beta=0.0",
@@ -195,9 +194,9 @@ def main() -> None:
     args = p.parse_args()
     if args.side == "trl":
         return trl_side(args)
-    missing = [m for m in ("trl", "peft") if importlib.util.find_spec(m) is None]
+    missing = missing_package(("trl", "peft"))
     if missing:  # before our side's first repetition, not after it
-        sys.exit(f"the TRL side needs {' and '.join(missing)}: pip install trl==1.16.0 peft")
+        sys.exit(f"the TRL side needs {missing}: pip install trl==1.16.0 peft")
     if args.quick:
         from rlinf_like.models.tiny import write_tiny_model
 

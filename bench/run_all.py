@@ -17,7 +17,6 @@ rollout_vs_vllm when no interpreter here imports vLLM (it may live in a venv of 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -32,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import summary_table  # noqa: E402
-from bench.common import Machine, describe_machine, format_load, load_average  # noqa: E402
+from bench.common import Machine, describe_machine, format_load, load_average, missing_package  # noqa: E402
 from bench.rollout_versus import missing_vllm  # noqa: E402
 from bench.summary_table import BEGIN, END, Table  # noqa: E402
 
@@ -217,16 +216,6 @@ def splice(doc: str, block: str) -> str:
     return doc[: at + 1] + block + "\n\n" + doc[at + 1 :]
 
 
-def missing_package(bench: Bench) -> str | None:
-    for name in bench.needs:
-        try:
-            if importlib.util.find_spec(name) is None:
-                return name
-        except ModuleNotFoundError:  # a dotted name whose parent is missing
-            return name
-    return None
-
-
 def run(bench: Bench, quick: bool, flags: tuple[str, ...] = ()) -> Outcome:
     """Run one bench; the outcome carries its provenance (mode, start, wall time, load at start and end, flags)."""
     load_start, started = load_average()[0], describe_machine()["date"]
@@ -235,7 +224,7 @@ def run(bench: Bench, quick: bool, flags: tuple[str, ...] = ()) -> Outcome:
 
 
 def _run(bench: Bench, quick: bool, flags: tuple[str, ...]) -> Outcome:
-    missing = missing_package(bench)
+    missing = missing_package(bench.needs)
     if missing:
         return Outcome(bench=bench.name, status=f"skipped: {missing} not installed")
     why = bench.unavailable() if bench.unavailable is not None else None
