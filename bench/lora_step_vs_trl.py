@@ -82,6 +82,13 @@ def compose(overrides: list[str]):
     return composed(ReasoningConfig, MAIN.parent / "config", overrides[1], overrides[2:])
 
 
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far (ru_maxrss is in KiB on Linux)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+
+
 def bf16_host() -> bool:
     from rlinf_like.utils.hardware import cpu_bf16_units
 
@@ -116,12 +123,22 @@ def trl_side(args) -> None:
                               "raw_prompt": [r.prompt for r in rows], "fields": [json.dumps(r.fields) for r in rows]})
     fn = REWARD_FNS.get(cfg.reward.fn)
 
+    rewards: list[float] = []  # each generation's mean reward: a learning run's training curve
+
     def reward(completions, answer, raw_prompt, fields, **_):  # the call our reward worker makes, row by row
-        return [float(fn(c, a, config=cfg.reward, prompt=p, **json.loads(f))["reward"])
-                for c, a, p, f in zip(completions, answer, raw_prompt, fields)]
+        out = [float(fn(c, a, config=cfg.reward, prompt=p, **json.loads(f))["reward"])
+               for c, a, p, f in zip(completions, answer, raw_prompt, fields)]
+        rewards.append(sum(out) / len(out))
+        return out
 
     steps: list[float] = []
     generate_s: list[float] = []
+
+    effective: dict = {}
+
+    def dump() -> None:  # after every step: a learning run killed midway keeps the steps it made
+        (args.out / "timing.json").write_text(json.dumps({"step_s": steps, "rollout_s": generate_s, "reward": rewards,
+                                                           "peak_rss_gb": peak_rss_gb(), "config": effective}))
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *_, **__):
@@ -129,20 +146,24 @@ def trl_side(args) -> None:
 
         def on_step_end(self, *_, **__):
             steps.append(time.perf_counter() - self.start)
+            dump()
 
     lora = cfg.actor.lora
     peft_config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=list(lora.target_modules) or ALL_LINEAR, task_type="CAUSAL_LM")
+    # a learning run (bench/ifeval_curve_vs_trl.py) keeps the adapter every `save_every` steps, outside the clock
+    saving = dict(save_strategy="steps", save_steps=args.save_every, save_only_model=True) if args.save_every else {}
     config = GRPOConfig(output_dir=str(args.out / "trainer"), max_steps=args.steps, seed=args.seed,
-                        max_completion_length=cfg.runner.max_new_tokens, bf16=args.bf16, fp16=False, **TRL_SETTINGS)
+                        max_completion_length=cfg.runner.max_new_tokens, bf16=args.bf16, fp16=False,
+                        **{**TRL_SETTINGS, **saving})
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                           callbacks=[Clock()], peft_config=peft_config)
     time_generation(trainer, generate_s)
-    effective = {k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k != "report_to"}
+    effective.update({k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k != "report_to"})
     effective.update(bf16=config.bf16, max_completion_length=config.max_completion_length,
                      torch_threads=torch.get_num_threads(), lora=str(peft_config.target_modules))
     trainer.train()
-    (args.out / "timing.json").write_text(json.dumps({"step_s": steps, "rollout_s": generate_s, "config": effective}))
+    dump()
 
 
 # --- the parent: both sides, alternated ----------------------------------------------------------------------------
@@ -190,6 +211,7 @@ def main() -> None:
     p.add_argument("--side", choices=["trl"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--save-every", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="more overrides of the preset, for both sides")
     args = p.parse_args()
     if args.side == "trl":
