@@ -2,11 +2,12 @@
 
 TRL runs issue 50's recipe for `--steps` steps with the settings of `bench/lora_step_vs_trl.py --recipe ifeval` (the
 same pool of generated prompts, taken in the pool's order where ours draws by its seed; the same chat template,
-reward function, LoRA, optimizer, groups and answer cap; bf16 where the CPU has bf16 units) and keeps its adapter every `--save-every` steps. Then one evaluator scores every model on the
-preset's held-out set (the first 100 official prompts whose every instruction is a trained type), greedy, at the
-preset's 256-token cap: the base model, each TRL adapter merged into it, and each of our runs' `final_model/` given
-with `--ours`. One evaluator for all, so the batching and precision that move a single score by a few points are
-the same on both sides; our runs' own curves (evaluated inside the run) are in docs/benchmarks/reasoning.md.
+reward function, LoRA, optimizer, groups and answer cap; bf16 where the CPU has bf16 units) and keeps its adapter
+every `--save-every` steps. Then one evaluator scores every model on the preset's held-out set (the first 100
+official prompts whose every instruction is a trained type), greedy, at the preset's 256-token cap: the base model,
+each TRL adapter merged into it, and each of our runs' `final_model/` given with `--ours`. One evaluator for all, so
+the batching and precision that move a single score by a few points are the same on both sides; our runs' own
+curves (evaluated inside the run) are in docs/benchmarks/reasoning.md.
 
     python bench/ifeval_curve_vs_trl.py [--steps 24] [--save-every 8] [--seed 0] [--ours runs/grpo_ifeval_smollm2/final_model]
     python bench/ifeval_curve_vs_trl.py --quick   # the tiny random model: 2 steps, 4 held-out prompts, 16 tokens
