@@ -82,6 +82,13 @@ def compose(overrides: list[str]):
     return composed(ReasoningConfig, MAIN.parent / "config", overrides[1], overrides[2:])
 
 
+def require_trl() -> None:
+    """Exit naming the install command when TRL's side cannot run: before any repetition or run, not after one."""
+    missing = missing_package(("trl", "peft"))
+    if missing:
+        sys.exit(f"the TRL side needs {missing}: pip install trl==1.16.0 peft")
+
+
 def peak_rss_gb() -> float:
     """This process's peak resident memory so far (ru_maxrss is in KiB on Linux)."""
     import resource
@@ -109,6 +116,7 @@ def trl_side(args) -> None:
     from rlinf_like.hybrid_engines.fsdp.lora import ALL_LINEAR
     from rlinf_like.models import load_tokenizer
     from rlinf_like.workers.reward.fn import REWARD_FNS
+    from rlinf_like.workers.reward.worker import reward_info
 
     torch.set_num_threads(args.threads)
     cfg = compose(RECIPES[args.recipe][0] + args.overrides)
@@ -125,8 +133,10 @@ def trl_side(args) -> None:
 
     rewards: list[float] = []  # each generation's mean reward: a learning run's training curve
 
-    def reward(completions, answer, raw_prompt, fields, **_):  # the call our reward worker makes, row by row
-        out = [float(fn(c, a, config=cfg.reward, prompt=p, **json.loads(f))["reward"])
+    # the call our reward worker makes, row by row, with its keyword arguments built the same way (`reward_info`
+    # leaves out the row's columns that name a reward argument, such as a file row's `answer`)
+    def reward(completions, answer, raw_prompt, fields, **_):
+        out = [float(fn(c, a, config=cfg.reward, **reward_info(json.loads(f), p, True, 0))["reward"])
                for c, a, p, f in zip(completions, answer, raw_prompt, fields)]
         rewards.append(sum(out) / len(out))
         return out
@@ -216,9 +226,7 @@ def main() -> None:
     args = p.parse_args()
     if args.side == "trl":
         return trl_side(args)
-    missing = missing_package(("trl", "peft"))
-    if missing:  # before our side's first repetition, not after it
-        sys.exit(f"the TRL side needs {missing}: pip install trl==1.16.0 peft")
+    require_trl()
     if args.quick:
         from rlinf_like.models.tiny import write_tiny_model
 
