@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,18 +32,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Machine, missing_package, result_line  # noqa: E402
-from bench.lora_step_vs_trl import RECIPES, bf16_host, compose  # noqa: E402
+from bench.common import Machine, result_line  # noqa: E402
+from bench.lora_step_vs_trl import RECIPES, bf16_host, compose, require_trl, timed  # noqa: E402
 
 STEP_BENCH = ROOT / "bench" / "lora_step_vs_trl.py"
 
 
-def held_out(overrides: list[str], limit: int | None) -> list[dict]:
+def held_out(cfg, limit: int | None) -> list[dict]:
     """The preset's held-out prompts as the official rows the checkers read; with `limit`, the shortest `limit`
     (the tiny model's context is 256 tokens)."""
     from rlinf_like.data.sources import load_tasks
 
-    cfg = compose(RECIPES["ifeval"][0][:2] + overrides)
     rows = [{"key": i, "prompt": p.prompt, **p.fields} for i, p in enumerate(load_tasks(cfg.data).test)]
     return sorted(rows, key=lambda r: len(r["prompt"]))[:limit] if limit else rows
 
@@ -104,9 +102,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("overrides", nargs="*", help="more overrides of the preset, for TRL and the held-out set")
     args = p.parse_args()
-    missing = missing_package(("trl", "peft"))
-    if missing:
-        sys.exit(f"the TRL side needs {missing}: pip install trl==1.16.0 peft")
+    require_trl()
     limit, new_tokens = None, None
     if args.quick:
         from rlinf_like.models.tiny import write_tiny_model
@@ -115,16 +111,17 @@ def main() -> None:
         args.steps, args.save_every, limit = 2, 1, 4
         args.overrides = [f"model.path={tiny}", "runner.max_new_tokens=16", "rollout.max_context=1024",
                           *args.overrides]
-    cfg = compose(RECIPES["ifeval"][0][:2] + args.overrides)
+    preset = RECIPES["ifeval"][0][:2] + args.overrides
+    cfg = compose(preset)
     base, new_tokens = cfg.model.path, cfg.runner.max_new_tokens
     bf16 = bf16_host()
     machine = Machine.start({"steps": args.steps, "save_every": args.save_every, "seed": args.seed,
                              "trl_threads": args.threads, "trl_precision": "bf16" if bf16 else "fp32",
-                             "preset": RECIPES["ifeval"][0][:2] + args.overrides, "eval_new_tokens": new_tokens,
+                             "preset": preset, "eval_new_tokens": new_tokens,
                              "ours": args.ours})
     out = Path(tempfile.mkdtemp(prefix="ifeval-trl-"))
     rc, trl_wall, timing = run_trl(args, out, bf16)
-    rows = held_out(args.overrides, limit)
+    rows = held_out(cfg, limit)
     scores = {"base": evaluate(base, rows, new_tokens)}
     saved = sorted(int(d.name.split("-")[1]) for d in (out / "trainer").glob("checkpoint-*"))
     for step in saved:
@@ -138,8 +135,7 @@ def main() -> None:
     gains = {"trl_gain": loose[f"trl_step_{saved[-1]}"] - loose["base"]} if saved else {}
     if args.ours:
         gains["ours_gain"] = loose["ours_0"] - loose["base"]
-    step_s = timing["step_s"][1:] or timing["step_s"]  # the first step is a warm-up
-    print(result_line("ifeval_curve_vs_trl", **gains, trl_step_s=statistics.median(step_s) if step_s else None,
+    print(result_line("ifeval_curve_vs_trl", **gains, trl_step_s=timed(timing)[0] if timing["step_s"] else None,
                       trl_wall_s=trl_wall, trl_steps=len(timing["step_s"]), trl_rc=rc,
                       trl_peak_rss_gb=timing["peak_rss_gb"], held_out=loose, quick=args.quick))
 
