@@ -125,12 +125,16 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
     while resumed.poll() is None and runner_state(run)["step"] < 4:
         time.sleep(0.02)
     assert resumed.poll() is None, finish(resumed)[-3000:]  # still running, in step 5 or later
-    straight = tmp_path / "straight"
-    copy_committed(ckpt, straight / "checkpoint")
-    at_kill = runner_state(straight)
+    committed_4, straight = tmp_path / "committed_4", tmp_path / "straight"
+    copy_committed(ckpt, committed_4 / "checkpoint")
+    at_kill = runner_state(committed_4)
     actor_pid = json.loads((run / "workers.json").read_text())["actor"][0]
     assert actor_pid not in workers
     os.kill(actor_pid, signal.SIGKILL)
+    # 3 starts now, beside the recovery, from its own copy of the step-4 checkpoint (its commits delete step 4 there):
+    # the test's wall is mostly the two runs' start-up and the relaunch waiting on its processes
+    shutil.copytree(committed_4, straight)
+    procs.append(final := start(GRPO, straight, *TINY_GRPO, "runner.resume=true", "cluster.backend=local"))
     log = finish(resumed, timeout=300)  # no hang
     assert resumed.returncode == 0, log[-3000:]
     assert "resumed at step 2" in log and "resumed at step 4" in log, log[-3000:]
@@ -143,7 +147,7 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
     assert at_kill["history"][:3] == committed["history"]
     # steps 3-4 replayed from the step-2 checkpoint end bit-identical to the crashed run's own steps 3-4:
     # weights, Adam moments, scheduler, step counter and RNG were all restored
-    replayed = actor_state(straight / "checkpoint" / "step_4" / "actor", tmp_path)
+    replayed = actor_state(committed_4 / "checkpoint" / "step_4" / "actor", tmp_path)
     original = actor_state(tmp_path / "uncommitted_step_4" / "actor", tmp_path)
     assert replayed["extra"]["step"] == 4 and same_tensors(replayed, original)
     before = actor_state(tmp_path / "step_2" / "actor", tmp_path)
@@ -151,7 +155,6 @@ def test_reasoning_run_resumes_after_a_crash_during_a_save_and_a_killed_worker(t
 
     # 3. the fault-free run from step 4 to the end, in process (one rank a group, as on Ray here; a checkpoint Ray
     # wrote resumes on either backend): the recovered run's final state and history are its, bit for bit
-    procs.append(final := start(GRPO, straight, *TINY_GRPO, "runner.resume=true", "cluster.backend=local"))
     log = finish(final)
     assert final.returncode == 0 and "resumed at step 4" in log, log[-3000:]
     history = runner_state(straight)["history"]
