@@ -2,8 +2,8 @@
 
 The setting is issue 49's: `--config-name grpo_smollm2 data=gsm8k_files` (the shipped GSM8K-format sample), 4
 prompts x 8 samples, up to 200 new tokens at temperature 1, LoRA rank 16 / alpha 32 on every linear layer of the
-decoder, lr 2e-4, PPO clip 0.2, token-level loss, group-std advantages, grad-norm clip 1.0, no KL term and no
-reference model, one optimizer step per generation. Ours runs the preset as a user does (`main_grpo.py`, on Ray:
+decoder, the preset's learning rate (`algorithm.lr`), PPO clip 0.2, token-level loss, group-std advantages,
+grad-norm clip 1.0, no KL term and no reference model, one optimizer step per generation. Ours runs the preset as a user does (`main_grpo.py`, on Ray:
 an FSDP dp=2 actor and two native-engine replicas taking turns on the 2 cores, `actor.precision=auto`). TRL 1.16
 runs in its own process with 2 torch threads, HF `generate` (no vLLM on this CPU), peft's LoRA with the same
 rank, alpha and modules, and every differing default set (below, printed as the effective config); its
@@ -57,7 +57,7 @@ TRL_SETTINGS = dict(
     gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,  # one step per generation, as ours
     num_generations=8,
     temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
-    learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0,  # (defaults 1e-6, linear)
+    lr_scheduler_type="constant", warmup_steps=0,  # (default linear); learning_rate is the preset's (default 1e-6)
     optim="adamw_torch_fused", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0,
     max_grad_norm=1.0,
     beta=0.0,  # no KL term and no reference model, as ours
@@ -165,12 +165,13 @@ def trl_side(args) -> None:
     saving = dict(save_strategy="steps", save_steps=args.save_every, save_only_model=True) if args.save_every else {}
     config = GRPOConfig(output_dir=str(args.out / "trainer"), max_steps=args.steps, seed=args.seed,
                         max_completion_length=cfg.runner.max_new_tokens, bf16=args.bf16, fp16=False,
-                        **{**TRL_SETTINGS, **saving})
+                        learning_rate=cfg.algorithm.lr, **{**TRL_SETTINGS, **saving})
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
                           callbacks=[Clock()], peft_config=peft_config)
     time_generation(trainer, generate_s)
     effective.update({k: str(getattr(config, k)) for k in sorted(TRL_SETTINGS) if k != "report_to"})
     effective.update(bf16=config.bf16, max_completion_length=config.max_completion_length,
+                     learning_rate=config.learning_rate,
                      torch_threads=torch.get_num_threads(), lora=str(peft_config.target_modules))
     trainer.train()
     dump()
