@@ -67,6 +67,8 @@ BENCHES = (
           unavailable=missing_vllm),  # optional: vLLM in this interpreter or $VLLM_PYTHON
     Bench(name="packing", script="packing.py"),
     Bench(name="share_prompt", script="share_prompt.py"),
+    Bench(name="share_prompt_layout", script="share_prompt_layout.py", args=("--cases", "36x28", "--groups", "2"),
+          quick=("--cases", "36x28", "--groups", "1", "--samples", "2", "--reps", "1")),
     Bench(name="cpu_attention", script="cpu_attention.py"),
     Bench(name="logprob_head", script="logprob_head.py"),
     Bench(name="agentic", script="agentic.py"),
@@ -110,6 +112,8 @@ TARGETS: dict[str, dict[str, tuple[str, float] | None]] = {
     "packing": {"speedup": (">=", 1.5)},
     # the main job's training step, each prompt once per group against rows (issue 49: the step <= 0.65x)
     "share_prompt": {"train_ratio": ("<=", 0.65), "step_ratio": ("<=", 0.65)},
+    # one micro-batch's forward and backward, shared layout against rows, on any device: a measurement, no target
+    "share_prompt_layout": {"shared_over_rows_36x28": None},
     # a CPU bf16 training pass with short sequences' attention in float32, against transformers' bf16 SDPA
     "cpu_attention": {"ratio": ("<=", 0.9), "pass_s_sdpa_bf16": None, "pass_s_fp32_short": None},
     "logprob_head": {"fp32_memory_chunked_over_full": ("<=", 1.0), "bf16_memory_chunked_over_full": ("<=", 1.0),

@@ -81,6 +81,27 @@ def test_each_prompt_runs_once_and_every_row_gets_its_own_logprobs_entropy_and_g
     assert 0 < diff / norm <= 1e-5 or diff == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_shared_prompts_on_cuda_give_the_rows_logprobs_and_gradient():
+    """On CUDA, SDPA takes the boolean 4-D mask through its memory-efficient kernel (flash attention takes none):
+    in fp32 (TF32 off) the shared layout gives the rows' logprobs and gradient to the CPU test's tolerances."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = tiny_llama().cuda()
+    batch = {k: v.cuda() for k, v in grouped_batch().items()}
+    shared = share_batch(grouped_batch())
+    shared = {k: v.to("cuda") for k, v in shared.items()}
+    lp, ent, grads = stats_and_grads(model, batch)
+    lp_s, ent_s, grads_s = stats_and_grads(model, shared)
+    assert lp.is_cuda and torch.isfinite(lp_s).all()
+    assert (lp - lp_s).abs().max() <= 1e-5 * lp.abs().max()
+    assert (ent - ent_s).abs().max() <= 1e-5 * ent.abs().max()
+    norm = torch.sqrt(sum((a ** 2).sum() for a in grads))
+    diff = torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(grads, grads_s)))
+    assert diff / norm <= 1e-5
+
+
 def test_a_response_sees_the_prompt_and_its_own_past_only():
     model, batch = tiny_llama(), grouped_batch()
     prompts = batch["prompt_lengths"]
