@@ -10,6 +10,7 @@ the batching and precision that move a single score by a few points are the same
 curves (evaluated inside the run) are in docs/benchmarks/reasoning.md.
 
     python bench/ifeval_curve_vs_trl.py [--steps 24] [--save-every 8] [--seed 0] [--ours runs/grpo_ifeval_smollm2/final_model]
+    python bench/ifeval_curve_vs_trl.py --steps 14 --save-every 2 --eval-steps 8,10,12,14   # where TRL crosses a score
     python bench/ifeval_curve_vs_trl.py --quick   # the tiny random model: 2 steps, 4 held-out prompts, 16 tokens
 
 Last line: one JSON object with each model's held-out prompt-level loose score, the gains over the base model of
@@ -98,6 +99,8 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
+    p.add_argument("--eval-steps", default=None,
+                   help="comma list: evaluate only TRL's adapters of these steps (default: every one kept)")
     p.add_argument("--ours", action="append", default=[], help="one of our runs' final_model/ (repeatable)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("overrides", nargs="*", help="more overrides of the preset, for TRL and the held-out set")
@@ -115,7 +118,8 @@ def main() -> None:
     cfg = compose(preset)
     base, new_tokens = cfg.model.path, cfg.runner.max_new_tokens
     bf16 = bf16_host()
-    machine = Machine.start({"steps": args.steps, "save_every": args.save_every, "seed": args.seed,
+    machine = Machine.start({"steps": args.steps, "save_every": args.save_every, "eval_steps": args.eval_steps,
+                             "seed": args.seed,
                              "trl_threads": args.threads, "trl_precision": "bf16" if bf16 else "fp32",
                              "preset": preset, "eval_new_tokens": new_tokens,
                              "ours": args.ours})
@@ -124,6 +128,8 @@ def main() -> None:
     rows = held_out(cfg, limit)
     scores = {"base": evaluate(base, rows, new_tokens)}
     saved = sorted(int(d.name.split("-")[1]) for d in (out / "trainer").glob("checkpoint-*"))
+    if args.eval_steps:
+        saved = [s for s in saved if s in {int(x) for x in args.eval_steps.split(",")}]
     for step in saved:
         model = merged(base, out / "trainer" / f"checkpoint-{step}", out / f"merged-{step}")
         scores[f"trl_step_{step}"] = evaluate(str(model), rows, new_tokens)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import Machine, alternating, result_line  # noqa: E402
 from rlinf_like.data.batch import build_rl_batch  # noqa: E402
+from rlinf_like.hybrid_engines import head_stats  # noqa: E402
 from rlinf_like.hybrid_engines.model_manager import token_stats  # noqa: E402
 from rlinf_like.hybrid_engines.prompt_sharing import attention_kind, pair_cost, share_batch  # noqa: E402
 from rlinf_like.utils.hardware import auto_precision  # noqa: E402
@@ -65,9 +66,12 @@ def on(batch: dict, device: str) -> dict:
             for k, v in batch.items()}
 
 
+CHUNK_BYTES = head_stats.CHUNK_BYTES  # the output layer's logits a chunk (`--chunk-mb`)
+
+
 def step(model, batch: dict) -> None:
     model.zero_grad(set_to_none=True)
-    logprobs, entropy = token_stats(model, batch, 1.0, entropy_grad=True)
+    logprobs, entropy = token_stats(model, batch, 1.0, entropy_grad=True, chunk_bytes=CHUNK_BYTES)
     mask = batch["response_mask"]
     ((logprobs * batch["advantages"] + 0.01 * entropy) * mask).sum().backward()
 
@@ -107,6 +111,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--chunk-mb", type=int, default=head_stats.CHUNK_BYTES >> 20,
+                        help="the output layer's fp32 logits a chunk, MiB (a batch whose logits fit runs one pass)")
     parser.add_argument("--profile", action="store_true", help="after the timings, each side's top ops (torch.profiler)")
     args = parser.parse_args()
     if args.dtype == "auto":
@@ -114,6 +120,8 @@ def main() -> None:
         args.dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
         print(f"precision: {precision} ({why})")
     dtype = getattr(torch, args.dtype)
+    global CHUNK_BYTES
+    CHUNK_BYTES = args.chunk_mb << 20
     machine = Machine.start(vars(args))
     model = random_model(args.from_config, args.device, dtype)
     cost = pair_cost(model)

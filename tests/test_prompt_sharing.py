@@ -84,8 +84,8 @@ def test_each_prompt_runs_once_and_every_row_gets_its_own_logprobs_entropy_and_g
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_shared_prompts_on_cuda_give_the_rows_logprobs_and_gradient():
-    """On CUDA, SDPA takes the boolean 4-D mask through its memory-efficient kernel (flash attention takes none):
-    in fp32 (TF32 off) the shared layout gives the rows' logprobs and gradient to the CPU test's tolerances."""
+    """On CUDA, SDPA takes the boolean 4-D mask through another kernel than on CPU (cuDNN's or the
+    memory-efficient one): in fp32 (TF32 off) the shared layout gives the rows' logprobs, entropy and gradient."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = tiny_llama().cuda()
