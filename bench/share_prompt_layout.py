@@ -1,9 +1,8 @@
 """One micro-batch's forward and backward with each group's prompt laid out once (`[prompt, r1, ..., rn]` under a
 4-D mask, hybrid_engines/prompt_sharing.py) against each sample's own padded row, on any device.
 
-Random weights of a real shape built from its config.json, GRPO-shaped micro-batches of `--groups` prompts of
-`--prompt-tokens` with `--samples` answers of `--answer-tokens` each (the lengths of the main job and of GSM8K by
-default). Each side runs `token_stats` (the actor's logprobs and entropy) and the backward of a GRPO-like sum,
+Random weights of a real shape built from its config.json, GRPO-shaped micro-batches of `--groups` prompts with
+`--samples` answers each, for each PROMPTxANSWER token count of `--cases` (the main job's and GSM8K's by default). Each side runs `token_stats` (the actor's logprobs and entropy) and the backward of a GRPO-like sum,
 after one untimed warm-up of each; the sides alternate over `--reps`. It prints the attention path the model
 runs, the tokens and mask pairs each layout computes, the rule's choice (`share_batch` with the model's
 `pair_cost`, which counts the dense mask's pairs as SDPA on CPU computes them), and the peak device memory on
@@ -62,39 +61,35 @@ def groups_batch(groups: int, samples: int, prompt: int, answer: int, vocab: int
 
 
 def on(batch: dict, device: str) -> dict:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v.to(device) if hasattr(v, "to") else v)
-            for k, v in batch.items()}
+    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}  # tensors and SharedPrompts
 
 
-CHUNK_BYTES = head_stats.CHUNK_BYTES  # the output layer's logits a chunk (`--chunk-mb`)
-
-
-def step(model, batch: dict) -> None:
+def step(model, batch: dict, chunk_bytes: int = head_stats.CHUNK_BYTES) -> None:
     model.zero_grad(set_to_none=True)
-    logprobs, entropy = token_stats(model, batch, 1.0, entropy_grad=True, chunk_bytes=CHUNK_BYTES)
+    logprobs, entropy = token_stats(model, batch, 1.0, entropy_grad=True, chunk_bytes=chunk_bytes)
     mask = batch["response_mask"]
     ((logprobs * batch["advantages"] + 0.01 * entropy) * mask).sum().backward()
 
 
-def timed(model, batch: dict, device: str, host: list[float]) -> float:
+def timed(model, batch: dict, device: str, chunk_bytes: int, host: list[float]) -> float:
     """The step's wall seconds; on CUDA `host` gains the seconds until Python had queued the step's work: a wall
-    near it says the step is bound by the host's launches, not by the device."""
+    near it says the host set the pace (its launches, or a sync inside the step), not the device."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
-    step(model, batch)
+    step(model, batch, chunk_bytes)
     if device.startswith("cuda"):
         host.append(time.perf_counter() - start)
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def top_ops(model, batch: dict, rows: int = 12) -> str:
+def top_ops(model, batch: dict, chunk_bytes: int, rows: int = 12) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
-        step(model, batch)
+        step(model, batch, chunk_bytes)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
@@ -120,8 +115,7 @@ def main() -> None:
         args.dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
         print(f"precision: {precision} ({why})")
     dtype = getattr(torch, args.dtype)
-    global CHUNK_BYTES
-    CHUNK_BYTES = args.chunk_mb << 20
+    chunk_bytes = args.chunk_mb << 20
     machine = Machine.start(vars(args))
     model = random_model(args.from_config, args.device, dtype)
     cost = pair_cost(model)
@@ -145,11 +139,11 @@ def main() -> None:
         for name, batch in sides.items():  # warm-up: kernels, allocator; the peak of one step each
             if args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
-            step(model, batch)
+            step(model, batch, chunk_bytes)
             if args.device.startswith("cuda"):
                 peaks[name] = torch.cuda.max_memory_allocated() / 2**30
         queued = {name: [] for name in sides}
-        times = alternating({name: (lambda rep, b=batch, q=queued[name]: timed(model, b, args.device, q))
+        times = alternating({name: (lambda rep, b=batch, q=queued[name]: timed(model, b, args.device, chunk_bytes, q))
                              for name, b in sides.items()},
                             args.reps, show=lambda rep, v: print(f"  rep {rep}: " + ", ".join(
                                 f"{k} {s * 1000:.1f} ms" for k, s in v.items()), flush=True))
@@ -162,7 +156,7 @@ def main() -> None:
         if args.profile:
             for name, batch in sides.items():
                 print(f"  {name}: the top ops of one step, by self device time")
-                print(top_ops(model, batch))
+                print(top_ops(model, batch, chunk_bytes))
         ratios[f"shared_over_rows_{case}"] = med["shared"] / med["rows"]
     machine.end()
     print(result_line("share_prompt_layout", **ratios))
