@@ -164,3 +164,17 @@ def parse_batches(text: str) -> list[int]:
     """`--step-batches 1,32,128`: the batch sizes; empty or "none": none."""
     text = text.strip()
     return [] if text in ("", "none") else [int(b) for b in text.split(",")]
+
+
+def random_weights_model(config_json: str, **from_config):
+    """A transformers causal LM of `config_json`'s shape (a model's config.json) with seeded random weights
+    (transformers' own init): a size to time without its checkpoint (the GPU machine reaches no hub).
+    `from_config` goes to `AutoModelForCausalLM.from_config` (dtype, attn_implementation)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(config_json) as f:
+        raw = json.load(f)
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, **from_config)

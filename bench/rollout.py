@@ -56,6 +56,7 @@ from bench.common import (  # noqa: E402
     alternating,
     cold_prefix_cache,
     parse_batches,
+    random_weights_model,
     result_line,
     seed_for,
     step_seconds,
@@ -90,16 +91,8 @@ def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
 
 
 def random_model(config_json: str, folder: str) -> str:
-    """An HF folder holding a model of `config_json`'s shape with seeded random weights (transformers' own init): a
-    size to time without its checkpoint (the GPU machine reaches no hub)."""
-    import json
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = json.loads(Path(config_json).read_text())
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    """An HF folder holding `common.random_weights_model(config_json)` in fp32."""
+    random_weights_model(config_json, dtype=torch.float32).save_pretrained(folder)
     return folder
 
 

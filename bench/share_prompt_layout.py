@@ -2,8 +2,9 @@
 4-D mask, hybrid_engines/prompt_sharing.py) against each sample's own padded row, on any device.
 
 Random weights of a real shape built from its config.json, GRPO-shaped micro-batches of `--groups` prompts with
-`--samples` answers each, for each PROMPTxANSWER token count of `--cases` (the main job's and GSM8K's by default). Each side runs `token_stats` (the actor's logprobs and entropy) and the backward of a GRPO-like sum,
-after one untimed warm-up of each; the sides alternate over `--reps`. It prints the attention path the model
+`--samples` answers each, for each PROMPTxANSWER token count of `--cases` (the main job's and GSM8K's by default).
+Each side runs `token_stats` (the actor's logprobs and entropy) and the backward of a GRPO-like sum, after one
+untimed warm-up of each; the sides alternate over `--reps`. It prints the attention path the model
 runs, the tokens and mask pairs each layout computes, the rule's choice (`share_batch` with the model's
 `pair_cost`, which counts the dense mask's pairs as SDPA on CPU computes them), and the peak device memory on
 CUDA. Last line: one JSON object of shared/rows time ratios from medians.
@@ -25,25 +26,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Machine, alternating, result_line  # noqa: E402
+from bench.common import Machine, alternating, random_weights_model, result_line  # noqa: E402
 from rlinf_like.data.batch import build_rl_batch  # noqa: E402
 from rlinf_like.hybrid_engines import head_stats  # noqa: E402
 from rlinf_like.hybrid_engines.model_manager import token_stats  # noqa: E402
 from rlinf_like.hybrid_engines.prompt_sharing import attention_kind, pair_cost, share_batch  # noqa: E402
 from rlinf_like.utils.hardware import auto_precision  # noqa: E402
-
-
-def random_model(config_path: str, device: str, dtype: torch.dtype):
-    import json
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = json.loads(Path(config_path).read_text())
-    raw.pop("architectures", None)
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
 
 
 def groups_batch(groups: int, samples: int, prompt: int, answer: int, vocab: int, seed: int) -> dict:
@@ -84,15 +72,15 @@ def timed(model, batch: dict, device: str, chunk_bytes: int, host: list[float]) 
     return time.perf_counter() - start
 
 
-def top_ops(model, batch: dict, chunk_bytes: int, rows: int = 12) -> str:
+def top_ops(model, batch: dict, device: str, chunk_bytes: int, rows: int = 12) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         step(model, batch, chunk_bytes)
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
-    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
@@ -108,7 +96,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--chunk-mb", type=int, default=head_stats.CHUNK_BYTES >> 20,
                         help="the output layer's fp32 logits a chunk, MiB (a batch whose logits fit runs one pass)")
-    parser.add_argument("--profile", action="store_true", help="after the timings, each side's top ops (torch.profiler)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timings, each side's top ops (torch.profiler)")
     args = parser.parse_args()
     if args.dtype == "auto":
         precision, why = auto_precision(torch.device(args.device))
@@ -117,7 +106,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     chunk_bytes = args.chunk_mb << 20
     machine = Machine.start(vars(args))
-    model = random_model(args.from_config, args.device, dtype)
+    model = random_weights_model(args.from_config, dtype=dtype, attn_implementation="sdpa").to(args.device)
     cost = pair_cost(model)
     if args.device.startswith("cuda"):
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -156,7 +145,7 @@ def main() -> None:
         if args.profile:
             for name, batch in sides.items():
                 print(f"  {name}: the top ops of one step, by self device time")
-                print(top_ops(model, batch, chunk_bytes))
+                print(top_ops(model, batch, args.device, chunk_bytes))
         ratios[f"shared_over_rows_{case}"] = med["shared"] / med["rows"]
     machine.end()
     print(result_line("share_prompt_layout", **ratios))

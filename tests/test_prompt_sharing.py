@@ -83,15 +83,15 @@ def test_each_prompt_runs_once_and_every_row_gets_its_own_logprobs_entropy_and_g
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_shared_prompts_on_cuda_give_the_rows_logprobs_and_gradient():
+def test_shared_prompts_on_cuda_give_the_rows_logprobs_and_gradient(monkeypatch):
     """On CUDA, SDPA takes the boolean 4-D mask through another kernel than on CPU (cuDNN's or the
     memory-efficient one): in fp32 (TF32 off) the shared layout gives the rows' logprobs, entropy and gradient."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # restored for the worker's next test
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     model = tiny_llama().cuda()
-    batch = {k: v.cuda() for k, v in grouped_batch().items()}
-    shared = share_batch(grouped_batch())
-    shared = {k: v.to("cuda") for k, v in shared.items()}
+    rows = grouped_batch()
+    batch = {k: v.cuda() for k, v in rows.items()}
+    shared = {k: v.to("cuda") for k, v in share_batch(rows).items()}
     lp, ent, grads = stats_and_grads(model, batch)
     lp_s, ent_s, grads_s = stats_and_grads(model, shared)
     assert lp.is_cuda and torch.isfinite(lp_s).all()
